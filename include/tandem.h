@@ -1,0 +1,531 @@
+/*
+ * tandem.h -- the public, stable C ABI of Tandem.
+ *
+ * Tandem is the scheduling and KV-transfer layer of an LLM serving engine: the host
+ * framework keeps the weights and runs the forward passes; Tandem decides, step by step,
+ * which tokens of which requests run next, owns the paged KV block tables, and moves KV
+ * blocks between prefill and decode workers.
+ *
+ * Conventions (docs/ABI.md states the compatibility promise):
+ *   - Every function returns an int status: TDM_OK (0) or a negative TDM_E_* code whose
+ *     value is never reused. tdm_strerror() names a code; tdm_<handle>_errmsg() gives the
+ *     detailed message of the last failure on that handle.
+ *   - Out-parameters are left untouched on failure.
+ *   - Opaque handles come in create/destroy pairs; destroy(NULL) is a no-op.
+ *   - Structs that cross the ABI begin with `uint32_t struct_size` and have an *_init()
+ *     function; the library reads and writes only what the caller's struct_size covers, so
+ *     fields can be appended in later minor versions.
+ *   - Arrays the library returns are owned by the handle; each function says how long they
+ *     stay valid.
+ *   - No variadic functions; no CUDA types (streams are void *).
+ *   - Thread safety: a handle is not thread-safe unless its section says otherwise; distinct
+ *     handles may be used from distinct threads concurrently.
+ *
+ * This header is the umbrella: it also includes tandem_kernels.h (KV layouts and the
+ * pack/unpack/convert kernels) and tandem_kvx.h (the KV transfer engine).
+ */
+#ifndef TANDEM_H
+#define TANDEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  define TDM_API
+#elif defined(__GNUC__) && (__GNUC__ >= 4)
+#  define TDM_API __attribute__((visibility("default")))
+#else
+#  define TDM_API
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Versions                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+#define TDM_VERSION_MAJOR 0
+#define TDM_VERSION_MINOR 1
+#define TDM_VERSION_PATCH 0
+#define TDM_VERSION_NUMBER (TDM_VERSION_MAJOR * 10000 + TDM_VERSION_MINOR * 100 + TDM_VERSION_PATCH)
+#define TDM_VERSION_STRING "0.1.0"
+
+/* The ABI version: bumped only on an incompatible change; it is the SONAME's number
+ * (libtandem.so.<TDM_ABI_VERSION>). Bindings compare tdm_abi_version() with the value
+ * they were written for and refuse to load on a mismatch. */
+#define TDM_ABI_VERSION 1
+
+/* The library's version as TDM_VERSION_NUMBER encodes it (major*10000 + minor*100 + patch). */
+TDM_API unsigned tdm_version_number(void);
+/* The library's version as a static string, "major.minor.patch". */
+TDM_API const char *tdm_version_string(void);
+/* The ABI version of the loaded library (TDM_ABI_VERSION of the header it was built with). */
+TDM_API unsigned tdm_abi_version(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Status codes                                                                          */
+/* Values are explicit and never reused; new codes may be added in later versions.       */
+/* ------------------------------------------------------------------------------------ */
+
+#define TDM_OK              0
+#define TDM_E_INVAL        (-1)   /* an argument is NULL, out of range or malformed */
+#define TDM_E_NOMEM        (-2)   /* an allocation failed */
+#define TDM_E_NOT_FOUND    (-3)   /* unknown request id, key or name */
+#define TDM_E_EXISTS       (-4)   /* duplicate request id or name */
+#define TDM_E_STATE        (-5)   /* the call is not valid in the object's current state */
+#define TDM_E_RANGE        (-6)   /* a value exceeds a configured limit */
+#define TDM_E_CONFIG       (-7)   /* a configuration document or parameter is invalid */
+#define TDM_E_NO_SPACE     (-8)   /* not enough free KV blocks / buffer space */
+#define TDM_E_AGAIN        (-9)   /* nothing available now; try again later */
+#define TDM_E_TIMEOUT      (-10)  /* a deadline passed */
+#define TDM_E_PROTOCOL     (-11)  /* a malformed, truncated or out-of-range message */
+#define TDM_E_IO           (-12)  /* a socket, file or system call failed */
+#define TDM_E_NO_CUDA      (-13)  /* CUDA is not available (no library, no device) */
+#define TDM_E_CUDA         (-14)  /* a CUDA call failed */
+#define TDM_E_VERSION      (-15)  /* incompatible version (ABI, protocol, plug-in table) */
+#define TDM_E_LAYOUT       (-16)  /* KV layouts differ in a way that cannot be converted */
+#define TDM_E_AUTH         (-17)  /* authentication refused */
+#define TDM_E_CANCELLED    (-18)  /* the operation was cancelled */
+#define TDM_E_PEER         (-19)  /* the peer is unknown, unreachable or dead */
+#define TDM_E_UNSUPPORTED  (-20)  /* the feature is not built in or not supported */
+#define TDM_E_INTERNAL     (-21)  /* an internal invariant failed (a bug: please report) */
+#define TDM_E_TRUNCATED    (-22)  /* an output buffer was too small */
+#define TDM_E_PLUGIN       (-23)  /* a plug-in could not be loaded or misbehaved */
+
+/* A static, human-readable name for a status code ("invalid argument", ...).
+ * Unknown codes give "unknown error". Never NULL. Thread-safe. */
+TDM_API const char *tdm_strerror(int status);
+
+/* ------------------------------------------------------------------------------------ */
+/* Allocator                                                                             */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct tdm_allocator {
+    uint32_t struct_size;                              /* sizeof(tdm_allocator) */
+    void *(*malloc_fn)(void *ctx, size_t size);
+    void *(*realloc_fn)(void *ctx, void *ptr, size_t size);
+    void (*free_fn)(void *ctx, void *ptr);
+    void *ctx;
+} tdm_allocator;
+
+/* Initialise *a to the default allocator (malloc/realloc/free). Returns TDM_E_INVAL on NULL. */
+TDM_API int tdm_allocator_init(tdm_allocator *a);
+
+/* Replace the allocator every handle uses for host memory. NULL restores the default.
+ * Refused with TDM_E_STATE while any Tandem handle exists (the allocator cannot change under
+ * live memory); TDM_E_INVAL if a function pointer is NULL. Not thread-safe: call it once at
+ * start-up. This is the only global mutable state of the library. */
+TDM_API int tdm_set_allocator(const tdm_allocator *a);
+
+/* ------------------------------------------------------------------------------------ */
+/* Scheduler                                                                             */
+/*                                                                                       */
+/* One tdm_sched schedules one engine (one data-parallel rank). The host calls, each     */
+/* model step: tdm_sched_step() -> runs the model on the batch -> tdm_sched_update().    */
+/* Between steps it may add, abort and finish requests. The model follows vLLM v1: no     */
+/* prefill/decode phases; each request advances num_computed_tokens towards its token    */
+/* count under a per-step token budget; KV memory is paged in fixed-size blocks.         */
+/*                                                                                       */
+/* Thread safety: a tdm_sched is not thread-safe; serialise calls on one handle.         */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct tdm_sched tdm_sched;
+
+/* Token ids are int32 (vLLM's). Block ids are uint32; block 0 is the null block and is
+ * never handed to a request. */
+typedef int32_t tdm_token;
+
+/* Parameters settable with tdm_sched_set_param() (and by name in the JSON config, given
+ * in brackets). Values are int64. Parameters that shape the KV pool (NUM_BLOCKS,
+ * BLOCK_SIZE, ENABLE_PREFIX_CACHING) can only change while the scheduler holds no request. */
+typedef enum tdm_sched_param {
+    TDM_SCHED_MAX_NUM_BATCHED_TOKENS = 1,  /* ["max_num_batched_tokens"] token budget per step; default 2048 */
+    TDM_SCHED_MAX_NUM_SEQS = 2,            /* ["max_num_seqs"] max running requests; default 128 */
+    TDM_SCHED_MAX_MODEL_LEN = 3,           /* ["max_model_len"] max tokens per request; default 8192 */
+    TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD = 4, /* ["long_prefill_token_threshold"] per-request chunk cap, 0 = none */
+    TDM_SCHED_ENABLE_CHUNKED_PREFILL = 5,  /* ["enable_chunked_prefill"] 0/1; default 1 */
+    TDM_SCHED_NUM_BLOCKS = 6,              /* ["num_blocks"] KV blocks incl. the null block; default 10000 */
+    TDM_SCHED_BLOCK_SIZE = 7,              /* ["block_size"] tokens per block; default 16 */
+    TDM_SCHED_ENABLE_PREFIX_CACHING = 8,   /* ["enable_prefix_caching"] 0/1; default 1 */
+    TDM_SCHED_WATERMARK_PPM = 9,           /* ["watermark"] free-block watermark for admission, parts per
+                                              million of num_blocks (JSON: a fraction); default 0 */
+    TDM_SCHED_POLICY = 10,                 /* ["policy"] a tdm_policy_kind; default FCFS */
+    TDM_SCHED_MODE = 11,                   /* ["mode"] a tdm_sched_mode; default VLLM */
+    TDM_SCHED_TBT_TARGET_US = 12,          /* ["tbt_target_ms" in JSON, float] time-between-tokens
+                                              target; 0 = fixed token budget */
+    TDM_SCHED_NUM_LOOKAHEAD_TOKENS = 13,   /* ["num_lookahead_tokens"] slots reserved for speculative
+                                              tokens of running requests; default 0 */
+    TDM_SCHED_ROLE = 14,                   /* ["role"] a tdm_sched_role; default BOTH */
+    TDM_SCHED_REMOTE_KV_FAILURE = 15,      /* ["remote_kv_failure"] a tdm_remote_kv_failure; default RECOMPUTE */
+    TDM_SCHED_REMOTE_KV_TIMEOUT_MS = 16,   /* ["remote_kv_timeout_ms"] a remote-KV wait that exceeds it
+                                              fails; 0 = never; default 0 */
+    TDM_SCHED_DELAY_FREE_TIMEOUT_MS = 17,  /* ["delay_free_timeout_ms"] held blocks of a finished
+                                              prefill-side request are freed after it; default 120000 */
+    TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS = 18 /* ["max_num_partial_prefills"] in DECODE_FIRST mode, the
+                                              most prefills in progress at once; 0 = no limit */
+} tdm_sched_param;
+
+typedef enum tdm_policy_kind {
+    TDM_POLICY_FCFS = 0,      /* arrival order; preempt the most recently admitted running request */
+    TDM_POLICY_PRIORITY = 1,  /* lowest priority value first, then arrival; preempt the worst */
+    TDM_POLICY_CUSTOM = 2     /* set by tdm_sched_set_policy() / tdm_sched_load_policy() */
+} tdm_policy_kind;
+
+typedef enum tdm_sched_mode {
+    TDM_MODE_VLLM = 0,         /* vLLM v1: running requests in list order, then waiting */
+    TDM_MODE_DECODE_FIRST = 1  /* stall-free (Sarathi-Serve): running decodes, then partial
+                                  prefills, then new prefills; budget from the TBT target */
+} tdm_sched_mode;
+
+typedef enum tdm_sched_role {
+    TDM_ROLE_BOTH = 0,     /* colocated engine */
+    TDM_ROLE_PREFILL = 1,  /* disaggregated prefill engine */
+    TDM_ROLE_DECODE = 2    /* disaggregated decode engine */
+} tdm_sched_role;
+
+typedef enum tdm_remote_kv_failure {
+    TDM_REMOTE_KV_RECOMPUTE = 0,  /* a failed remote-KV receive is recomputed locally */
+    TDM_REMOTE_KV_FAIL = 1        /* the request finishes with TDM_FINISH_ERROR */
+} tdm_remote_kv_failure;
+
+/* Create a scheduler with default parameters. *out receives the handle.
+ * Errors: TDM_E_INVAL (out NULL), TDM_E_NOMEM. */
+TDM_API int tdm_sched_create(tdm_sched **out);
+
+/* Destroy a scheduler and every request it holds. NULL is a no-op. */
+TDM_API void tdm_sched_destroy(tdm_sched *s);
+
+/* The message of the last failed call on s ("" if none). Owned by s, valid until the next
+ * call on s. With s NULL, the message of the last tdm_sched_create() failure on this thread. */
+TDM_API const char *tdm_sched_errmsg(const tdm_sched *s);
+
+/* Apply a JSON configuration document (an object whose keys are the names in brackets
+ * above, plus "policy_plugin": {"path": "...", "symbol": "..."} and "cost_model":
+ * {"base_us", "per_prefill_token_us", "per_decode_req_us", "per_context_token_ns",
+ * "per_attn_token2_ps"}). All or nothing: on any error nothing changes and the message names the key
+ * and the reason. Unknown keys are errors. Errors: TDM_E_INVAL, TDM_E_CONFIG, TDM_E_STATE
+ * (a pool-shaping key while requests exist), TDM_E_PLUGIN, TDM_E_NOMEM. */
+TDM_API int tdm_sched_configure(tdm_sched *s, const char *json);
+
+/* Write the full current configuration as a JSON object into buf (NUL-terminated).
+ * *len receives the length needed without the NUL; TDM_E_TRUNCATED if buf is too small
+ * (buf may be NULL with buf_size 0 to ask for the length). */
+TDM_API int tdm_sched_get_config(const tdm_sched *s, char *buf, size_t buf_size, size_t *len);
+
+/* Set or read one parameter. Errors: TDM_E_INVAL (unknown key), TDM_E_CONFIG (bad value,
+ * the message says why), TDM_E_STATE (pool-shaping key while requests exist). */
+TDM_API int tdm_sched_set_param(tdm_sched *s, tdm_sched_param key, int64_t value);
+TDM_API int tdm_sched_get_param(const tdm_sched *s, tdm_sched_param key, int64_t *value);
+
+/* Request flags. */
+#define TDM_REQ_IGNORE_EOS    (1u << 0)  /* do not stop on eos_token_id */
+#define TDM_REQ_REMOTE_PREFILL (1u << 1) /* decode side: the prompt's KV arrives from a remote
+                                            prefill; blocks are reserved, the request waits until
+                                            tdm_sched_remote_kv_done() */
+#define TDM_REQ_REMOTE_DECODE (1u << 2)  /* prefill side: when finished, keep the blocks ("delayed
+                                            free") until tdm_sched_release() or the timeout */
+#define TDM_REQ_SKIP_PREFIX_CACHE (1u << 3) /* do not read the prefix cache (e.g. prompt logprobs) */
+
+/* A request to add. Pointers are read during the call only (the library copies). */
+typedef struct tdm_request_desc {
+    uint32_t struct_size;          /* sizeof(tdm_request_desc) */
+    uint32_t flags;                /* TDM_REQ_* */
+    uint64_t id;                   /* unique among live requests of this scheduler */
+    const tdm_token *prompt;       /* prompt token ids */
+    uint32_t num_prompt_tokens;    /* >= 1 */
+    uint32_t max_tokens;           /* max output tokens, >= 1 */
+    uint32_t min_tokens;           /* EOS and stop tokens are ignored before this many outputs */
+    int32_t eos_token_id;          /* < 0: none */
+    const tdm_token *stop_token_ids;
+    uint32_t num_stop_token_ids;
+    int32_t priority;              /* PRIORITY policy: lower value runs first */
+    double arrival_time;           /* seconds, on the clock the host passes to step/update */
+    double ttft_slo;               /* seconds, 0 = none (for SLO-aware policies and stats) */
+    double tpot_slo;               /* seconds, 0 = none */
+    const void *cache_salt;        /* bytes mixed into the first block's hash; NULL = none */
+    uint32_t cache_salt_len;
+    uint32_t num_remote_tokens;    /* REMOTE_PREFILL: tokens whose KV arrives (0 = the whole
+                                      prompt); the rest is computed locally */
+    uint32_t tenant;               /* an opaque tenant id available to policies */
+} tdm_request_desc;
+
+/* Fill *d with defaults (struct_size set, eos -1, everything else 0). */
+TDM_API int tdm_request_desc_init(tdm_request_desc *d);
+
+/* Add a request to the waiting queue. Errors: TDM_E_INVAL (bad field), TDM_E_EXISTS
+ * (duplicate id), TDM_E_RANGE (prompt longer than max_model_len - 1 or needing more blocks
+ * than the pool has), TDM_E_NOMEM. On failure nothing is added. */
+TDM_API int tdm_sched_add(tdm_sched *s, const tdm_request_desc *d);
+
+/* Finish reasons. */
+typedef enum tdm_finish_reason {
+    TDM_FINISH_NONE = 0,     /* not finished */
+    TDM_FINISH_STOP = 1,     /* EOS or a stop token (or the host's stop string) */
+    TDM_FINISH_LENGTH = 2,   /* max_tokens or max_model_len */
+    TDM_FINISH_ABORT = 3,    /* aborted by the host */
+    TDM_FINISH_ERROR = 4     /* failed (remote KV lost with the FAIL policy, ...) */
+} tdm_finish_reason;
+
+/* Abort a request in any state (same as tdm_sched_finish(s, id, TDM_FINISH_ABORT)). Its
+ * blocks are freed, except while a remote-KV receive may still write into them: those are
+ * freed when tdm_sched_remote_kv_done() reports or the remote-KV timeout passes.
+ * Errors: TDM_E_NOT_FOUND. */
+TDM_API int tdm_sched_abort(tdm_sched *s, uint64_t id);
+
+/* Finish a request for a host-side reason (stop string, client gone). reason is STOP,
+ * LENGTH, ABORT or ERROR. The id appears in the next batch's finished list.
+ * Errors: TDM_E_NOT_FOUND, TDM_E_INVAL (reason). */
+TDM_API int tdm_sched_finish(tdm_sched *s, uint64_t id, tdm_finish_reason reason);
+
+/* Kinds of batch entries. */
+#define TDM_ENTRY_NEW       0  /* first scheduling: blocks is the whole block table */
+#define TDM_ENTRY_RESUMED   1  /* rescheduled after preemption: blocks replaces the table */
+#define TDM_ENTRY_CONTINUING 2 /* scheduled last time too: blocks are appended */
+
+/* The batch for one model step, filled by tdm_sched_step(); struct of arrays, one element
+ * per scheduled request, in scheduling order. Every array is owned by the scheduler and
+ * valid until the next tdm_sched_step(), tdm_sched_reset_prefix_cache() or destroy. */
+typedef struct tdm_batch {
+    uint32_t struct_size;         /* set by the caller: sizeof(tdm_batch) */
+    uint32_t num_reqs;
+    uint64_t step;                /* step counter, from 1 */
+    uint32_t total_tokens;        /* sum of num_tokens */
+    uint32_t num_prefill_reqs;    /* entries still in their prompt after this step's chunk
+                                     or computing prompt tokens */
+    const uint64_t *req_ids;
+    const uint32_t *num_tokens;    /* tokens to compute this step (incl. draft tokens) */
+    const uint32_t *num_computed;  /* num_computed_tokens before this step */
+    const uint8_t *kinds;          /* TDM_ENTRY_* */
+    const uint32_t *num_spec;      /* draft tokens among num_tokens */
+    const uint32_t *block_offsets; /* num_reqs + 1 offsets into blocks */
+    const uint32_t *blocks;        /* new block ids per entry (see TDM_ENTRY_*) */
+    uint32_t num_preempted;        /* preempted in this step (their KV is gone) */
+    const uint64_t *preempted_ids;
+    uint32_t num_finished;         /* finished since the previous step (workers free state) */
+    const uint64_t *finished_ids;
+    uint32_t num_recv_ready;       /* REMOTE_PREFILL requests whose blocks were reserved in this
+                                      step: the host starts their KV receive now */
+    const uint64_t *recv_ready_ids;
+} tdm_batch;
+
+TDM_API int tdm_batch_init(tdm_batch *b);
+
+/* Schedule one step at host time `now` (seconds). Fills *out (up to out->struct_size).
+ * An empty batch (num_reqs 0) is valid. Expires delayed frees and remote-KV waits whose
+ * timeout passed. Errors: TDM_E_INVAL. */
+TDM_API int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out);
+
+/* The host's report of one step, struct of arrays over num_reqs requests that were
+ * scheduled (a subset in any order is fine; unknown or finished ids are skipped, as a
+ * late output of an aborted request is in vLLM). */
+typedef struct tdm_step_output {
+    uint32_t struct_size;           /* sizeof(tdm_step_output) */
+    uint32_t num_reqs;
+    const uint64_t *req_ids;
+    const uint32_t *token_offsets;  /* num_reqs + 1 offsets into tokens */
+    const tdm_token *tokens;        /* sampled tokens: none for a prompt chunk that did not
+                                       finish the prompt; 1 + accepted drafts with spec decode */
+    double now;                     /* host time of the step's end, seconds */
+} tdm_step_output;
+
+TDM_API int tdm_step_output_init(tdm_step_output *o);
+
+/* What tdm_sched_update() did, per reported request that is still known. Owned by the
+ * scheduler, valid until the next tdm_sched_update(), tdm_sched_step() or destroy. */
+typedef struct tdm_update_result {
+    uint32_t struct_size;
+    uint32_t num_reqs;
+    const uint64_t *req_ids;
+    const uint32_t *num_new_tokens;  /* tokens appended after stop trimming */
+    const uint8_t *finish_reasons;   /* tdm_finish_reason */
+    const int32_t *stop_tokens;      /* the stop token that ended it, or -1 */
+} tdm_update_result;
+
+TDM_API int tdm_update_result_init(tdm_update_result *r);
+
+/* Apply a step's output: append the sampled tokens, correct num_computed_tokens for
+ * rejected drafts, apply max_tokens / max_model_len / EOS / stop tokens with trimming, free
+ * finished requests' blocks (or hold them: REMOTE_DECODE), record timings. result may be NULL.
+ * Errors: TDM_E_INVAL (malformed arrays: nothing is applied). */
+TDM_API int tdm_sched_update(tdm_sched *s, const tdm_step_output *out, tdm_update_result *result);
+
+/* Store speculative draft tokens for the next step of request id (replacing earlier ones);
+ * they are scheduled with it and verified by the next update. Errors: TDM_E_NOT_FOUND,
+ * TDM_E_STATE (not running), TDM_E_RANGE (more than num_lookahead_tokens). */
+TDM_API int tdm_sched_set_draft_tokens(tdm_sched *s, uint64_t id, const tdm_token *tokens, uint32_t n);
+
+/* Request states. */
+typedef enum tdm_req_state {
+    TDM_STATE_WAITING = 0,
+    TDM_STATE_WAITING_REMOTE_KV = 1,  /* blocks reserved, KV being received */
+    TDM_STATE_RUNNING = 2,
+    TDM_STATE_PREEMPTED = 3,          /* waiting again after preemption */
+    TDM_STATE_FINISHED_HELD = 4,      /* finished, blocks held for a remote decode */
+    TDM_STATE_FINISHED = 5            /* finished; only visible until the next step */
+} tdm_req_state;
+
+typedef struct tdm_request_info {
+    uint32_t struct_size;
+    uint32_t state;                  /* tdm_req_state */
+    uint32_t finish_reason;          /* tdm_finish_reason */
+    uint32_t num_prompt_tokens;
+    uint32_t num_output_tokens;
+    uint32_t num_computed_tokens;
+    uint32_t num_cached_tokens;      /* prefix-cache hit at first admission */
+    uint32_t num_blocks;
+    uint32_t num_preemptions;
+    int32_t priority;
+    double arrival_time;
+    double first_scheduled_time;     /* -1 until scheduled */
+    double first_token_time;         /* -1 until the first output token */
+    double last_token_time;          /* -1 until the first output token */
+    double finish_time;              /* -1 until finished */
+    double max_token_gap;            /* largest gap between output tokens, seconds */
+} tdm_request_info;
+
+TDM_API int tdm_request_info_init(tdm_request_info *i);
+
+/* Query a request. FINISHED requests stay queryable until the next tdm_sched_step(),
+ * FINISHED_HELD ones until released. Errors: TDM_E_NOT_FOUND. */
+TDM_API int tdm_sched_request_info(const tdm_sched *s, uint64_t id, tdm_request_info *info);
+
+/* The request's block table (*blocks owned by s, valid until the next call that changes
+ * the request). Errors: TDM_E_NOT_FOUND. */
+TDM_API int tdm_sched_request_blocks(const tdm_sched *s, uint64_t id, const uint32_t **blocks,
+                                     uint32_t *num_blocks);
+
+/* All token ids of the request (prompt then outputs), owned by s, valid until the next
+ * update or step. Errors: TDM_E_NOT_FOUND. */
+TDM_API int tdm_sched_request_tokens(const tdm_sched *s, uint64_t id, const tdm_token **tokens,
+                                     uint32_t *num_tokens);
+
+/* Decode side: the remote KV of a REMOTE_PREFILL request has arrived (ok != 0) or failed
+ * (ok == 0). num_valid_tokens: on failure, how many leading tokens did arrive intact (0 if
+ * unknown); they are kept and the rest recomputed (RECOMPUTE policy). On success the request
+ * becomes schedulable with the received tokens computed (the last prompt token is always
+ * recomputed, for its logits). If the request was aborted while waiting, its blocks are freed
+ * now. Errors: TDM_E_NOT_FOUND, TDM_E_STATE (not waiting for remote KV). */
+TDM_API int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_valid_tokens);
+
+/* Prefill side: the KV of a finished REMOTE_DECODE request has been sent (or is no longer
+ * needed): free its held blocks. Errors: TDM_E_NOT_FOUND, TDM_E_STATE (not held). */
+TDM_API int tdm_sched_release(tdm_sched *s, uint64_t id);
+
+/* Drop every cached (free, hashed) block from the prefix cache. With reset_running, every
+ * running request is preempted first (moved to waiting, in order). Errors: TDM_E_STATE when
+ * blocks are still in use and reset_running is 0. */
+TDM_API int tdm_sched_reset_prefix_cache(tdm_sched *s, int reset_running);
+
+typedef struct tdm_sched_stats {
+    uint32_t struct_size;
+    uint32_t num_running;
+    uint32_t num_waiting;            /* incl. preempted and remote-KV waits */
+    uint32_t num_waiting_remote_kv;
+    uint32_t num_held;               /* finished, blocks held for a remote decode */
+    uint32_t num_total_blocks;       /* usable blocks (the null block excluded) */
+    uint32_t num_free_blocks;        /* incl. cached blocks that can be evicted */
+    uint32_t num_cached_blocks;      /* hashed blocks in the prefix cache */
+    double kv_usage;                 /* 1 - free/total */
+    uint64_t prefix_queries;         /* tokens looked up in the prefix cache */
+    uint64_t prefix_hits;            /* tokens found */
+    double prefix_hit_rate;          /* hits / queries (0 if none) */
+    uint64_t evictions;              /* cached blocks evicted for reuse */
+    uint64_t preemptions;
+    uint64_t steps;
+    uint64_t scheduled_tokens;       /* over all steps */
+    uint64_t finished;               /* requests finished (any reason) */
+} tdm_sched_stats;
+
+TDM_API int tdm_sched_stats_init(tdm_sched_stats *st);
+TDM_API int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *st);
+
+/* Convenience counts (vLLM's get_num_unfinished_requests / get_request_counts). */
+TDM_API int tdm_sched_num_unfinished(const tdm_sched *s, uint32_t *n);
+
+/* ---- Step-cost estimate (for the TBT-sized budget in DECODE_FIRST mode) ---- */
+
+/* The shape of a prospective step. */
+typedef struct tdm_step_shape {
+    uint32_t struct_size;
+    uint32_t num_prefill_tokens;     /* prompt tokens computed this step */
+    uint32_t num_prefill_reqs;
+    uint32_t num_decode_reqs;        /* requests computing output tokens (1 + drafts each) */
+    uint32_t num_decode_tokens;
+    uint64_t decode_context_tokens;  /* sum of the decode requests' context lengths */
+    uint64_t prefill_attn_work;      /* sum over prefill chunks of chunk*(context + chunk/2) */
+} tdm_step_shape;
+
+#define TDM_COST_MODEL_VERSION 1
+/* A step-cost estimator the host or simulator supplies: estimate() returns the predicted
+ * step time in seconds. Append-only; version first. */
+typedef struct tdm_cost_model {
+    uint32_t version;                /* TDM_COST_MODEL_VERSION */
+    void *ctx;
+    double (*estimate)(void *ctx, const tdm_step_shape *shape);
+} tdm_cost_model;
+
+/* Install (or with NULL, remove) a cost-model callback; without one, the linear model of the
+ * "cost_model" JSON key is used. The table is copied; ctx must outlive s. */
+TDM_API int tdm_sched_set_cost_model(tdm_sched *s, const tdm_cost_model *cm);
+
+/* ---- Policies ---- */
+
+/* What a policy sees of a request. */
+typedef struct tdm_request_view {
+    uint32_t struct_size;
+    uint32_t state;                  /* tdm_req_state */
+    uint64_t id;
+    int32_t priority;
+    uint32_t tenant;
+    double arrival_time;
+    double ttft_slo;
+    double tpot_slo;
+    uint32_t num_prompt_tokens;
+    uint32_t num_output_tokens;
+    uint32_t num_computed_tokens;
+    uint32_t num_preemptions;
+    uint32_t max_tokens;
+    uint32_t reserved0;
+    uint64_t admit_seq;              /* order of (re)admission to running */
+} tdm_request_view;
+
+#define TDM_POLICY_VERSION 1
+/* A scheduling policy: the order of the waiting queue and the preemption victim. Append-only
+ * vtable, version first; optional methods may be NULL. A policy must be a strict weak
+ * ordering that does not change while a request waits (it is used as a heap key). */
+typedef struct tdm_policy {
+    uint32_t version;                /* TDM_POLICY_VERSION */
+    const char *name;                /* shown in stats and A/B tables; copied */
+    void *ctx;
+    /* < 0 when a should be admitted before b, > 0 after, 0 if equal (then arrival order). */
+    int (*compare)(void *ctx, const tdm_request_view *a, const tdm_request_view *b);
+    /* Optional: the index in running[0..n) of the request to preempt. NULL: the request that
+     * compare() ranks last (ties: the most recently admitted). */
+    uint32_t (*pick_victim)(void *ctx, const tdm_request_view *const *running, uint32_t n);
+    /* Optional: called when the scheduler drops the policy. */
+    void (*destroy)(void *ctx);
+} tdm_policy;
+
+/* Install a custom policy (the table is copied; destroy(ctx) is called when replaced or on
+ * tdm_sched_destroy). Only while the waiting queue is empty (TDM_E_STATE otherwise).
+ * Errors: TDM_E_INVAL (compare NULL), TDM_E_VERSION. */
+TDM_API int tdm_sched_set_policy(tdm_sched *s, const tdm_policy *p);
+
+/* The plug-in entry point a policy shared object exports: it fills *out (version first). */
+typedef int (*tdm_policy_entry_fn)(tdm_policy *out, uint32_t abi_version);
+
+/* Load a policy from a shared object: dlopen(path), dlsym(symbol, default
+ * "tdm_policy_entry"), call it and install the policy as tdm_sched_set_policy() does.
+ * Errors: TDM_E_PLUGIN (message from dlerror or the entry point), TDM_E_VERSION. */
+TDM_API int tdm_sched_load_policy(tdm_sched *s, const char *path, const char *symbol);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include "tandem_kernels.h"
+#include "tandem_kvx.h"
+
+#endif /* TANDEM_H */
