@@ -490,8 +490,8 @@ static void preempt__late_output_of_preempted_request_applied(void **state)
 {
     (void)state;
     const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 11, TDM_SCHED_BLOCK_SIZE, 16,
-                           TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 100,
-                           TDM_SCHED_MAX_NUM_SEQS, 16, TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
+                           TDM_SCHED_MAX_NUM_SEQS, 16, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 100,
+                           TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
     tdm_sched *s = tsd_newp(kv);
     tdm_sched_stats st;
     tsd_stats(s, &st);
