@@ -41,24 +41,30 @@ static tdm_sched *decode_side(int64_t failure, int64_t timeout_ms)
     return tsd_newp(kv);
 }
 
-/* Add remote request 1 (40 tokens: 3 blocks) and step once: its blocks are reserved. */
+/* Add remote request 1 (40 tokens) and step once: blocks are reserved for the tokens whose
+ * KV arrives (vLLM allocates local + external tokens for an async load): 3 blocks for the
+ * whole prompt, ceil(num_remote / 16) otherwise. */
 static void reserve_remote(tdm_sched *s, double now, uint32_t num_remote)
 {
     assert_int_equal(add_flags(s, 1, 40, 2, TDM_REQ_REMOTE_PREFILL, num_remote), TDM_OK);
+    uint32_t want = num_remote ? (num_remote + 15) / 16 : 3;
     tdm_batch b;
     tsd_step(s, now, &b);
+    uint32_t others = 0;
+    for (uint32_t k = 0; k < b.num_reqs; k++) others += b.block_offsets[k + 1] - b.block_offsets[k];
     assert_int_equal(tsd_find(&b, 1), -1);
     assert_int_equal(b.num_recv_ready, 1);
     assert_int_equal(b.recv_ready_ids[0], 1);
     tdm_request_info i;
     tsd_info(s, 1, &i);
     assert_int_equal(i.state, TDM_STATE_WAITING_REMOTE_KV);
-    assert_int_equal(i.num_blocks, 3);
-    assert_int_equal(tdm__sched_blocks_in_use(s), 3);
+    assert_int_equal(i.num_blocks, want);
+    assert_int_equal(tdm__sched_blocks_in_use(s), want + others);
     tdm_sched_stats st;
     tsd_stats(s, &st);
     assert_int_equal(st.num_waiting_remote_kv, 1);
-    assert_int_equal(st.num_running, 0);
+    assert_int_equal(st.num_running, b.num_reqs);
+    tsd_update(s, &b, 7, now + 0.01, NULL);
 }
 
 static void finish_all(tdm_sched *s, double now)
