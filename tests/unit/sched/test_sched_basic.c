@@ -598,6 +598,48 @@ static void preempt__fcfs_victim_newest_no_admission_resume_front(void **state)
     tsd_done(s);
 }
 
+/* vLLM applies a late output to a request preempted while its batch was in flight, also
+ * with drafts: the tokens are appended (no num_computed correction: it restarts from 0), and
+ * the other requests of the same output are applied too. */
+static void update__late_output_with_drafts_after_preemption_applied(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    const tdm_token dr[2] = { 11, 12 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 2), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    assert_int_equal(b.num_spec[tsd_find(&b, 1)], 2);
+    /* the host preempts everything while the batch runs */
+    assert_int_equal(tdm_sched_reset_prefix_cache(s, 1), TDM_OK);
+    assert_int_equal(tsd_state(s, 1), TDM_STATE_PREEMPTED);
+    const tdm_token o0[1] = { 20 }, o1[3] = { 11, 12, 13 };
+    uint64_t ids[2] = { 0, 1 };
+    uint32_t offs[3] = { 0, 1, 4 };
+    tdm_token toks[4] = { o0[0], o1[0], o1[1], o1[2] };
+    tdm_step_output o;
+    tdm_step_output_init(&o);
+    o.num_reqs = 2;
+    o.req_ids = ids;
+    o.token_offsets = offs;
+    o.tokens = toks;
+    o.now = 2.1;
+    tdm_update_result r;
+    tdm_update_result_init(&r);
+    int rc = tdm_sched_update(s, &o, &r);
+    if (rc != TDM_OK) fail_msg("update -> %d: %s", rc, tdm_sched_errmsg(s));
+    const tdm_token e0[2] = { 100, 20 }, e1[4] = { 100, 11, 12, 13 };
+    assert_tokens(s, 0, prompt, 4, e0, 2);
+    assert_tokens(s, 1, prompt, 4, e1, 4);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_computed_tokens, 0);
+    finish_all(s);
+}
+
 /* A request finished by the host frees its blocks at once, is reported in the next batch's
  * finished list, and a late output for it is ignored. */
 static void finish__host_finish_frees_and_ignores_late_output(void **state)
@@ -684,6 +726,7 @@ int main(void)
         cmocka_unit_test(update__max_model_len_stops_with_length),
         cmocka_unit_test(preempt__late_output_of_preempted_request_applied),
         cmocka_unit_test(preempt__fcfs_victim_newest_no_admission_resume_front),
+        cmocka_unit_test(update__late_output_with_drafts_after_preemption_applied),
         cmocka_unit_test(finish__host_finish_frees_and_ignores_late_output),
         cmocka_unit_test(update__records_timings_from_host_clock),
     };
