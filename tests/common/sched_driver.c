@@ -9,12 +9,48 @@
 
 #include "sched_driver.h"
 
+#define TSD_MAX_LIVE 16
+static tdm_sched *g_live[TSD_MAX_LIVE];
+
+static void track(tdm_sched *s)
+{
+    for (int i = 0; i < TSD_MAX_LIVE; i++)
+        if (!g_live[i]) {
+            g_live[i] = s;
+            return;
+        }
+}
+
+static void untrack(tdm_sched *s)
+{
+    for (int i = 0; i < TSD_MAX_LIVE; i++)
+        if (g_live[i] == s) g_live[i] = NULL;
+}
+
+void tsd_free(tdm_sched *s)
+{
+    untrack(s);
+    tdm_sched_destroy(s);
+}
+
+int tsd_teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < TSD_MAX_LIVE; i++)
+        if (g_live[i]) {
+            tdm_sched_destroy(g_live[i]);
+            g_live[i] = NULL;
+        }
+    return 0;
+}
+
 tdm_sched *tsd_new(const char *json)
 {
     tdm_sched *s = NULL;
     int rc = tdm_sched_create(&s);
     assert_int_equal(rc, TDM_OK);
     assert_non_null(s);
+    track(s);
     if (json) {
         rc = tdm_sched_configure(s, json);
         if (rc != TDM_OK) fail_msg("configure(%s) -> %d: %s", json, rc, tdm_sched_errmsg(s));
@@ -73,7 +109,7 @@ void tsd_assert_clean(const tdm_sched *s)
 void tsd_done(tdm_sched *s)
 {
     tsd_assert_clean(s);
-    tdm_sched_destroy(s);
+    tsd_free(s);
 }
 
 void tsd_prompt(uint64_t id, uint32_t n, tdm_token *out)

@@ -38,6 +38,14 @@ void tsd_assert_clean(const tdm_sched *s);
 /* tsd_assert_clean, then destroy. */
 void tsd_done(tdm_sched *s);
 
+/* Destroy a scheduler made by tsd_new/tsd_newp without checking it. */
+void tsd_free(tdm_sched *s);
+
+/* cmocka teardown: destroys the schedulers a failed test left behind (so that a failure does
+ * not also show up as a leak under ASan). TSD_TEST(f) registers a test with it. */
+int tsd_teardown(void **state);
+#define TSD_TEST(f) cmocka_unit_test_teardown(f, tsd_teardown)
+
 /* The generated prompt of request `id`: n tokens, distinct from every other id's prompt
  * (token i of id is 1000 + id * 7919 + i modulo a large prime, never EOS-like small ids). */
 void tsd_prompt(uint64_t id, uint32_t n, tdm_token *out);

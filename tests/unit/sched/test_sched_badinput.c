@@ -296,10 +296,10 @@ static void step_update__malformed_arguments_apply_nothing(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(init_functions__reject_null),
-        cmocka_unit_test(add__bad_descriptors_rejected),
-        cmocka_unit_test(request_calls__bad_ids_and_states_rejected),
-        cmocka_unit_test(step_update__malformed_arguments_apply_nothing),
+        TSD_TEST(init_functions__reject_null),
+        TSD_TEST(add__bad_descriptors_rejected),
+        TSD_TEST(request_calls__bad_ids_and_states_rejected),
+        TSD_TEST(step_update__malformed_arguments_apply_nothing),
     };
     return cmocka_run_group_tests_name("sched_badinput", tests, NULL, NULL);
 }

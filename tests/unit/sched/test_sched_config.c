@@ -359,10 +359,13 @@ static void configure__allocation_failure_changes_nothing(void **state)
         } else {
             if (rc != TDM_E_NOMEM) fail_msg("configure under failure %ld -> %d: %s", n, rc, tdm_sched_errmsg(s));
             char *after = tsd_config(s);
-            if (strcmp(before, after))
-                fail_msg("configure failed (%d: %s) at injected failure %ld but changed the config",
-                         rc, tdm_sched_errmsg(s), n);
+            int changed = strcmp(before, after) != 0;
             free(after);
+            if (changed) {
+                free(before);
+                fail_msg("configure failed (%d: \"%s\") at injected failure %ld but changed the config",
+                         rc, tdm_sched_errmsg(s), n);
+            }
             tsd_check(s);
         }
     }
@@ -427,17 +430,17 @@ static void add_step_update__allocation_failure_is_clean(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(configure__every_key_applied_and_round_trips),
-        cmocka_unit_test(configure__bad_values_rejected_naming_the_key),
-        cmocka_unit_test(configure__all_or_nothing),
-        cmocka_unit_test(configure__malformed_json_rejected),
-        cmocka_unit_test(configure__pool_keys_refused_while_requests_exist),
-        cmocka_unit_test(get_config__length_query_and_truncation),
-        cmocka_unit_test(set_param__out_of_range_rejected_and_valid_round_trip),
-        cmocka_unit_test(configure__policy_plugin_key_loads_shared_object),
-        cmocka_unit_test(create__allocation_failure_is_clean),
-        cmocka_unit_test(configure__allocation_failure_changes_nothing),
-        cmocka_unit_test(add_step_update__allocation_failure_is_clean),
+        TSD_TEST(configure__every_key_applied_and_round_trips),
+        TSD_TEST(configure__bad_values_rejected_naming_the_key),
+        TSD_TEST(configure__all_or_nothing),
+        TSD_TEST(configure__malformed_json_rejected),
+        TSD_TEST(configure__pool_keys_refused_while_requests_exist),
+        TSD_TEST(get_config__length_query_and_truncation),
+        TSD_TEST(set_param__out_of_range_rejected_and_valid_round_trip),
+        TSD_TEST(configure__policy_plugin_key_loads_shared_object),
+        TSD_TEST(create__allocation_failure_is_clean),
+        TSD_TEST(configure__allocation_failure_changes_nothing),
+        TSD_TEST(add_step_update__allocation_failure_is_clean),
     };
     return cmocka_run_group_tests_name("sched_config", tests, NULL, NULL);
 }

@@ -461,7 +461,8 @@ static void decode_first__tbt_target_bounds_predicted_cost(void **state)
     const int64_t kv[] = { TDM_SCHED_MODE, TDM_MODE_DECODE_FIRST, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 8192,
                            TDM_SCHED_TBT_TARGET_US, 10000, 0 };
     tdm_sched *s = tsd_newp(kv);
-    cost_ctx cc = { 0 };
+    static cost_ctx cc;
+    cc.calls = 0;
     tdm_cost_model cm = { TDM_COST_MODEL_VERSION, &cc, linear_cost };
     assert_int_equal(tdm_sched_set_cost_model(s, &cm), TDM_OK);
     for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tsd_add(s, id, 10, 100), TDM_OK);
@@ -495,20 +496,20 @@ static void decode_first__tbt_target_bounds_predicted_cost(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(remote_prefill__reserved_then_computes_last_token),
-        cmocka_unit_test(remote_prefill__partial_remote_tokens_compute_the_rest),
-        cmocka_unit_test(remote_prefill__failure_recompute_keeps_valid_tokens),
-        cmocka_unit_test(remote_prefill__failure_fail_policy_finishes_with_error),
-        cmocka_unit_test(remote_prefill__abort_while_waiting_frees_on_done),
-        cmocka_unit_test(remote_prefill__timeout_fails_the_wait),
-        cmocka_unit_test(remote_kv_done__rejects_unknown_and_local_requests),
-        cmocka_unit_test(remote_decode__blocks_held_until_release),
-        cmocka_unit_test(remote_decode__release_frees_held_blocks),
-        cmocka_unit_test(remote_decode__held_blocks_freed_after_timeout),
-        cmocka_unit_test(decode_first__decodes_then_partial_then_new),
-        cmocka_unit_test(vllm_mode__running_list_order_then_waiting),
-        cmocka_unit_test(decode_first__max_num_partial_prefills_limits_prefills),
-        cmocka_unit_test(decode_first__tbt_target_bounds_predicted_cost),
+        TSD_TEST(remote_prefill__reserved_then_computes_last_token),
+        TSD_TEST(remote_prefill__partial_remote_tokens_compute_the_rest),
+        TSD_TEST(remote_prefill__failure_recompute_keeps_valid_tokens),
+        TSD_TEST(remote_prefill__failure_fail_policy_finishes_with_error),
+        TSD_TEST(remote_prefill__abort_while_waiting_frees_on_done),
+        TSD_TEST(remote_prefill__timeout_fails_the_wait),
+        TSD_TEST(remote_kv_done__rejects_unknown_and_local_requests),
+        TSD_TEST(remote_decode__blocks_held_until_release),
+        TSD_TEST(remote_decode__release_frees_held_blocks),
+        TSD_TEST(remote_decode__held_blocks_freed_after_timeout),
+        TSD_TEST(decode_first__decodes_then_partial_then_new),
+        TSD_TEST(vllm_mode__running_list_order_then_waiting),
+        TSD_TEST(decode_first__max_num_partial_prefills_limits_prefills),
+        TSD_TEST(decode_first__tbt_target_bounds_predicted_cost),
     };
     return cmocka_run_group_tests_name("sched_pd", tests, NULL, NULL);
 }

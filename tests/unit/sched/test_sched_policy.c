@@ -277,7 +277,8 @@ static void policy__custom_compare_orders_admission(void **state)
     (void)state;
     const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
     tdm_sched *s = tsd_newp(kv);
-    pol_ctx c = { 0, 0 };
+    static pol_ctx c;
+    c = (pol_ctx){ 0, 0 };
     tdm_policy p = make_policy(&c, cmp_short_first);
     assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
     int64_t v = -1;
@@ -302,7 +303,8 @@ static void policy__pick_victim_honoured_and_undone(void **state)
     const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 11, TDM_SCHED_BLOCK_SIZE, 16,
                            TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
     tdm_sched *s = tsd_newp(kv);
-    pol_ctx c = { 0, 0 };
+    static pol_ctx c;
+    c = (pol_ctx){ 0, 0 };
     tdm_policy p = make_policy(&c, cmp_arrival);
     p.pick_victim = victim_oldest;
     assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
@@ -330,7 +332,8 @@ static void policy__set_rejected_while_waiting_and_bad_tables(void **state)
 {
     (void)state;
     tdm_sched *s = tsd_new(NULL);
-    pol_ctx c = { 0, 0 };
+    static pol_ctx c;
+    c = (pol_ctx){ 0, 0 };
     tdm_policy p = make_policy(&c, cmp_short_first);
     tdm_policy bad = p;
     bad.compare = NULL;
@@ -349,7 +352,8 @@ static void policy__set_rejected_while_waiting_and_bad_tables(void **state)
     assert_int_equal(v, TDM_POLICY_FCFS);
     tsd_run(s, 20, NULL);
     /* replacing a custom policy destroys the old one */
-    pol_ctx c2 = { 0, 0 };
+    static pol_ctx c2;
+    c2 = (pol_ctx){ 0, 0 };
     tdm_policy p2 = make_policy(&c2, cmp_arrival);
     assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
     assert_int_equal(tdm_sched_set_policy(s, &p2), TDM_OK);
@@ -416,18 +420,18 @@ static void load_policy__errors_report_plugin_and_keep_policy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(priority__orders_by_priority_value),
-        cmocka_unit_test(priority__equal_priority_falls_back_to_arrival),
-        cmocka_unit_test(priority__mixed_priority_and_arrival),
-        cmocka_unit_test(priority__heap_order_across_8_priorities),
-        cmocka_unit_test(priority__max_num_seqs_limits_admission),
-        cmocka_unit_test(priority__no_preemption_when_space),
-        cmocka_unit_test(priority__preempts_lowest_and_resumes_with_full_tokens),
-        cmocka_unit_test(policy__custom_compare_orders_admission),
-        cmocka_unit_test(policy__pick_victim_honoured_and_undone),
-        cmocka_unit_test(policy__set_rejected_while_waiting_and_bad_tables),
-        cmocka_unit_test(load_policy__shared_object_changes_admission_order),
-        cmocka_unit_test(load_policy__errors_report_plugin_and_keep_policy),
+        TSD_TEST(priority__orders_by_priority_value),
+        TSD_TEST(priority__equal_priority_falls_back_to_arrival),
+        TSD_TEST(priority__mixed_priority_and_arrival),
+        TSD_TEST(priority__heap_order_across_8_priorities),
+        TSD_TEST(priority__max_num_seqs_limits_admission),
+        TSD_TEST(priority__no_preemption_when_space),
+        TSD_TEST(priority__preempts_lowest_and_resumes_with_full_tokens),
+        TSD_TEST(policy__custom_compare_orders_admission),
+        TSD_TEST(policy__pick_victim_honoured_and_undone),
+        TSD_TEST(policy__set_rejected_while_waiting_and_bad_tables),
+        TSD_TEST(load_policy__shared_object_changes_admission_order),
+        TSD_TEST(load_policy__errors_report_plugin_and_keep_policy),
     };
     return cmocka_run_group_tests_name("sched_policy", tests, NULL, NULL);
 }

@@ -378,15 +378,15 @@ static void prefix__resumed_request_hits_its_own_blocks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(prefix__partial_hit_shares_full_blocks),
-        cmocka_unit_test(prefix__full_hit_recomputes_last_token),
-        cmocka_unit_test(prefix__eviction_lru_with_tail_blocks_first),
-        cmocka_unit_test(prefix__running_blocks_never_evicted),
-        cmocka_unit_test(prefix__cache_salt_separates_equal_prompts),
-        cmocka_unit_test(prefix__disabled_or_skipped_gives_no_hit),
-        cmocka_unit_test(reset_prefix_cache__needs_reset_running_while_running),
-        cmocka_unit_test(reset_prefix_cache__drops_cached_blocks_when_idle),
-        cmocka_unit_test(prefix__resumed_request_hits_its_own_blocks),
+        TSD_TEST(prefix__partial_hit_shares_full_blocks),
+        TSD_TEST(prefix__full_hit_recomputes_last_token),
+        TSD_TEST(prefix__eviction_lru_with_tail_blocks_first),
+        TSD_TEST(prefix__running_blocks_never_evicted),
+        TSD_TEST(prefix__cache_salt_separates_equal_prompts),
+        TSD_TEST(prefix__disabled_or_skipped_gives_no_hit),
+        TSD_TEST(reset_prefix_cache__needs_reset_running_while_running),
+        TSD_TEST(reset_prefix_cache__drops_cached_blocks_when_idle),
+        TSD_TEST(prefix__resumed_request_hits_its_own_blocks),
     };
     return cmocka_run_group_tests_name("sched_prefix", tests, NULL, NULL);
 }

@@ -532,7 +532,7 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         }
         drain(&w);
         tsd_assert_clean(w.s);
-        tdm_sched_destroy(w.s);
+        tsd_free(w.s);
         ops += w.ops;
         steps += w.steps;
         finished += w.finished;
@@ -555,7 +555,7 @@ static void random_ops__invariants_hold_after_every_step(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(random_ops__invariants_hold_after_every_step),
+        TSD_TEST(random_ops__invariants_hold_after_every_step),
     };
     return cmocka_run_group_tests_name("sched_random", tests, NULL, NULL);
 }
