@@ -269,6 +269,10 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
     assert_true(st.num_running <= (uint64_t)l.max_seqs);
     assert_true(st.num_free_blocks <= st.num_total_blocks);
     assert_int_equal(st.num_total_blocks, (uint32_t)(l.num_blocks - 1));
+    assert_int_equal(st.steps, b->step);
+    double usage = st.num_total_blocks ? 1.0 - (double)st.num_free_blocks / st.num_total_blocks : 0.0;
+    if (st.kv_usage < usage - 1e-9 || st.kv_usage > usage + 1e-9)
+        fail_msg("kv_usage %.6f, free/total says %.6f", st.kv_usage, usage);
     tsd_check(s);
 }
 

@@ -138,6 +138,7 @@ static void step__concurrent_partial_prefills_400_400_224(void **state)
         assert_int_equal(b.kinds[i], TDM_ENTRY_NEW);
         assert_int_equal(b.num_tokens[i], want[i]);
     }
+    assert_int_equal(b.num_prefill_reqs, 3);
     tsd_update(s, &b, 7, 1.1, NULL);
     tsd_step(s, 1.2, &b);
     assert_int_equal(b.num_reqs, 3);
@@ -152,6 +153,7 @@ static void step__concurrent_partial_prefills_400_400_224(void **state)
     assert_int_equal(b.num_tokens[0], 1);
     assert_int_equal(b.num_tokens[1], 1);
     assert_int_equal(b.num_tokens[2], 352);
+    assert_int_equal(b.num_prefill_reqs, 1);
     tsd_update(s, &b, 7, 1.5, NULL);
     tsd_run(s, 20, NULL);
     tsd_done(s);
@@ -640,6 +642,55 @@ static void update__late_output_with_drafts_after_preemption_applied(void **stat
     finish_all(s);
 }
 
+/* The admission watermark keeps free blocks in reserve while other requests run, but never
+ * blocks a request that runs alone (vLLM adds it only when another request is scheduled). */
+static void step__watermark_blocks_admission_only_alongside_others(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 101, TDM_SCHED_MAX_MODEL_LEN, 2048,
+                           TDM_SCHED_WATERMARK_PPM, 100000, TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 1, 80, 50), TDM_OK); /* 5 blocks */
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    tsd_update(s, &b, 7, 1.05, NULL);
+    assert_int_equal(tsd_add(s, 2, 90 * 16, 2), TDM_OK); /* 90 blocks: 95 free - 10 reserved < 90 */
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(tsd_state(s, 2), TDM_STATE_WAITING);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    assert_int_equal(tdm_sched_finish(s, 1, TDM_FINISH_STOP), TDM_OK);
+    tsd_step(s, 1.2, &b); /* alone: admitted although it leaves less than the watermark free */
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.req_ids[0], 2);
+    tsd_update(s, &b, 7, 1.25, NULL);
+    double now = 2.0;
+    tsd_run(s, 20, &now);
+    tsd_done(s);
+}
+
+/* Lookahead slots (num_lookahead_tokens) are reserved for running requests, not on a
+ * request's first admission (vLLM: avoids a P/D block-count mismatch). */
+static void step__lookahead_slots_reserved_after_first_admission(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_NUM_LOOKAHEAD_TOKENS, 2, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 1, 16, 10), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.block_offsets[1], 1);
+    tsd_update(s, &b, 7, 1.05, NULL);
+    tsd_step(s, 1.1, &b); /* 16 computed + 1 + 2 lookahead slots: a second block */
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_blocks, 2);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    double now = 2.0;
+    tsd_run(s, 20, &now);
+    tsd_done(s);
+}
+
 /* A request finished by the host frees its blocks at once, is reported in the next batch's
  * finished list, and a late output for it is ignored. */
 static void finish__host_finish_frees_and_ignores_late_output(void **state)
@@ -727,6 +778,8 @@ int main(void)
         TSD_TEST(preempt__late_output_of_preempted_request_applied),
         TSD_TEST(preempt__fcfs_victim_newest_no_admission_resume_front),
         TSD_TEST(update__late_output_with_drafts_after_preemption_applied),
+        TSD_TEST(step__watermark_blocks_admission_only_alongside_others),
+        TSD_TEST(step__lookahead_slots_reserved_after_first_admission),
         TSD_TEST(finish__host_finish_frees_and_ignores_late_output),
         TSD_TEST(update__records_timings_from_host_clock),
     };
