@@ -461,6 +461,45 @@ static void update__rejected_drafts_correct_num_computed(void **state)
     finish_all(s);
 }
 
+/* vLLM truncates a request's drafts to what fits in the remaining token budget; drafts
+ * that were not scheduled are dropped. */
+static void step__drafts_truncated_to_budget(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 2, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 6,
+                           TDM_SCHED_NUM_LOOKAHEAD_TOKENS, 3, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 0, 2, 10), TDM_OK);
+    assert_int_equal(tsd_add(s, 1, 2, 10), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    tsd_update(s, &b, 7, 1.05, NULL);
+    const tdm_token dr[3] = { 11, 12, 13 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr, 3), TDM_OK);
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 3), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 2);
+    assert_int_equal(b.num_tokens[0], 4);
+    assert_int_equal(b.num_spec[0], 3);
+    assert_int_equal(b.num_tokens[1], 2);
+    assert_int_equal(b.num_spec[1], 1);
+    tsd_update(s, &b, 7, 1.15, NULL); /* every scheduled draft accepted */
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_output_tokens, 3);
+    assert_int_equal(i.num_computed_tokens, 4);
+    tsd_step(s, 1.2, &b);
+    int k = tsd_find(&b, 1);
+    assert_true(k >= 0);
+    assert_int_equal(b.num_spec[k], 0);
+    assert_int_equal(b.num_tokens[k], 1);
+    tsd_update(s, &b, 7, 1.25, NULL);
+    double now = 2.0;
+    tsd_run(s, 40, &now);
+    tsd_done(s);
+}
+
 static void update__max_model_len_stops_with_length(void **state)
 {
     (void)state;
@@ -484,6 +523,14 @@ static void update__max_model_len_stops_with_length(void **state)
     assert_int_equal(outs, 4); /* 60 + 4 == max_model_len */
     tdm_batch b;
     tsd_step(s, 20.0, &b);
+    /* the longest prompt allowed is max_model_len - 1: one output token, then LENGTH */
+    assert_int_equal(tsd_add(s, 2, 63, 100), TDM_OK);
+    tsd_step(s, 21.0, &b);
+    assert_int_equal(b.num_tokens[0], 63);
+    tsd_update(s, &b, 7, 21.1, &r);
+    assert_int_equal(r.num_new_tokens[0], 1);
+    assert_int_equal(r.finish_reasons[0], TDM_FINISH_LENGTH);
+    tsd_step(s, 22.0, &b);
     tsd_done(s);
 }
 
@@ -774,6 +821,7 @@ int main(void)
         TSD_TEST(update__ignore_eos_runs_to_max_tokens),
         TSD_TEST(update__min_tokens_defers_eos_and_stop_tokens),
         TSD_TEST(update__rejected_drafts_correct_num_computed),
+        TSD_TEST(step__drafts_truncated_to_budget),
         TSD_TEST(update__max_model_len_stops_with_length),
         TSD_TEST(preempt__late_output_of_preempted_request_applied),
         TSD_TEST(preempt__fcfs_victim_newest_no_admission_resume_front),

@@ -112,6 +112,38 @@ static void remote_prefill__reserved_then_computes_last_token(void **state)
     finish_all(s, 2.0);
 }
 
+/* vLLM: the local prefix hit comes first; only the rest is expected from the remote side
+ * (get_num_new_matched_tokens is asked with the local hit). */
+static void remote_prefill__local_prefix_hit_reduces_remote_part(void **state)
+{
+    (void)state;
+    tdm_sched *s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
+    tdm_token p[40];
+    tsd_prompt(1, 40, p);
+    assert_int_equal(tsd_add_tokens(s, 5, p, 40, 2), TDM_OK); /* same prompt, computed locally */
+    double now = 1.0;
+    tsd_run(s, 20, &now);
+    const uint32_t *t;
+    uint32_t n;
+    assert_int_equal(add_flags(s, 1, 40, 2, TDM_REQ_REMOTE_PREFILL, 0), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    assert_int_equal(b.num_recv_ready, 1);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.state, TDM_STATE_WAITING_REMOTE_KV);
+    assert_int_equal(i.num_cached_tokens, 32);
+    assert_int_equal(i.num_blocks, 3);
+    assert_int_equal(tdm_sched_request_blocks(s, 1, &t, &n), TDM_OK);
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
+    tsd_step(s, 2.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_computed[0], 39);
+    assert_int_equal(b.num_tokens[0], 1);
+    tsd_update(s, &b, 7, 2.15, NULL);
+    finish_all(s, 3.0);
+}
+
 static void remote_prefill__partial_remote_tokens_compute_the_rest(void **state)
 {
     (void)state;
@@ -497,6 +529,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         TSD_TEST(remote_prefill__reserved_then_computes_last_token),
+        TSD_TEST(remote_prefill__local_prefix_hit_reduces_remote_part),
         TSD_TEST(remote_prefill__partial_remote_tokens_compute_the_rest),
         TSD_TEST(remote_prefill__failure_recompute_keeps_valid_tokens),
         TSD_TEST(remote_prefill__failure_fail_policy_finishes_with_error),

@@ -226,6 +226,37 @@ static void priority__preempts_lowest_and_resumes_with_full_tokens(void **state)
     finish_everything(s);
 }
 
+/* vLLM: when the request being scheduled is itself the victim it is preempted and the loop
+ * moves on. Under PRIORITY the worst request (here the one that needs a block) preempts
+ * itself; under FCFS the tail of the running list is the victim instead. */
+static void priority__worst_request_preempts_itself_fcfs_takes_tail(void **state)
+{
+    (void)state;
+    for (int pol = 0; pol < 2; pol++) {
+        const int64_t kv[] = { TDM_SCHED_POLICY, pol ? TDM_POLICY_PRIORITY : TDM_POLICY_FCFS,
+                               TDM_SCHED_NUM_BLOCKS, 5, TDM_SCHED_BLOCK_SIZE, 16,
+                               TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
+        tdm_sched *s = tsd_newp(kv);
+        add_prio(s, 1, 1, 0.0, 31, 20); /* low priority, admitted first */
+        tdm_batch b;
+        tsd_step(s, 1.0, &b);
+        tsd_update(s, &b, 7, 1.05, NULL);
+        add_prio(s, 2, 0, 1.0, 32, 20);
+        tsd_step(s, 1.1, &b);
+        assert_int_equal(b.num_reqs, 2);
+        tsd_update(s, &b, 7, 1.15, NULL);
+        tsd_step(s, 1.2, &b); /* both need a third block; none is free */
+        uint64_t victim = pol ? 1 : 2, kept = pol ? 2 : 1;
+        assert_int_equal(b.num_preempted, 1);
+        assert_int_equal(b.preempted_ids[0], victim);
+        assert_int_equal(b.num_reqs, 1);
+        assert_int_equal(b.req_ids[0], kept);
+        assert_int_equal(tsd_state(s, victim), TDM_STATE_PREEMPTED);
+        tsd_update(s, &b, 7, 1.25, NULL);
+        finish_everything(s);
+    }
+}
+
 /* ---- custom policies ---- */
 
 typedef struct pol_ctx {
@@ -427,6 +458,7 @@ int main(void)
         TSD_TEST(priority__max_num_seqs_limits_admission),
         TSD_TEST(priority__no_preemption_when_space),
         TSD_TEST(priority__preempts_lowest_and_resumes_with_full_tokens),
+        TSD_TEST(priority__worst_request_preempts_itself_fcfs_takes_tail),
         TSD_TEST(policy__custom_compare_orders_admission),
         TSD_TEST(policy__pick_victim_honoured_and_undone),
         TSD_TEST(policy__set_rejected_while_waiting_and_bad_tables),
