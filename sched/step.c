@@ -347,7 +347,11 @@ static void flush_and_expire(tdm_sched *s, double now)
     }
     s->finished.len = 0;
     while (s->held.head && s->held.head->deadline <= now) tdm__release_held(s, s->held.head);
-    while (s->remote.head && s->remote.head->deadline <= now) tdm__remote_failed(s, s->remote.head, 0);
+    while (s->remote.head && s->remote.head->deadline <= now) {
+        tdm__req *r = s->remote.head;
+        if (r->state == TDM_STATE_FINISHED_HELD) tdm__release_held(s, r); /* aborted receive */
+        else tdm__remote_failed(s, r, 0);
+    }
 }
 
 /* Write the batch arrays and advance num_computed_tokens (optimistically, as vLLM does). */
