@@ -163,6 +163,9 @@ void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid)
         return;
     }
     if (s->prm.remote_kv_failure == TDM_REMOTE_KV_FAIL) {
+        /* The receive is over (reported or timed out): the blocks can be freed at once. */
+        tdm__list_remove(&s->remote, r);
+        r->state = TDM_STATE_FINISHED; /* in no container: tdm__finish detaches nothing */
         tdm__finish(s, r, TDM_FINISH_ERROR, s->now);
         return;
     }
