@@ -25,6 +25,33 @@ int tdm__kv_fail(int status, const char *fmt, ...)
     return status;
 }
 
+/* Appends str to t_errmsg at *pos, truncating. */
+static void msg_append(size_t *pos, const char *str)
+{
+    size_t n = strlen(str), room = sizeof t_errmsg - 1 - *pos;
+    if (n > room) n = room;
+    memmove(t_errmsg + *pos, str, n);
+    *pos += n;
+    t_errmsg[*pos] = '\0';
+}
+
+int tdm__kv_fail_prefix(int status, const char *fn, const char *what)
+{
+    char tmp[TDM_ERRMSG_LEN];
+    memcpy(tmp, t_errmsg, sizeof tmp);
+    tmp[sizeof tmp - 1] = '\0';
+    size_t pos = 0;
+    t_errmsg[0] = '\0';
+    msg_append(&pos, fn);
+    msg_append(&pos, ": ");
+    if (what) {
+        msg_append(&pos, what);
+        msg_append(&pos, ": ");
+    }
+    msg_append(&pos, tmp);
+    return status;
+}
+
 size_t tdm_dtype_size(tdm_dtype dt)
 {
     switch (dt) {

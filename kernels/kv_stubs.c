@@ -7,23 +7,6 @@
 
 #define STUB(name) return tdm__kv_fail(TDM_E_UNSUPPORTED, name ": not implemented yet")
 
-int tdm_kv_pack(const tdm_kv_layout *l, void *const *b, const uint32_t *ids, uint32_t n,
-                uint32_t lb, uint32_t le, void *dst, size_t dst_size) { STUB("tdm_kv_pack"); }
-int tdm_kv_unpack(const tdm_kv_layout *l, void *const *b, const uint32_t *ids, uint32_t n,
-                  uint32_t lb, uint32_t le, const void *src, size_t src_size) { STUB("tdm_kv_unpack"); }
-int tdm_kv_unpack_convert(const tdm_kv_layout *sl, const void *src, size_t src_size, uint32_t nsb,
-                          uint32_t nt, const tdm_kv_layout *dl, void *const *db,
-                          const uint32_t *dids, uint32_t ndb, const tdm_kv_convert_opts *o)
-{ STUB("tdm_kv_unpack_convert"); }
-int tdm_kv_pack_convert(const tdm_kv_layout *sl, void *const *sb, const uint32_t *ids, uint32_t n,
-                        const tdm_kv_layout *pl, void *dst, size_t dst_size,
-                        const tdm_kv_convert_opts *o) { STUB("tdm_kv_pack_convert"); }
-uint8_t tdm_fp8_e4m3_from_float(float x) { (void)x; return 0; }
-float tdm_fp8_e4m3_to_float(uint8_t v) { (void)v; return 0; }
-uint16_t tdm_fp16_from_float(float x) { (void)x; return 0; }
-float tdm_fp16_to_float(uint16_t v) { (void)v; return 0; }
-uint16_t tdm_bf16_from_float(float x) { (void)x; return 0; }
-float tdm_bf16_to_float(uint16_t v) { (void)v; return 0; }
 int tdm_cuda_available(char *msg, size_t len) { STUB("tdm_cuda_available"); }
 int tdm_cuda_malloc(void **p, size_t s) { STUB("tdm_cuda_malloc"); }
 int tdm_cuda_free(void *p) { STUB("tdm_cuda_free"); }
