@@ -113,6 +113,7 @@ void tdm_sched_destroy(tdm_sched *s)
     tdm__vec_free(&s->upd_new);
     tdm__vec_free(&s->upd_reason);
     tdm__vec_free(&s->upd_stop);
+    tdm__vec_free(&s->upd_reqs);
     if (s->pool_ready) tdm__pool_free(&s->pool);
     tdm__free(s);
     tdm__handle_release();

@@ -190,6 +190,7 @@ struct tdm_sched {
     tdm__vec upd_new;          /* uint32_t */
     tdm__vec upd_reason;       /* uint8_t */
     tdm__vec upd_stop;         /* int32_t */
+    tdm__vec upd_reqs;         /* tdm__req *: the records found while validating */
 
     char *config_json;         /* last tdm_sched_get_config text (owned) */
 
