@@ -383,3 +383,14 @@ void tsd_assert_msg_has(const tdm_sched *s, const char *needle)
     assert_non_null(m);
     if (!strstr(m, needle)) fail_msg("error message \"%s\" does not mention \"%s\"", m, needle);
 }
+
+void tsd_assert_tokens(const tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t np,
+                       const tdm_token *outs, uint32_t no)
+{
+    const tdm_token *t = NULL;
+    uint32_t n = 0;
+    assert_int_equal(tdm_sched_request_tokens(s, id, &t, &n), TDM_OK);
+    assert_int_equal(n, np + no);
+    for (uint32_t i = 0; i < np; i++) assert_int_equal(t[i], prompt[i]);
+    for (uint32_t i = 0; i < no; i++) assert_int_equal(t[np + i], outs[i]);
+}

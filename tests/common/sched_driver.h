@@ -95,6 +95,10 @@ uint32_t tsd_state(const tdm_sched *s, uint64_t id);
 uint32_t tsd_unfinished(const tdm_sched *s);
 void tsd_stats(const tdm_sched *s, tdm_sched_stats *st);
 
+/* Assert that the request's token ids are prompt[0..np) then outs[0..no). */
+void tsd_assert_tokens(const tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t np,
+                       const tdm_token *outs, uint32_t no);
+
 /* Current configuration as a heap string (free with free()). */
 char *tsd_config(const tdm_sched *s);
 
