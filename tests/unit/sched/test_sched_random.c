@@ -51,7 +51,7 @@ typedef struct world {
     uint32_t n, cap;
     uint64_t next_id;
     double now;
-    uint64_t ops, steps, finished, preempted, adds_refused;
+    uint64_t ops, steps, finished, preempted, adds_refused, recv_ready, kv_done, released;
     /* block ownership scratch */
     uint64_t *owner;
     uint32_t *owner_pos;
@@ -97,6 +97,12 @@ static void on_finished(world *w, uint64_t id)
     drop(w, id);
 }
 
+static int cmp_prompt_len(void *ctx, const tdm_request_view *a, const tdm_request_view *b)
+{
+    (void)ctx;
+    return a->num_prompt_tokens < b->num_prompt_tokens ? -1 : a->num_prompt_tokens > b->num_prompt_tokens;
+}
+
 static void random_config(world *w)
 {
     rng *r = &w->r;
@@ -121,8 +127,17 @@ static void random_config(world *w)
         TDM_SCHED_REMOTE_KV_FAILURE, chance(r, 50) ? TDM_REMOTE_KV_FAIL : TDM_REMOTE_KV_RECOMPUTE,
         TDM_SCHED_REMOTE_KV_TIMEOUT_MS, chance(r, 50) ? 500 : 0,
         TDM_SCHED_DELAY_FREE_TIMEOUT_MS, chance(r, 50) ? 300 : 100000,
+        TDM_SCHED_TBT_TARGET_US, chance(r, 30) ? 20000 : 0,
         0 };
     w->s = tsd_newp(kv);
+    if (chance(r, 15)) { /* a custom policy: shortest prompt first, default victim */
+        tdm_policy p;
+        memset(&p, 0, sizeof(p));
+        p.version = TDM_POLICY_VERSION;
+        p.name = "random-sjf";
+        p.compare = cmp_prompt_len;
+        assert_int_equal(tdm_sched_set_policy(w->s, &p), TDM_OK);
+    }
     tsd_limits_get(w->s, &w->lim);
     w->lookahead = w->lim.lookahead;
     w->owner = calloc((size_t)blocks, sizeof(*w->owner));
@@ -357,8 +372,8 @@ static void check_world(world *w)
                          (unsigned long long)q->id, (unsigned long long)other);
         }
     }
-    /* blocks of requests aborted while receiving remote KV are not in the test's tables */
-    if (distinct > in_use) fail_msg("%u distinct blocks in tables, %u in use", distinct, in_use);
+    /* every holder (live, held for a remote decode, aborted while receiving) is tracked */
+    if (distinct != in_use) fail_msg("%u distinct blocks in the tables, %u in use", distinct, in_use);
 }
 
 static void op_cycle(world *w)
@@ -369,6 +384,7 @@ static void op_cycle(world *w)
     tsd_step(w->s, w->now, &b);
     w->steps++;
     w->preempted += b.num_preempted;
+    w->recv_ready += b.num_recv_ready;
     for (uint32_t i = 0; i < b.num_finished; i++) on_finished(w, b.finished_ids[i]);
     make_plan(w, &b, &pa);
     if (chance(&w->r, 10)) { /* a second batch while the first is in flight */
@@ -447,6 +463,7 @@ static void op_other(world *w)
             int rc = tdm_sched_remote_kv_done(w->s, id, chance(r, 70), below(r, 64));
             if (rc != TDM_OK) fail_msg("remote_kv_done(%llu) -> %d: %s", (unsigned long long)id, rc,
                                        tdm_sched_errmsg(w->s));
+            w->kv_done++;
             if (w->reqs[i].kind == K_HELD) on_finished(w, id);
             reconcile(w);
             break;
@@ -458,6 +475,7 @@ static void op_other(world *w)
             uint64_t id = w->reqs[i].id;
             int rc = tdm_sched_release(w->s, id);
             if (rc != TDM_OK) fail_msg("release(%llu) -> %d: %s", (unsigned long long)id, rc, tdm_sched_errmsg(w->s));
+            w->released++;
             drop(w, id);
             break;
         }
@@ -514,7 +532,7 @@ static void random_ops__invariants_hold_after_every_step(void **state)
     (void)state;
     uint64_t target = env_u64("TANDEM_SCHED_RANDOM_OPS", 100000);
     uint64_t seed = env_u64("TANDEM_SCHED_RANDOM_SEED", 0x7a5d3e11u);
-    uint64_t ops = 0, steps = 0, finished = 0, preempted = 0, refused = 0;
+    uint64_t ops = 0, steps = 0, finished = 0, preempted = 0, refused = 0, recv = 0, done = 0, rel = 0;
     int rounds = 0;
     while (ops < target) {
         world w;
@@ -538,6 +556,9 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         finished += w.finished;
         preempted += w.preempted;
         refused += w.adds_refused;
+        recv += w.recv_ready;
+        done += w.kv_done;
+        rel += w.released;
         free(w.reqs);
         free(w.owner);
         free(w.owner_pos);
@@ -545,11 +566,14 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         rounds++;
     }
     print_message("%llu random ops in %d configurations: %llu steps, %llu finished, %llu preempted, "
-                  "%llu adds refused (seed 0x%llx)\n", (unsigned long long)ops, rounds,
+                  "%llu adds refused, %llu remote-KV reservations, %llu remote_kv_done, %llu releases "
+                  "(seed 0x%llx)\n", (unsigned long long)ops, rounds,
                   (unsigned long long)steps, (unsigned long long)finished, (unsigned long long)preempted,
-                  (unsigned long long)refused, (unsigned long long)seed);
+                  (unsigned long long)refused, (unsigned long long)recv, (unsigned long long)done,
+                  (unsigned long long)rel, (unsigned long long)seed);
     assert_true(finished > 0);
     assert_true(preempted > 0);
+    assert_true(recv > 0 && done > 0 && rel > 0);
 }
 
 int main(void)
