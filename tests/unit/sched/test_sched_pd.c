@@ -144,6 +144,45 @@ static void remote_prefill__local_prefix_hit_reduces_remote_part(void **state)
     finish_all(s, 3.0);
 }
 
+/* vLLM keeps requests waiting for remote KV in the waiting queue (skipped each step and
+ * prepended back in their order, test_prepend_skipped_requests_order): once their KV has
+ * arrived they are admitted in queue (arrival) order, whatever order the receives end in,
+ * and ahead of requests that arrived after them. */
+static void remote_prefill__received_requests_keep_queue_order(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_ROLE, TDM_ROLE_DECODE, TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(add_flags(s, 1, 40, 2, TDM_REQ_REMOTE_PREFILL, 0), TDM_OK);
+    assert_int_equal(add_flags(s, 2, 40, 2, TDM_REQ_REMOTE_PREFILL, 0), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_recv_ready, 2);
+    assert_int_equal(b.recv_ready_ids[0], 1);
+    assert_int_equal(b.recv_ready_ids[1], 2);
+    assert_int_equal(tsd_add(s, 3, 20, 2), TDM_OK); /* runs while 1 and 2 receive */
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.req_ids[0], 3);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    assert_int_equal(tsd_add(s, 4, 20, 2), TDM_OK); /* arrives after 1 and 2 */
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
+    assert_int_equal(tdm_sched_remote_kv_done(s, 2, 1, 0), TDM_OK);
+    tsd_step(s, 1.2, &b);
+    tsd_update(s, &b, 7, 1.25, NULL); /* 3 finishes */
+    const uint64_t order[3] = { 1, 2, 4 };
+    for (int k = 0; k < 3; k++) {
+        tsd_step(s, 1.3 + 0.1 * k, &b);
+        assert_int_equal(b.num_reqs, 1);
+        if (b.req_ids[0] != order[k])
+            fail_msg("admission %d is request %llu, expected %llu", k, (unsigned long long)b.req_ids[0],
+                     (unsigned long long)order[k]);
+        tsd_update(s, &b, 7, 1.35 + 0.1 * k, NULL);
+        assert_int_equal(tdm_sched_finish(s, order[k], TDM_FINISH_STOP), TDM_OK);
+    }
+    finish_all(s, 3.0);
+}
+
 static void remote_prefill__partial_remote_tokens_compute_the_rest(void **state)
 {
     (void)state;
@@ -530,6 +569,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         TSD_TEST(remote_prefill__reserved_then_computes_last_token),
         TSD_TEST(remote_prefill__local_prefix_hit_reduces_remote_part),
+        TSD_TEST(remote_prefill__received_requests_keep_queue_order),
         TSD_TEST(remote_prefill__partial_remote_tokens_compute_the_rest),
         TSD_TEST(remote_prefill__failure_recompute_keeps_valid_tokens),
         TSD_TEST(remote_prefill__failure_fail_policy_finishes_with_error),
