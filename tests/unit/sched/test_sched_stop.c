@@ -389,6 +389,42 @@ static void update__late_output_with_drafts_after_preemption_applied(void **stat
     finish_all(s);
 }
 
+/* vLLM: a late output that stops a request preempted mid-flight finishes it and removes it
+ * from the waiting queue; it is never resumed. */
+static void update__late_stop_of_preempted_request_finishes_it(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    assert_int_equal(tdm_sched_reset_prefix_cache(s, 1), TDM_OK); /* preempts both in flight */
+    const tdm_token o0[1] = { EOS }, o1[1] = { 20 };
+    tdm_update_result r;
+    update_two(s, o0, 1, o1, 1, &r);
+    assert_int_equal(r.finish_reasons[result_index(&r, 0)], TDM_FINISH_STOP);
+    tdm_request_info i;
+    tsd_info(s, 0, &i);
+    assert_int_equal(i.state, TDM_STATE_FINISHED);
+    tdm_sched_stats st;
+    tsd_stats(s, &st);
+    assert_int_equal(st.num_waiting, 1);
+    assert_int_equal(tsd_unfinished(s), 1);
+    tsd_step(s, 2.2, &b);
+    assert_int_equal(tsd_find(&b, 0), -1);
+    assert_true(tsd_find_id(b.finished_ids, b.num_finished, 0) >= 0);
+    int k = tsd_find(&b, 1);
+    assert_true(k >= 0);
+    assert_int_equal(b.kinds[k], TDM_ENTRY_RESUMED);
+    tsd_update(s, &b, 7, 2.3, NULL);
+    double now = 3.0;
+    tsd_run(s, 20, &now);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -401,6 +437,7 @@ int main(void)
         TSD_TEST(step__drafts_truncated_to_budget),
         TSD_TEST(update__max_model_len_stops_with_length),
         TSD_TEST(update__late_output_with_drafts_after_preemption_applied),
+        TSD_TEST(update__late_stop_of_preempted_request_finishes_it),
     };
     return cmocka_run_group_tests_name("sched_stop", tests, NULL, NULL);
 }
