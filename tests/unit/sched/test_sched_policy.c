@@ -394,6 +394,76 @@ static void policy__set_rejected_while_waiting_and_bad_tables(void **state)
     assert_int_equal(c2.destroyed, 1);
 }
 
+static int cmp_tie(void *ctx, const tdm_request_view *a, const tdm_request_view *b)
+{
+    (void)ctx;
+    (void)a;
+    (void)b;
+    return 0;
+}
+
+static uint32_t victim_out_of_range(void *ctx, const tdm_request_view *const *running, uint32_t n)
+{
+    (void)ctx;
+    (void)running;
+    return n + 7;
+}
+
+/* compare() ties fall back to arrival order (header: "0 if equal (then arrival order)"), read
+ * as arrival_time like the built-in PRIORITY tie-break and vLLM's Request ordering. */
+static void policy__compare_ties_follow_arrival_time(void **state)
+{
+    (void)state;
+    const int64_t seqs[] = { TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
+    tdm_sched *s = tsd_newp(seqs);
+    static pol_ctx c;
+    c = (pol_ctx){ 0, 0 };
+    tdm_policy p = make_policy(&c, cmp_tie);
+    assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
+    add_prio(s, 0, 0, 3.0, 10, 3);
+    add_prio(s, 1, 0, 1.0, 10, 3);
+    add_prio(s, 2, 0, 2.0, 10, 3);
+    const uint64_t want[3] = { 1, 2, 0 };
+    admit_one_by_one(s, want, 3);
+    finish_everything(s);
+}
+
+/* Without pick_victim the victim is the request compare() ranks last (even when it is not the
+ * tail of running); an out-of-range victim index from a misbehaving policy is contained. */
+static void policy__default_victim_and_bad_victim_index(void **state)
+{
+    (void)state;
+    static pol_ctx c;
+    tdm_policy p;
+    tdm_sched *s;
+    for (int bad = 0; bad < 2; bad++) {
+        const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 8, TDM_SCHED_BLOCK_SIZE, 16,
+                               TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
+        s = tsd_newp(kv);
+        c = (pol_ctx){ 0, 0 };
+        p = make_policy(&c, cmp_short_first);
+        if (bad) p.pick_victim = victim_out_of_range;
+        assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
+        assert_int_equal(tsd_add(s, 1, 47, 20), TDM_OK);
+        tdm_batch b;
+        tsd_step(s, 1.0, &b);
+        tsd_update(s, &b, 7, 1.05, NULL);
+        assert_int_equal(tsd_add(s, 2, 32, 20), TDM_OK);
+        assert_int_equal(tsd_add(s, 3, 32, 20), TDM_OK);
+        tsd_step(s, 1.1, &b);
+        assert_int_equal(b.num_reqs, 3);
+        tsd_update(s, &b, 7, 1.15, NULL);
+        tsd_step(s, 1.2, &b); /* all three need a block, none is free */
+        assert_int_equal(b.num_preempted, 1);
+        if (!bad) {
+            assert_int_equal(b.preempted_ids[0], 1); /* the longest prompt, first in running */
+            assert_int_equal(b.num_reqs, 2);
+        }
+        tsd_update(s, &b, 7, 1.25, NULL);
+        finish_everything(s);
+    }
+}
+
 /* ---- plug-in shared object ---- */
 
 static int plugin_path(char *buf, size_t n)
@@ -462,6 +532,8 @@ int main(void)
         TSD_TEST(policy__custom_compare_orders_admission),
         TSD_TEST(policy__pick_victim_honoured_and_undone),
         TSD_TEST(policy__set_rejected_while_waiting_and_bad_tables),
+        TSD_TEST(policy__compare_ties_follow_arrival_time),
+        TSD_TEST(policy__default_victim_and_bad_victim_index),
         TSD_TEST(load_policy__shared_object_changes_admission_order),
         TSD_TEST(load_policy__errors_report_plugin_and_keep_policy),
     };
