@@ -375,6 +375,66 @@ static void configure__allocation_failure_changes_nothing(void **state)
     tsd_done(s);
 }
 
+static int destroyed_count;
+static void count_destroy(void *ctx) { (void)ctx; destroyed_count++; }
+static int cmp_len(void *ctx, const tdm_request_view *a, const tdm_request_view *b)
+{
+    (void)ctx;
+    return a->num_prompt_tokens < b->num_prompt_tokens ? -1 : a->num_prompt_tokens > b->num_prompt_tokens;
+}
+
+/* set_policy / load_policy under allocation failure: TDM_E_NOMEM leaves the old policy in
+ * place and does not adopt (or destroy) the caller's table. */
+static void set_policy__allocation_failure_keeps_old_policy(void **state)
+{
+    (void)state;
+    tdm_sched *s = tsd_new(NULL);
+    tdm_policy p;
+    memset(&p, 0, sizeof(p));
+    p.version = TDM_POLICY_VERSION;
+    p.name = "a-policy-with-a-name";
+    p.compare = cmp_len;
+    p.destroy = count_destroy;
+    destroyed_count = 0;
+    int ok = 0;
+    for (long n = 1; n < 100 && !ok; n++) {
+        tdm__alloc_fail_after(n);
+        int rc = tdm_sched_set_policy(s, &p);
+        tdm__alloc_fail_after(0);
+        if (rc == TDM_OK) {
+            ok = 1;
+        } else {
+            assert_int_equal(rc, TDM_E_NOMEM);
+            assert_int_equal(destroyed_count, 0);
+            assert_int_equal(getp(s, TDM_SCHED_POLICY), TDM_POLICY_FCFS);
+            tsd_check(s);
+        }
+    }
+    assert_true(ok);
+    assert_int_equal(getp(s, TDM_SCHED_POLICY), TDM_POLICY_CUSTOM);
+    const char *bd = getenv("TANDEM_BUILD");
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tests/sched/plugin_sjf.so", bd ? bd : "build");
+    if (access(path, R_OK) == 0) {
+        ok = 0;
+        for (long n = 1; n < 100 && !ok; n++) {
+            tdm__alloc_fail_after(n);
+            int rc = tdm_sched_load_policy(s, path, NULL);
+            tdm__alloc_fail_after(0);
+            if (rc == TDM_OK) {
+                ok = 1;
+            } else {
+                assert_int_equal(rc, TDM_E_NOMEM);
+                assert_int_equal(destroyed_count, 0); /* the C policy is still installed */
+                tsd_check(s);
+            }
+        }
+        assert_true(ok);
+        assert_int_equal(destroyed_count, 1); /* replaced by the plug-in */
+    }
+    tsd_done(s);
+}
+
 /* Every add, step and update is first tried with its first allocation failing: it either
  * succeeds without allocating or fails with TDM_E_NOMEM leaving a consistent scheduler that
  * the plain retry then advances. */
@@ -440,6 +500,7 @@ int main(void)
         TSD_TEST(configure__policy_plugin_key_loads_shared_object),
         TSD_TEST(create__allocation_failure_is_clean),
         TSD_TEST(configure__allocation_failure_changes_nothing),
+        TSD_TEST(set_policy__allocation_failure_keeps_old_policy),
         TSD_TEST(add_step_update__allocation_failure_is_clean),
     };
     return cmocka_run_group_tests_name("sched_config", tests, NULL, NULL);
