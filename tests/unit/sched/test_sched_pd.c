@@ -411,6 +411,26 @@ static void remote_decode__release_frees_held_blocks(void **state)
     tsd_done(s);
 }
 
+/* Only a normal finish hands the KV to a remote decode: an aborted REMOTE_DECODE request
+ * frees its blocks at once. */
+static void remote_decode__abort_frees_without_holding(void **state)
+{
+    (void)state;
+    tdm_sched *s = prefill_side(120000);
+    assert_int_equal(add_flags(s, 1, 40, 5, TDM_REQ_REMOTE_DECODE, 0), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    tsd_update(s, &b, 7, 1.1, NULL);
+    assert_int_equal(tdm_sched_abort(s, 1), TDM_OK);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.state, TDM_STATE_FINISHED);
+    assert_int_equal(tdm__sched_blocks_in_use(s), 0);
+    assert_int_equal(tdm_sched_release(s, 1), TDM_E_STATE);
+    tsd_step(s, 1.2, &b);
+    tsd_done(s);
+}
+
 static void remote_decode__held_blocks_freed_after_timeout(void **state)
 {
     (void)state;
@@ -578,6 +598,7 @@ int main(void)
         TSD_TEST(remote_kv_done__rejects_unknown_and_local_requests),
         TSD_TEST(remote_decode__blocks_held_until_release),
         TSD_TEST(remote_decode__release_frees_held_blocks),
+        TSD_TEST(remote_decode__abort_frees_without_holding),
         TSD_TEST(remote_decode__held_blocks_freed_after_timeout),
         TSD_TEST(decode_first__decodes_then_partial_then_new),
         TSD_TEST(vllm_mode__running_list_order_then_waiting),
