@@ -202,6 +202,9 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
     int rc = tdm_sched_step(s, now, b);
     if (rc != TDM_OK) fail_msg("step -> %d: %s", rc, tdm_sched_errmsg(s));
 
+    int64_t mode = 0;
+    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_MODE, &mode), TDM_OK);
+    int last_class = 0;
     uint64_t sum = 0;
     if (b->num_reqs) {
         assert_non_null(b->req_ids);
@@ -226,6 +229,16 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
         tdm_request_info info;
         tsd_info(s, id, &info);
         assert_int_equal(info.state, TDM_STATE_RUNNING);
+        /* vLLM: nothing is admitted in a step that preempted */
+        if (b->num_preempted && b->kinds[i] != TDM_ENTRY_CONTINUING)
+            fail_msg("id %llu admitted in a step that preempted", (unsigned long long)id);
+        /* decode-first: decodes, then partial prefills, then new/resumed requests */
+        int cls = b->kinds[i] != TDM_ENTRY_CONTINUING ? 2
+                  : (uint64_t)b->num_computed[i] + 1 >= (uint64_t)info.num_prompt_tokens + info.num_output_tokens ? 0 : 1;
+        if (mode == TDM_MODE_DECODE_FIRST && cls < last_class)
+            fail_msg("decode-first batch: entry %u (id %llu, class %d) after class %d", i,
+                     (unsigned long long)id, cls, last_class);
+        last_class = cls;
         /* optimistic advance (vLLM _update_after_schedule) */
         assert_int_equal(info.num_computed_tokens, b->num_computed[i] + b->num_tokens[i]);
         const uint32_t *tbl = NULL;
