@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "../sim/cli.h"
 #include "commands.h"
-#include "sim.h"
+#include "../sim/sim.h"
 
 static const char USAGE[] =
     "usage: tandem ab A.json [B.json ...] [options] [--plot FILE.png]\n"

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "commands.h"
-#include "sim.h"
+#include "../sim/sim.h"
 
 static const char USAGE[] =
     "usage: tandem cost --model M --hw H [--tp N] --prefill P --decode-batch B --context C [--json]\n"

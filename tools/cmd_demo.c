@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "commands.h"
-#include "sim.h"
+#include "../sim/sim.h"
 
 int tdm_cmd_demo(int argc, char **argv)
 {

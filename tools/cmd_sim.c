@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
+#include "../sim/cli.h"
 #include "commands.h"
-#include "sim.h"
+#include "../sim/sim.h"
 
 static const char USAGE[] =
     "usage: tandem sim [CONFIG.json] [options]\n"

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "../sim/cli.h"
 #include "commands.h"
-#include "sim.h"
+#include "../sim/sim.h"
 
 static const char USAGE[] =
     "usage: tandem sweep [BASE.json] [--budget LIST] [--max-seqs LIST] [--long-prefill LIST]\n"
