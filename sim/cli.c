@@ -15,7 +15,7 @@ const char tdm_sim_cli_common_usage[] =
     "                        default: the embedded chat workload ('builtin')\n"
     "  --format F            azure | mooncake | lengths | tandem (default: detected)\n"
     "  --arrival A           trace | poisson | gamma (length-only files: poisson)\n"
-    "  --rate R              req/s of synthetic arrivals (builtin: 10)\n"
+    "  --rate R              req/s of synthetic arrivals (builtin: 20)\n"
     "  --cv X                Gamma arrivals: coefficient of variation (burstiness)\n"
     "  --rate-scale X        multiply the arrival rate by X\n"
     "  --window A:B          keep arrivals in [A, B) seconds from the first\n"

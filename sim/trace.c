@@ -159,7 +159,7 @@ int tdm_sim_trace_finish(tdm_sim_trace *t, const tdm_sim_trace_opts *o, int has_
 
 /* The embedded default: a chat workload with log-normal prompt and output lengths (medians
  * 700 and 160 tokens) and 40% of the requests opening with one of 8 shared 512-token system
- * prompts, arriving as a Poisson process (10 req/s unless --rate says otherwise). */
+ * prompts, arriving as a Poisson process (20 req/s unless --rate says otherwise). */
 int tdm_sim_trace_builtin(tdm_sim_trace *t, const tdm_sim_trace_opts *o)
 {
     tdm_sim_rng rng;
@@ -242,10 +242,10 @@ static tdm_sim_fmt detect(const char *buf, size_t len)
     memcpy(line, buf + i, m);
     line[m] = '\0';
     if (line[0] == '{') {
-        if (strstr(line, "\"input_length\"") || strstr(line, "\"hash_ids\"") ||
-            strstr(line, "\"timestamp\""))
-            return TDM_SIM_FMT_MOONCAKE;
-        return TDM_SIM_FMT_TANDEM;
+        if (strstr(line, "\"arrival_s\"") || strstr(line, "\"input_tokens\"") ||
+            strstr(line, "\"output_tokens\""))
+            return TDM_SIM_FMT_TANDEM;
+        return TDM_SIM_FMT_MOONCAKE;
     }
     if (strcasestr(line, "timestamp")) return TDM_SIM_FMT_AZURE;
     if (strstr(line, "num_prefill_tokens")) return TDM_SIM_FMT_LENGTHS;
@@ -264,7 +264,7 @@ int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_tr
     if (!path || !strcmp(path, "builtin") || !strcmp(path, "builtin:chat") ||
         o->fmt == TDM_SIM_FMT_BUILTIN) {
         tdm_sim_trace_opts b = *o;
-        if (b.rate <= 0) b.rate = 10.0;
+        if (b.rate <= 0) b.rate = 20.0;
         if (b.arrival == TDM_SIM_ARRIVAL_TRACE) b.arrival = TDM_SIM_ARRIVAL_POISSON;
         if (tdm_sim_trace_builtin(t, &b) != 0) {
             snprintf(err, errlen, "builtin: out of memory");
