@@ -316,6 +316,7 @@ static int try_step(eng *e, tdm_sim_inst *in, double t)
     in->step_end = t + dt;
     in->steps++;
     in->tokens += b->total_tokens;
+    in->req_steps += b->num_reqs;
     return 0;
 }
 
@@ -549,6 +550,7 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
         }
         steps += e.in[i].steps;
         toks += e.in[i].tokens;
+        res->sum.request_steps += e.in[i].req_steps;
         kvs += e.in[i].steps ? e.in[i].kv_sum / (double)e.in[i].steps : 0;
         if (e.in[i].kv_max > res->sum.kv_usage_max) res->sum.kv_usage_max = e.in[i].kv_max;
     }

@@ -36,7 +36,7 @@ typedef struct tdm_sim_inst {
     double link_free;         /* prefill side: when the outgoing KV link is free */
     uint32_t block_size;
     tdm_sim_blockset blocks;
-    uint64_t steps, tokens;
+    uint64_t steps, tokens, req_steps;
     double kv_sum, kv_max;
 } tdm_sim_inst;
 

@@ -279,6 +279,7 @@ typedef struct tdm_sim_summary {
     double kv_usage_mean, kv_usage_max;
     uint64_t steps;
     uint64_t batched_tokens;
+    uint64_t request_steps;          /* sum over steps of the requests in the batch */
     double mean_batch_tokens;
     uint64_t kv_transfers;
     double kv_transfer_bytes, kv_transfer_mean_s;
