@@ -198,6 +198,7 @@ typedef struct tdm_sim_calib {
     double ds_decode_mape;      size_t ds_decode_n;
     double sw_prompt_mape;      size_t sw_prompt_n;
     double sw_token_mape;       size_t sw_token_n;
+    double sw_refit_overhead_ms, sw_refit_prompt_mape, sw_refit_token_mape; /* H100 rows */
 } tdm_sim_calib;
 int tdm_sim_calibrate(const char *shared_dir, FILE *f, tdm_sim_calib *out);
 
