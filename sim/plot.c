@@ -196,7 +196,7 @@ int tdm_sim_plot_pareto(const char *png, const double *thr, const double *tpot99
     snprintf(sc, sizeof sc,
              "set terminal pngcairo size 900,600 font ',10'\nset output '%s'\nset grid\n"
              "set title 'sweep: throughput vs p99 TPOT (line: Pareto frontier)'\n"
-             "set xlabel 'p99 TPOT (ms)'\nset ylabel 'output tokens/s'\nset key top left\n"
+             "set xlabel 'p99 TPOT (ms)'\nset ylabel 'output tokens/s'\nset key bottom left box\nset offsets graph 0.05, graph 0.05, graph 0.1, graph 0.1\n"
              "plot '%s' u 1:2 w p pt 7 ps 1.2 t 'configs', '' u 1:2:3 w labels font ',7' "
              "offset 0,0.8 notitle, '%s' u 1:2 w lp lw 2 pt 6 ps 2 t 'Pareto frontier'\n",
              png, all, fr);

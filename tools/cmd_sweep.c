@@ -119,7 +119,8 @@ int tdm_cmd_sweep(int argc, char **argv)
         static const char *const SHORT[6] = {"B", "S", "L", "", "", "tbt"};
         label[0] = '\0';
         for (int i = 0; i < 6; i++)
-            if (ax[i].n && w < (int)sizeof label)
+            if (ax[i].n && w < (int)sizeof label &&
+                !(i == 5 && ax[4].n && strcmp(ax[4].vals[idx[4]], "decode_first")))
                 w += snprintf(label + w, sizeof label - (size_t)w, "%s%s%s", w ? " " : "",
                               SHORT[i], ax[i].vals[idx[i]]);
         tdm_sim_config cfg;
