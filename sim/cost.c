@@ -3,7 +3,8 @@
  * shape, as a roofline per operator group plus a fixed overhead.
  *   linear layers   max(2 * params * tokens / (eff_c * peak), weight bytes / (eff_m * bw))
  *                   + the element-wise kernels (norms, activation, rope, residual adds),
- *                   memory-bound at ELEM_BYTES_PER_TOKEN per layer
+ *                   memory-bound at ELEM_PASSES activations per token per layer, plus a
+ *                   per-layer kernel floor (TDM_SIM_LAYER_FLOOR_US: launch and tail latency)
  *   prefill attn    max(4 * L * heads * head_dim * sum chunk*(ctx + chunk/2) FLOPs,
  *                       KV bytes of (ctx + chunk) tokens)
  *   decode attn     max(4 * L * heads * head_dim * sum ctx FLOPs, sum ctx * KV bytes/token)
@@ -58,7 +59,7 @@ double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_
     double lm = c->weight_bytes / c->byte_rate;
     double elem = ELEM_PASSES * (m->hidden + m->ffn / tp) * ACT_BYTES * m->layers * tokens /
                   c->byte_rate;
-    double lin = (lc > lm ? lc : lm) + elem;
+    double lin = (lc > lm ? lc : lm) + elem + TDM_SIM_LAYER_FLOOR_US * 1e-6 * m->layers;
     double pc = c->attn_flops_per_unit * s->prefill_attn / c->flop_rate;
     double pm = c->kv_bytes_per_token * (double)s->prefill_kv_read / c->byte_rate;
     double dc = c->attn_flops_per_unit * (double)s->decode_ctx / c->flop_rate;
