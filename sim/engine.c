@@ -406,7 +406,9 @@ static int complete_xfer(eng *e, const xfer *x)
 {
     tdm_sim_inst *pre = &e->in[x->pre], *dec = &e->in[x->dec];
     int rc = tdm_sched_release(pre->s, x->id);
-    if (rc != TDM_OK && rc != TDM_E_NOT_FOUND) return fail(e, "tdm_sched_release", pre->s, rc);
+    /* NOT_FOUND / STATE: the delayed-free timeout already freed the held blocks */
+    if (rc != TDM_OK && rc != TDM_E_NOT_FOUND && rc != TDM_E_STATE)
+        return fail(e, "tdm_sched_release", pre->s, rc);
     if (push_id(&dec->pend_done, &dec->n_done, &dec->cap_done, x->id) != 0) {
         snprintf(e->err, e->errlen, "out of memory");
         return -1;
