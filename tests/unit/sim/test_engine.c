@@ -342,6 +342,54 @@ static void ab_command__identical_configs_give_ratios_of_one(void **state)
     unlink(out);
 }
 
+/* The prefix sharing Mooncake records (hash ids of 512-token blocks) reaches the scheduler's
+ * prefix cache: with a pool large enough to keep every block, the hit rate approaches the
+ * trace's leading-block sharing (16.9% of the prompt blocks of the first 600 requests). */
+static void mooncake__prefix_cache_sees_the_trace_sharing(void **state)
+{
+    (void)state;
+    char p[512], err[TDM_SIM_ERRLEN];
+    NEED_SHARED("traces/mooncake_fast25_conversation_trace.jsonl", p);
+    tdm_sim_trace t;
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    o.max_requests = 600;
+    o.max_len = 131072;
+    assert_int_equal(tdm_sim_trace_load(p, &o, &t, err, sizeof err), 0);
+    /* the leading-block overlap the trace itself records, over these requests */
+    size_t hits = 0, blocks = 0, cap = 1 << 20;
+    uint64_t *seen = calloc(cap, sizeof *seen);
+    for (size_t i = 0; i < t.n; i++) {
+        int lead = 1;
+        uint64_t h = 0;
+        for (uint32_t b = 0; b < t.reqs[i].num_hash; b++) {
+            h = tdm_sim_mix64(h ^ t.hash_ids[t.reqs[i].hash_off + b]) | 1;
+            size_t k = h & (cap - 1);
+            while (seen[k] && seen[k] != h) k = (k + 1) & (cap - 1);
+            if (lead && seen[k] == h) hits++;
+            else lead = 0;
+            seen[k] = h;
+            blocks++;
+        }
+    }
+    free(seen);
+    double want = (double)hits / (double)blocks;
+    tdm_sim_config c;
+    config("{\"max_model_len\": 131072, \"num_blocks\": 2000000, \"max_num_seqs\": 64}", &c);
+    tdm_sim_result r;
+    run(&t, &c, &r);
+    assert_int_equal(r.sum.completed, t.n);
+    printf("  trace leading-block sharing %.3f, scheduler prefix hit rate %.3f\n", want,
+           r.sum.prefix_hit_rate);
+    assert_true(want > 0.1);
+    /* within a few points: partial last blocks and blocks still being computed when a
+     * sharer arrives make the two differ a little */
+    assert_true(fabs(r.sum.prefix_hit_rate - want) < 0.06);
+    tdm_sim_result_free(&r);
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+}
+
 static void config_parse__wrapper_bare_and_errors(void **state)
 {
     (void)state;
@@ -392,6 +440,7 @@ int main(void)
         cmocka_unit_test(goodput__converges),
         cmocka_unit_test(ab__identical_configs_give_ratios_of_one),
         cmocka_unit_test(ab_command__identical_configs_give_ratios_of_one),
+        cmocka_unit_test(mooncake__prefix_cache_sees_the_trace_sharing),
         cmocka_unit_test(config_parse__wrapper_bare_and_errors),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
