@@ -243,7 +243,8 @@ int tdm_sim_config_load(const char *path, const tdm_sim_model *m, const tdm_sim_
     json_t *o = json_load_file(path, 0, &je);
     if (!o) {
         tdm_sim_config_init(c, m, h);
-        snprintf(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        if (je.line > 0) snprintf(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        else snprintf(err, errlen, "%s", je.text);
         return -1;
     }
     char *text = json_dumps(o, JSON_COMPACT);

@@ -119,7 +119,8 @@ static int load_text(const char *path, char **out, char *err, size_t errlen)
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
     if (!j) {
-        snprintf(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        if (je.line > 0) snprintf(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        else snprintf(err, errlen, "%s", je.text);
         return -1;
     }
     *out = json_dumps(j, JSON_COMPACT);
