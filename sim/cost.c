@@ -42,7 +42,9 @@ void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw
     c->ar_bytes_per_token = tp > 1 ? 2.0 * m->layers * m->hidden * ACT_BYTES : 0;
     c->ar_alpha_s = TDM_SIM_ALLREDUCE_ALPHA_S;
     /* ring all-reduce moves 2 (tp-1)/tp of the payload over each rank's link */
-    c->ar_bw = tp > 1 ? h->interconnect_gbps * 1e9 / (2.0 * (tp - 1) / tp) : 1;
+    /* 0 = unknown (a profile of one GPU cannot measure the link): assume NVLink3's 300 GB/s */
+    double link = h->interconnect_gbps > 0 ? h->interconnect_gbps : TDM_SIM_DEFAULT_LINK_GBPS;
+    c->ar_bw = tp > 1 ? link * 1e9 / (2.0 * (tp - 1) / tp) : 1;
 }
 
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t)

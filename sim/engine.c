@@ -525,8 +525,10 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
     e.kv_gbps = c->kv_gbps;
     if (c->disagg && e.kv_gbps <= 0) {
         double a = c->pools[0].hw.interconnect_gbps, b = c->pools[1].hw.interconnect_gbps;
+        if (a <= 0) a = b; /* 0 = unknown */
+        if (b <= 0) b = a;
         e.kv_gbps = a < b ? a : b;
-        if (e.kv_gbps <= 0) e.kv_gbps = 25;
+        if (e.kv_gbps <= 0) e.kv_gbps = TDM_SIM_DEFAULT_LINK_GBPS;
     }
     size_t k = 0;
     for (int p = 0; p < (c->disagg ? 2 : 1); p++) {

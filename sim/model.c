@@ -249,6 +249,12 @@ int tdm_sim_hw_from_json(const char *text, tdm_sim_hw *out, char *err, size_t er
     h.step_overhead_us = v[4];
     h.interconnect_gbps = v[5];
     h.mem_gib = v[6];
+    /* `tandem profile` records the device memory under "measured" */
+    json_t *ms = json_object_get(o, "measured");
+    json_t *mg = json_is_object(ms) ? json_object_get(ms, "memory_gib") : NULL;
+    if (h.mem_gib <= 0 && json_is_number(mg) && json_number_value(mg) > 0 &&
+        json_number_value(mg) < 1e6)
+        h.mem_gib = json_number_value(mg);
     *out = h;
     rc = 0;
 done:

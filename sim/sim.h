@@ -182,6 +182,8 @@ typedef struct tdm_sim_cost {
 /* Per-layer kernel floor of the linear/element-wise kernels (launch and tail latency of the
  * ~9 kernels of a layer), fitted to Vidur's per-operator tables (docs/cost_model.md). */
 #define TDM_SIM_LAYER_FLOOR_US 30.0
+/* GPU-GPU link bandwidth (GB/s) assumed when a hardware JSON says 0 (unknown). */
+#define TDM_SIM_DEFAULT_LINK_GBPS 300.0
 /* Per-all-reduce latency (seconds), fitted to Vidur's H100 DGX all-reduce table. */
 #define TDM_SIM_ALLREDUCE_ALPHA_S 12e-6
 

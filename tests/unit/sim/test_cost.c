@@ -219,6 +219,42 @@ static void cost_estimate_cb__matches_the_step_model(void **state)
     assert_float_equal(tdm_sim_cost_estimate_cb(&c, &sh), tdm_sim_cost_step(&c, &s, NULL), 1e-15);
 }
 
+/* What `tandem profile` writes on a GPU (kernels/profile.cu): efficiencies of 1 (the rates
+ * are measured), the link unknown (0), the memory under "measured". */
+static void hw_from_json__tandem_profile_output_runs(void **state)
+{
+    (void)state;
+    char err[TDM_SIM_ERRLEN];
+    tdm_sim_hw h;
+    assert_int_equal(tdm_sim_hw_from_json(
+                         "{\"name\": \"measured-NVIDIA H200\", \"peak_tflops\": 702.5, \"hbm_gbps\": 4012.1,"
+                         " \"eff_compute\": 1, \"eff_memory\": 1, \"step_overhead_us\": 9.5,"
+                         " \"interconnect_gbps\": 0, \"measured\": {\"gpu\": \"NVIDIA H200\","
+                         " \"model\": \"llama-3-8b\", \"tp\": 1, \"memory_gib\": 139.8,"
+                         " \"attention\": [{\"batch\": 8, \"context\": 2048, \"us\": 12.0, \"gbps\": 3000}],"
+                         " \"prefill\": [], \"decode\": []}}",
+                         &h, err, sizeof err), 0);
+    assert_float_equal(h.mem_gib, 139.8, 1e-9);
+    assert_float_equal(h.interconnect_gbps, 0, 0);
+    tdm_sim_model m;
+    tdm_sim_model_preset("llama-3-70b", &m);
+    m.tp = 4;
+    tdm_sim_cost c;
+    tdm_sim_cost_init(&c, &m, &h);
+    tdm_sim_shape s = {0};
+    s.prefill_tokens = 1000;
+    s.prefill_reqs = 1;
+    s.emit_seqs = 1;
+    tdm_sim_cost_terms t;
+    double total = tdm_sim_cost_step(&c, &s, &t);
+    assert_true(isfinite(total) && total > 0);
+    /* the unknown link falls back to TDM_SIM_DEFAULT_LINK_GBPS */
+    double bytes = 2.0 * 80 * 8192 * 2 * 1000;
+    assert_float_equal(t.allreduce_s, 160 * TDM_SIM_ALLREDUCE_ALPHA_S +
+                                          bytes * 2 * 3 / 4 / (TDM_SIM_DEFAULT_LINK_GBPS * 1e9), 1e-12);
+    assert_true(tdm_sim_cost_num_blocks(&c, 16, 0.9) > 0);
+}
+
 static void cost_num_blocks__fits_memory(void **state)
 {
     (void)state;
@@ -268,6 +304,7 @@ int main(void)
         cmocka_unit_test(cost_step__tensor_parallel_divides_and_adds_allreduce),
         cmocka_unit_test(cost_step__empty_step_costs_nothing),
         cmocka_unit_test(cost_estimate_cb__matches_the_step_model),
+        cmocka_unit_test(hw_from_json__tandem_profile_output_runs),
         cmocka_unit_test(cost_num_blocks__fits_memory),
         cmocka_unit_test(calibrate__errors_within_documented_bounds),
     };
