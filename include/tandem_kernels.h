@@ -256,6 +256,9 @@ TDM_API int tdm_cuda_free(void *ptr);   /* NULL is a no-op */
 TDM_API int tdm_cuda_memcpy(void *dst, const void *src, size_t size, tdm_cuda_copy_kind kind);
 TDM_API int tdm_cuda_memset(void *dst, int value, size_t size);
 TDM_API int tdm_cuda_stream_sync(void *stream);
+/* cudaMemcpyAsync on the stream (for host memory, pinned memory makes it truly async). */
+TDM_API int tdm_cuda_memcpy_async(void *dst, const void *src, size_t size,
+                                  tdm_cuda_copy_kind kind, void *stream);
 
 /* The CUDA versions of pack, unpack and the converting calls: same arguments and rules as
  * the CPU functions, with layer bases and dst/src device pointers (the arrays of bases, ids
