@@ -8,7 +8,8 @@
  *   3. GPU timing: pack and unpack against cudaMemcpy device-to-device of the same bytes, in
  *      the same run, for several block shapes and transfer sizes.
  * Prints a short table last. Exit: 0 all correct, 1 a mismatch or error, 3 no GPU (after
- * the CPU part). Options: --cpu-only, --quick (smaller sizes).
+ * the CPU part). Options: --probe (only say whether a GPU is usable), --cpu-only, --quick
+ * (smaller sizes).
  */
 #include <math.h>
 #include <stdio.h>
@@ -469,17 +470,22 @@ static void print_table(void)
 int main(int argc, char **argv)
 {
     int cpu_only = 0;
+    char msg[256];
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--probe")) {         /* is a GPU usable? 0 yes, 3 no */
+            int rc = tdm_cuda_available(msg, sizeof msg);
+            printf("%s\n", msg);
+            return rc == TDM_OK ? 0 : 3;
+        }
         if (!strcmp(argv[i], "--cpu-only")) cpu_only = 1;
         else if (!strcmp(argv[i], "--quick")) g_quick = 1;
         else {
-            fprintf(stderr, "usage: kv_check [--cpu-only] [--quick]\n");
+            fprintf(stderr, "usage: kv_check [--probe | --cpu-only] [--quick]\n");
             return 2;
         }
     }
     rng_state ^= (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;   /* fresh data each run */
     cpu_bench();
-    char msg[256];
     if (cpu_only) {
         print_table();
         return 0;
