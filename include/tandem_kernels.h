@@ -234,7 +234,8 @@ TDM_API float tdm_bf16_to_float(uint16_t v);
 /* The kernel calls are asynchronous on the stream: they validate everything on the host  */
 /* first (same rules and errors as the CPU functions), copy the host arrays (layer bases, */
 /* block ids, scales) into a stream-ordered device scratch allocation (cudaMallocAsync,   */
-/* freed with cudaFreeAsync after the kernel), and launch ONE kernel. The host arrays may */
+/* freed with cudaFreeAsync after the kernel; on a device without memory pools the call   */
+/* uses cudaMalloc and waits for the kernel), and launch ONE kernel. The host arrays may  */
 /* be reused as soon as the call returns; the data is ready after the stream syncs.       */
 /* ------------------------------------------------------------------------------------ */
 

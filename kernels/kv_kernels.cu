@@ -135,21 +135,38 @@ int tdm__cu_kv_run(const tdm__kv_plan *plan, const void *meta, size_t meta_size,
     cudaStream_t stream = (cudaStream_t)stream_v;
     tdm__kv_plan p = *plan;
     if (p.num_runs == 0) return TDM_OK;
+    /* Stream-ordered scratch when the device has memory pools; else (some virtualized
+     * hosts) cudaMalloc, and the call waits for the kernel before freeing it. */
+    int dev = 0, pools = 0;
+    TDM_CU_CHECK(cudaGetDevice(&dev));
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) != cudaSuccess) {
+        pools = 0;
+        (void)cudaGetLastError();
+    }
     char *dmeta = nullptr;
     if (meta_size) {
-        TDM_CU_CHECK(cudaMallocAsync((void **)&dmeta, meta_size, stream));
+        if (pools) TDM_CU_CHECK(cudaMallocAsync((void **)&dmeta, meta_size, stream));
+        else TDM_CU_CHECK(cudaMalloc((void **)&dmeta, meta_size));
+        /* from pageable memory: returns once the bytes are staged, so meta may be freed */
         cudaError_t e = cudaMemcpyAsync(dmeta, meta, meta_size, cudaMemcpyHostToDevice, stream);
         if (e != cudaSuccess) {
-            cudaFreeAsync(dmeta, stream);
+            if (pools) cudaFreeAsync(dmeta, stream);
+            else cudaFree(dmeta);
             return tdm__cu_fail(e, "cudaMemcpyAsync(metadata)", msg, msg_len);
         }
     }
     resolve_side(p.src, dmeta);
     resolve_side(p.dst, dmeta);
-    cudaError_t e = launch(p, stream);
-    cudaError_t f = dmeta ? cudaFreeAsync(dmeta, stream) : cudaSuccess;
+    cudaError_t e = launch(p, stream), f = cudaSuccess;
+    if (dmeta && pools) {
+        f = cudaFreeAsync(dmeta, stream);
+    } else if (dmeta) {
+        cudaError_t s = cudaStreamSynchronize(stream);
+        f = cudaFree(dmeta);
+        if (e == cudaSuccess) e = s;
+    }
     if (e != cudaSuccess) return tdm__cu_fail(e, "kernel launch", msg, msg_len);
-    if (f != cudaSuccess) return tdm__cu_fail(f, "cudaFreeAsync(metadata)", msg, msg_len);
+    if (f != cudaSuccess) return tdm__cu_fail(f, "free(metadata)", msg, msg_len);
     return TDM_OK;
     TDM_CU_CATCH
 }
