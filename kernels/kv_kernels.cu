@@ -98,15 +98,12 @@ void resolve_side(tdm__kv_side &s, char *dmeta)
 }
 
 template <int G>
-cudaError_t launch_g(const tdm__kv_plan &p, cudaStream_t stream)
+cudaError_t launch_g(const tdm__kv_plan &p, cudaStream_t stream, int sms)
 {
     void (*kernel)(const tdm__kv_plan) = p.copy ? kv_copy_kernel<G> : kv_convert_kernel<G>;
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaError_t e;
-    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
-        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-        (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0)) != cudaSuccess)
-        return e;
+    int per_sm = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+    if (e != cudaSuccess) return e;
     const uint64_t groups_per_cta = kThreads / G;
     uint64_t ctas = (p.num_runs + groups_per_cta - 1) / groups_per_cta;
     uint64_t cap = (uint64_t)(sms > 0 ? sms : 1) * (uint64_t)(per_sm > 0 ? per_sm : 1);
@@ -115,15 +112,31 @@ cudaError_t launch_g(const tdm__kv_plan &p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-/* The group size: lanes per run, from the longest run's vector (or element) count. */
+/* The group size: lanes per run. From the longest run's vector (or element) count, up to
+ * a warp; then, while the runs are too few to fill the device and each lane would still
+ * move several units, more lanes per run (up to the whole CTA). */
 cudaError_t launch(const tdm__kv_plan &p, cudaStream_t stream)
 {
-    uint64_t elems = (uint64_t)p.run_tokens * p.run_heads * p.head_dim;
-    uint64_t units = p.copy ? elems * p.src.elem / 16 : elems;
-    if (units >= 32) return launch_g<32>(p, stream);
-    if (units >= 16) return launch_g<16>(p, stream);
-    if (units >= 8) return launch_g<8>(p, stream);
-    return launch_g<4>(p, stream);
+    int dev = 0, sms = 0;
+    cudaError_t e;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return e;
+    const uint64_t elems = (uint64_t)p.run_tokens * p.run_heads * p.head_dim;
+    const uint64_t units = p.copy ? (elems * p.src.elem + 15) / 16 : elems;
+    const uint64_t want_threads = (uint64_t)(sms > 0 ? sms : 1) * 2048;
+    unsigned g = 4;
+    while (g < 32 && units >= 2ull * g) g *= 2;
+    while (g < (unsigned)kThreads && p.num_runs * g < want_threads && units >= 8ull * g) g *= 2;
+    switch (g) {
+    case 4: return launch_g<4>(p, stream, sms);
+    case 8: return launch_g<8>(p, stream, sms);
+    case 16: return launch_g<16>(p, stream, sms);
+    case 32: return launch_g<32>(p, stream, sms);
+    case 64: return launch_g<64>(p, stream, sms);
+    case 128: return launch_g<128>(p, stream, sms);
+    default: return launch_g<256>(p, stream, sms);
+    }
 }
 
 }  // namespace
