@@ -7,7 +7,8 @@
  * that force the unaligned fallbacks) and every lane-group size G = 4..256 with one and
  * several CTAs. This checks the kernels' indexing and vector paths on machines without a
  * GPU; scripts/gpu-check.sh checks the real thing on a device.
- * Usage: kernel_emul [COUNTS_FILE]  (writes "passed failed skipped" for make test)
+ * Usage: kernel_emul [COUNTS_FILE]  (writes "passed failed skipped" for make test: one test
+ * per operation, passed when all its comparisons are equal)
  */
 #include <math.h>
 #include <stdint.h>
@@ -48,7 +49,9 @@ static uint32_t rnd(uint32_t n)
     return (uint32_t)((rng >> 16) % n);
 }
 
-static int passed, failed;
+static int passed, failed;     /* comparisons */
+static int op_failed[4];       /* per operation: pack, unpack, unpack_convert, pack_convert */
+static int cur_op;
 
 template <int G>
 static void emulate(const tdm__kv_plan &p, unsigned ctas)
@@ -138,6 +141,7 @@ static void report(bool ok, const char *what, unsigned g, unsigned ctas)
         passed++;
     } else {
         failed++;
+        op_failed[cur_op]++;
         printf("FAIL %s (G %u, %u CTAs)\n", what, g, ctas);
     }
 }
@@ -150,6 +154,7 @@ static void one_case(int idx)
     uint32_t kind = rnd(5), dim = dims[rnd(6)], heads = 1 + rnd(4), bs = 1 + rnd(20);
     uint32_t layers = 1 + rnd(3), dt = 1 + rnd(4), dt2 = 1 + rnd(4), op = rnd(4);
     uint32_t n = 1 + rnd(6), blocks = n + rnd(6);
+    cur_op = (int)op;
     char what[160];
     snprintf(what, sizeof what, "case %d: op %u kind %u dtypes %u->%u layers %u bs %u heads %u dim %u n %u",
              idx, op, kind, dt, dt2, layers, bs, heads, dim, n);
@@ -193,6 +198,7 @@ static void one_case(int idx)
         if (rc1) {
             printf("FAIL %s: plan: %s\n", what, tdm_kv_errmsg());
             failed++;
+            op_failed[cur_op]++;
         } else {
             tdm__kv_exec_cpu(&pa);
             for (unsigned g : gs)
@@ -256,6 +262,7 @@ static void one_case(int idx)
     if (rc1) {
         printf("FAIL %s: plan: %s\n", what, tdm_kv_errmsg());
         failed++;
+        op_failed[cur_op]++;
     } else {
         tdm__kv_exec_cpu(&pa);
         for (unsigned g : gs)
@@ -275,13 +282,21 @@ static void one_case(int idx)
 
 int main(int argc, char **argv)
 {
+    static const char *names[4] = {"pack", "unpack", "unpack_convert", "pack_convert"};
     for (int i = 0; i < 300; i++) one_case(i);
-    printf("kernel_emul: %d passed, %d failed (kernel bodies run on the CPU vs the CPU "
-           "implementation)\n", passed, failed);
+    /* one test per operation: it passes when every comparison of it did */
+    int tests_passed = 0, tests_failed = 0;
+    for (int i = 0; i < 4; i++) {
+        printf("[%s] kernel_emul %s\n", op_failed[i] ? "  FAILED  " : "       OK ", names[i]);
+        if (op_failed[i]) tests_failed++;
+        else tests_passed++;
+    }
+    printf("kernel_emul: %d comparisons passed, %d failed (CUDA kernel bodies run on the CPU "
+           "vs the CPU implementation, every group size)\n", passed, failed);
     if (argc > 1) {
         FILE *f = fopen(argv[1], "w");
         if (f) {
-            fprintf(f, "%d %d 0\n", passed, failed);
+            fprintf(f, "%d %d 0\n", tests_passed, tests_failed);
             fclose(f);
         }
     }
