@@ -335,6 +335,7 @@ static void dispatch(tdm_kvx *k, kvx_peer *p, const zmq_msg_t *rt, zmq_msg_t *fr
     case TDM__KVX_DATA: tdm__kvx_on_data(k, p, &m, nf == 2 ? &frames[1] : NULL); break;
     case TDM__KVX_CREDIT:
         if (!p->tx->credit || p->tx->credit(p->tx_ctx, m.slot) != TDM_OK) k->st.msgs_rejected++;
+        else p->tx_blocked = 0;
         break;
     case TDM__KVX_DONE: case TDM__KVX_FAIL: case TDM__KVX_CANCEL: case TDM__KVX_CANCEL_ACK:
         tdm__kvx_on_control(k, p, &m);
