@@ -25,7 +25,10 @@
 #define TANDEM_KVX_H
 
 #include "tandem.h"
-#include "tandem_kernels.h"
+
+/* The layout descriptor is defined in tandem_kernels.h (which may be the header being
+ * included first, hence the tag here). */
+struct tdm_kv_layout;
 
 #ifdef __cplusplus
 extern "C" {
@@ -116,7 +119,7 @@ TDM_API int tdm_kvx_curve_keypair(char public_key[41], char secret_key[41]);
  * kernels (TDM_E_NO_CUDA here otherwise).
  * Errors: TDM_E_INVAL (bad layout, NULL base), TDM_E_STATE (already registered),
  * TDM_E_NO_CUDA. */
-TDM_API int tdm_kvx_register(tdm_kvx *kvx, const tdm_kv_layout *layout,
+TDM_API int tdm_kvx_register(tdm_kvx *kvx, const struct tdm_kv_layout *layout,
                              void *const *layer_bases, uint32_t mem_kind, uint32_t head_offset);
 
 /* Connect to a peer's endpoint and run the handshake, waiting up to handshake_timeout_ms.

@@ -155,7 +155,7 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
     else snprintf(a.hello.engine_id, sizeof(a.hello.engine_id), "%s", k->engine_id);
     if (!k->registered) {
         /* a complete but dummy layout keeps the answer decodable */
-        a.hello.layout = (tdm_kv_layout){ sizeof(tdm_kv_layout), 0, 1, 1, 1, 1, 1, TDM_DTYPE_FP16, 0, 0, 0, 1 };
+        tdm_kv_layout_init(&a.hello.layout, TDM_KV_LAYOUT_VLLM_NHD, 1, 1, 1, 1, 1, TDM_DTYPE_FP16);
         snprintf(a.hello.host_id, sizeof(a.hello.host_id), "%s", k->host_id);
     }
     int st = TDM_OK;

@@ -218,13 +218,13 @@ int tdm__kvx_layout_check(const tdm_kv_layout *l, char *why, size_t why_len)
     if (l->num_kv_heads == 0 || l->num_kv_heads > 1024) LFAIL("num_kv_heads %u out of range", l->num_kv_heads);
     if (l->head_dim == 0 || l->head_dim > 4096) LFAIL("head_dim %u out of range", l->head_dim);
     if (l->dtype < TDM_DTYPE_FP16 || l->dtype > TDM_DTYPE_FP8_E4M3) LFAIL("unknown dtype %u", l->dtype);
-    if (l->kind > TDM_KV_LAYOUT_FLASHINFER) LFAIL("unknown layout kind %u", l->kind);
+    if (l->kind > TDM_KV_LAYOUT_FLASHINFER_HND) LFAIL("unknown layout kind %u", l->kind);
     if (l->stride_kv < 0 || l->stride_block < 0 || l->stride_token < 0 || l->stride_head < 0)
         LFAIL("negative stride");
     const int64_t lim = (int64_t)1 << 40;
     if (l->stride_kv > lim || l->stride_block > lim || l->stride_token > lim || l->stride_head > lim)
         LFAIL("stride too large");
-    if (l->stride_head < (int64_t)l->head_dim) LFAIL("stride_head %lld < head_dim %u", (long long)l->stride_head, l->head_dim);
+    if (tdm_kv_layout_validate(l) != TDM_OK) LFAIL("%s", tdm_kv_errmsg());
     return TDM_OK;
 #undef LFAIL
 }

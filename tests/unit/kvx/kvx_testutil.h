@@ -39,24 +39,7 @@ static inline size_t t_esize(uint32_t dt) { return dt == TDM_DTYPE_FP32 ? 4 : dt
 static inline void t_layout(tdm_kv_layout *l, uint32_t kind, uint32_t layers, uint32_t nb, uint32_t bs,
                             uint32_t heads, uint32_t dim, uint32_t dtype)
 {
-    memset(l, 0, sizeof(*l));
-    l->struct_size = sizeof(*l);
-    l->kind = kind;
-    l->num_layers = layers;
-    l->num_blocks = nb;
-    l->block_size = bs;
-    l->num_kv_heads = heads;
-    l->head_dim = dim;
-    l->dtype = dtype;
-    l->stride_head = dim;
-    l->stride_token = (int64_t)heads * dim;
-    if (kind == 3) {
-        l->stride_kv = (int64_t)bs * heads * dim;
-        l->stride_block = 2 * l->stride_kv;
-    } else {
-        l->stride_block = (int64_t)bs * heads * dim;
-        l->stride_kv = (int64_t)nb * l->stride_block;
-    }
+    assert_int_equal(tdm_kv_layout_init(l, (tdm_kv_layout_kind)kind, layers, nb, bs, heads, dim, (tdm_dtype)dtype), TDM_OK);
 }
 
 static inline uint64_t t_rand(uint64_t *s)
@@ -75,7 +58,8 @@ static inline void t_fill(eng *e, uint64_t seed)
 }
 
 /* An engine with a registered random cache. endpoint may be NULL. */
-static inline void t_engine_cfg(eng *e, const tdm_kvx_config *c, const tdm_kv_layout *lay, uint64_t seed)
+static inline void t_engine_off(eng *e, const tdm_kvx_config *c, const tdm_kv_layout *lay, uint64_t seed,
+                                uint32_t head_offset)
 {
     memset(e, 0, sizeof(*e));
     e->lay = *lay;
@@ -88,7 +72,12 @@ static inline void t_engine_cfg(eng *e, const tdm_kvx_config *c, const tdm_kv_la
     int rc = tdm_kvx_create(c, &e->kvx);
     if (rc) fprintf(stderr, "create: %s\n", tdm_kvx_errmsg(NULL));
     assert_int_equal(rc, TDM_OK);
-    assert_int_equal(tdm_kvx_register(e->kvx, lay, e->bases, TDM_MEM_HOST, 0), TDM_OK);
+    assert_int_equal(tdm_kvx_register(e->kvx, lay, e->bases, TDM_MEM_HOST, head_offset), TDM_OK);
+}
+
+static inline void t_engine_cfg(eng *e, const tdm_kvx_config *c, const tdm_kv_layout *lay, uint64_t seed)
+{
+    t_engine_off(e, c, lay, seed, 0);
 }
 
 static inline void t_config(tdm_kvx_config *c, const char *id, uint32_t role, const char *ep)
