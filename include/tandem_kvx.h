@@ -254,6 +254,8 @@ typedef struct tdm_kvx_stats {
     uint64_t transfers_done;
     uint64_t transfers_failed;
     uint64_t transfers_cancelled;
+    uint64_t chunks_sent;            /* data messages sent */
+    uint64_t chunks_sent_shm;        /* of which through shared memory */
 } tdm_kvx_stats;
 
 TDM_API int tdm_kvx_stats_init(tdm_kvx_stats *s);

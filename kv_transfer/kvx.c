@@ -276,6 +276,8 @@ void tdm_kvx_destroy(tdm_kvx *k)
     } else if (k->router) {
         zmq_close(k->router);
     }
+    if (k->io_started && strncmp(k->endpoint, "ipc://", 6) == 0 && k->endpoint[6] != '@')
+        unlink(k->endpoint + 6);   /* the socket file we bound */
     if (k->zctx) {
         zmq_ctx_shutdown(k->zctx);
         if (k->zap_started) pthread_join(k->zap_thread, NULL);

@@ -434,6 +434,8 @@ static int send_chunk(tdm_kvx *k, kvx_xfer *x, kvx_peer *p)
         return -1;
     }
     for (uint32_t l = lb; l < le; l++) x->sent[l] += cnt;
+    k->st.chunks_sent++;
+    if (slot != TDM__KVX_NO_SLOT) k->st.chunks_sent_shm++;
     x->seq++;
     x->bytes += nbytes;
     k->st.bytes_sent += nbytes;

@@ -101,6 +101,7 @@ static void pull__tcp_loopback_moves_every_byte(void **state)
     pair x;
     pair_up(&x, "tcp://127.0.0.1:*", ZMQ_ONLY);
     run_pull(&x, 20, 0, 201);
+    assert_int_equal(t_stats(&x.p).chunks_sent_shm, 0);
     pair_down(&x);
 }
 
@@ -114,6 +115,9 @@ static void pull__shared_memory_moves_every_byte(void **state)
     /* 4 slots of 16 KiB and 40 blocks of 2 KiB: the slots are reused through credits */
     run_pull(&x, 40, 0, 301);
     run_pull(&x, 7, 0, 302);
+    tdm_kvx_stats st = t_stats(&x.p);
+    assert_true(st.chunks_sent > 0);
+    assert_int_equal(st.chunks_sent_shm, st.chunks_sent);
     pair_down(&x);
 }
 
