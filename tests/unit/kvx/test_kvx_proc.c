@@ -147,6 +147,7 @@ static void proc__killed_sender_fails_transfer_and_releases_blocks(void **state)
     kill(pid, SIGKILL);
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
+    unlink(ep + 6);   /* the killed child's socket file */
     for (int i = 0; i < 2; i++) {
         tdm_kvx_event ev = t_wait(&d);
         assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
