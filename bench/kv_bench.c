@@ -28,6 +28,9 @@
 #define HEADS 8
 #define DIM 128
 #define CHUNK (8u << 20)
+/* shared memory: small chunks, so that the receiver unpacks from the shared L3 cache */
+#define SHM_CHUNK (1u << 20)
+#define SHM_SLOTS 8
 
 static double now(void)
 {
@@ -124,7 +127,8 @@ typedef struct pairx {
     uint64_t rid;
 } pairx;
 
-static void pair_open(pairx *x, cache *src, cache *dst, const char *ep, uint32_t transports)
+static void pair_open(pairx *x, cache *src, cache *dst, const char *ep, uint32_t transports, uint32_t chunk,
+                      uint32_t slots)
 {
     tdm_kvx_config c;
     tdm_kvx_config_init(&c);
@@ -132,8 +136,8 @@ static void pair_open(pairx *x, cache *src, cache *dst, const char *ep, uint32_t
     c.role = TDM_KVX_ROLE_PREFILL;
     c.listen_endpoint = ep;
     c.transports = transports;
-    c.max_chunk_bytes = CHUNK;
-    c.shm_slots = 8;
+    c.max_chunk_bytes = chunk;
+    c.shm_slots = slots;
     int rc;
     if ((rc = tdm_kvx_create(&c, &x->p))) die("create", rc);
     c.engine_id = "bench-decode";
@@ -227,9 +231,11 @@ int main(void)
     pairx shm, ipc, tcp;
     char shm_ep[160];
     snprintf(shm_ep, sizeof(shm_ep), "%s-shm", ipc_ep);
-    pair_open(&shm, &src, &dst, shm_ep, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM);
-    pair_open(&ipc, &src, &dst, ipc_ep, TDM_KVX_TRANSPORT_ZMQ);
-    pair_open(&tcp, &src, &dst, "tcp://127.0.0.1:*", TDM_KVX_TRANSPORT_ZMQ);
+    uint32_t shm_chunk = getenv("KV_BENCH_SHM_KIB") ? (uint32_t)atoi(getenv("KV_BENCH_SHM_KIB")) << 10 : SHM_CHUNK;
+    uint32_t shm_slots = getenv("KV_BENCH_SHM_SLOTS") ? (uint32_t)atoi(getenv("KV_BENCH_SHM_SLOTS")) : SHM_SLOTS;
+    pair_open(&shm, &src, &dst, shm_ep, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, shm_chunk, shm_slots);
+    pair_open(&ipc, &src, &dst, ipc_ep, TDM_KVX_TRANSPORT_ZMQ, CHUNK, 8);
+    pair_open(&tcp, &src, &dst, "tcp://127.0.0.1:*", TDM_KVX_TRANSPORT_ZMQ, CHUNK, 8);
 
     double r_pack[NSIZES], r_unpack[NSIZES], r_shm[NSIZES], r_ipc[NSIZES], r_tcp[NSIZES];
     int ns = 0;
