@@ -62,3 +62,25 @@ test-python: lib tool $(PY_VENV)/.tandem-installed
 	  $(PYTEST_COUNTS) $(abspath $(RESULTS))/python.log $$rc > $(abspath $(RESULTS))/python.counts; \
 	  if [ $$rc -eq 5 ]; then echo "python: pytest collected no tests (counted as a failure)" >&2; fi; \
 	  [ $$rc -eq 0 ]
+
+# ---- Rust ------------------------------------------------------------------------------------
+CARGO        ?= cargo
+RUST_TARGET  := $(abspath $(BUILD))/rust-target
+TEST_SUITES  += test-rust
+
+# cargo's "test result:" lines (lib, integration tests, doctests) are summed. Skipped (one
+# skip recorded) when cargo is absent or the library does not implement the scheduler yet.
+test-rust: lib
+	@mkdir -p $(RESULTS)
+	@if ! command -v $(CARGO) >/dev/null 2>&1; then \
+	  echo "rust: cargo not found; suite skipped"; echo "0 0 1" > $(RESULTS)/rust.counts; exit 0; fi; \
+	if ! nm -D --defined-only $(BUILD)/libtandem.so 2>/dev/null | grep -q ' tdm_sched_create'; then \
+	  echo "rust: $(BUILD)/libtandem.so does not implement the scheduler yet; suite skipped"; \
+	  echo "0 0 1" > $(RESULTS)/rust.counts; exit 0; fi; \
+	cd adapters/rust && TANDEM_LIB_DIR=$(abspath $(BUILD)) CARGO_TARGET_DIR=$(RUST_TARGET) \
+	  $(CARGO) test --offline > $(abspath $(RESULTS))/rust.log 2>&1; rc=$$?; \
+	  cat $(abspath $(RESULTS))/rust.log; \
+	  sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed; \([0-9]*\) ignored.*/\1 \2 \3/p' \
+	    $(abspath $(RESULTS))/rust.log | awk -v rc=$$rc '{p+=$$1; f+=$$2; s+=$$3} \
+	    END {if (rc != 0 && f == 0) f = 1; print p+0, f+0, s+0}' > $(abspath $(RESULTS))/rust.counts; \
+	  [ $$rc -eq 0 ]
