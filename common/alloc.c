@@ -71,7 +71,7 @@ void *tdm__calloc(size_t n, size_t size)
 {
     if (size && n > SIZE_MAX / size) return NULL;
     void *p = tdm__malloc(n * size);
-    if (p) memset(p, 0, n * size ? n * size : 1);
+    if (p) memset(p, 0, n * size);
     return p;
 }
 

@@ -1,0 +1,175 @@
+/*
+ * block_pool.c -- implementation of the paged KV block pool and its prefix-cache index
+ * (see block_pool.h). All operations are O(1) except the bulk ones, which are O(n) in the
+ * blocks they touch; nothing allocates after tdm__pool_init.
+ */
+#include <string.h>
+
+#include "block_pool.h"
+#include "internal.h"
+
+static inline uint32_t sentinel(const tdm__pool *p) { return p->num_blocks; }
+
+static void q_unlink(tdm__pool *p, uint32_t b)
+{
+    p->next[p->prev[b]] = p->next[b];
+    p->prev[p->next[b]] = p->prev[b];
+    p->num_free--;
+}
+
+static void q_append(tdm__pool *p, uint32_t b)
+{
+    uint32_t s = sentinel(p), last = p->prev[s];
+    p->next[last] = b;
+    p->prev[b] = last;
+    p->next[b] = s;
+    p->prev[s] = b;
+    p->num_free++;
+}
+
+static void q_prepend(tdm__pool *p, uint32_t b)
+{
+    uint32_t s = sentinel(p), first = p->next[s];
+    p->prev[first] = b;
+    p->next[b] = first;
+    p->prev[b] = s;
+    p->next[s] = b;
+    p->num_free++;
+}
+
+int tdm__pool_init(tdm__pool *p, uint32_t num_blocks)
+{
+    memset(p, 0, sizeof(*p));
+    uint32_t cap = 16;
+    while (cap < 2u * num_blocks) cap <<= 1;
+    p->num_blocks = num_blocks;
+    p->refcnt = tdm__calloc(num_blocks, sizeof(uint32_t));
+    p->prev = tdm__malloc(((size_t)num_blocks + 1) * sizeof(uint32_t));
+    p->next = tdm__malloc(((size_t)num_blocks + 1) * sizeof(uint32_t));
+    p->hash = tdm__calloc(num_blocks, sizeof(tdm__h128));
+    p->hashed = tdm__calloc(num_blocks, 1);
+    p->slots = tdm__malloc((size_t)cap * sizeof(uint32_t));
+    if (!p->refcnt || !p->prev || !p->next || !p->hash || !p->hashed || !p->slots) {
+        tdm__pool_free(p);
+        return TDM_E_NOMEM;
+    }
+    p->slot_mask = cap - 1;
+    memset(p->slots, 0xff, (size_t)cap * sizeof(uint32_t));
+    uint32_t s = sentinel(p);
+    p->next[s] = p->prev[s] = s;
+    p->refcnt[0] = 1; /* the null block is never free and never handed out */
+    for (uint32_t b = 1; b < num_blocks; b++) q_append(p, b);
+    return TDM_OK;
+}
+
+void tdm__pool_free(tdm__pool *p)
+{
+    tdm__free(p->refcnt);
+    tdm__free(p->prev);
+    tdm__free(p->next);
+    tdm__free(p->hash);
+    tdm__free(p->hashed);
+    tdm__free(p->slots);
+    memset(p, 0, sizeof(*p));
+}
+
+static inline uint32_t slot_of(const tdm__pool *p, tdm__h128 h)
+{
+    return (uint32_t)(h.lo ^ (h.hi >> 17)) & p->slot_mask;
+}
+
+uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__h128 h)
+{
+    for (uint32_t i = slot_of(p, h);; i = (i + 1) & p->slot_mask) {
+        uint32_t b = p->slots[i];
+        if (b == TDM__NO_BLOCK) return TDM__NO_BLOCK;
+        if (tdm__h128_eq(p->hash[b], h)) return b;
+    }
+}
+
+/* Remove block b's entry from the index (backward-shift deletion keeps probes short and
+ * needs no tombstones). */
+static void index_remove(tdm__pool *p, uint32_t b)
+{
+    uint32_t i = slot_of(p, p->hash[b]);
+    while (p->slots[i] != b) i = (i + 1) & p->slot_mask;
+    for (;;) {
+        p->slots[i] = TDM__NO_BLOCK;
+        uint32_t j = i;
+        for (;;) {
+            j = (j + 1) & p->slot_mask;
+            uint32_t c = p->slots[j];
+            if (c == TDM__NO_BLOCK) return;
+            uint32_t home = slot_of(p, p->hash[c]);
+            /* c may move to i if its home is not in the cyclic range (i, j]. */
+            if (((j - home) & p->slot_mask) >= ((j - i) & p->slot_mask)) {
+                p->slots[i] = c;
+                i = j;
+                break;
+            }
+        }
+    }
+}
+
+static void unhash(tdm__pool *p, uint32_t b)
+{
+    index_remove(p, b);
+    p->hashed[b] = 0;
+    p->num_hashed--;
+}
+
+/* Lazy eviction of a cached block that is being reused. */
+static void evict(tdm__pool *p, uint32_t b)
+{
+    unhash(p, b);
+    p->evictions++;
+}
+
+int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__h128 h)
+{
+    if (p->hashed[b]) return 0;
+    uint32_t i = slot_of(p, h);
+    for (;; i = (i + 1) & p->slot_mask) {
+        uint32_t c = p->slots[i];
+        if (c == TDM__NO_BLOCK) break;
+        if (tdm__h128_eq(p->hash[c], h)) return 0;
+    }
+    p->slots[i] = b;
+    p->hash[b] = h;
+    p->hashed[b] = 1;
+    p->num_hashed++;
+    return 1;
+}
+
+void tdm__pool_alloc(tdm__pool *p, uint32_t *out, uint32_t n)
+{
+    uint32_t s = sentinel(p);
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t b = p->next[s];
+        q_unlink(p, b);
+        if (p->hashed[b]) evict(p, b);
+        p->refcnt[b] = 1;
+        out[k] = b;
+    }
+}
+
+void tdm__pool_touch(tdm__pool *p, uint32_t b)
+{
+    if (p->refcnt[b]++ == 0) q_unlink(p, b);
+}
+
+void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t b = blocks[k];
+        if (--p->refcnt[b] != 0) continue;
+        if (p->hashed[b]) q_append(p, b);
+        else q_prepend(p, b);
+    }
+}
+
+void tdm__pool_reset_cache(tdm__pool *p)
+{
+    for (uint32_t b = 1; b < p->num_blocks; b++)
+        if (p->hashed[b] && p->refcnt[b] == 0) unhash(p, b);
+}

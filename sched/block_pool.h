@@ -1,0 +1,58 @@
+/*
+ * block_pool.h -- the paged KV block pool: block 0 is the null block; every other block has
+ * a refcount; free blocks sit in an intrusive doubly linked queue (O(1) pop from the head,
+ * append, prepend and removal from the middle); full blocks may carry a 128-bit hash and
+ * be found through an open-addressing index (the prefix cache). Eviction is lazy: a free
+ * hashed block keeps its hash until it is popped for reuse.
+ */
+#ifndef TANDEM_SCHED_BLOCK_POOL_H
+#define TANDEM_SCHED_BLOCK_POOL_H
+
+#include <stdint.h>
+
+#include "hash.h"
+
+#define TDM__NO_BLOCK UINT32_MAX
+
+typedef struct tdm__pool {
+    uint32_t num_blocks;   /* including the null block */
+    uint32_t num_free;     /* blocks in the free queue */
+    uint32_t num_hashed;   /* blocks carrying a hash (in use or free) */
+    uint32_t *refcnt;
+    uint32_t *prev, *next; /* free queue links; index num_blocks is the sentinel */
+    tdm__h128 *hash;
+    uint8_t *hashed;
+    /* hash index: open addressing, linear probing, backward-shift deletion */
+    uint32_t *slots;       /* block id or TDM__NO_BLOCK */
+    uint32_t slot_mask;
+    uint64_t evictions;
+} tdm__pool;
+
+/* Allocate a pool of num_blocks blocks (>= 2). Returns TDM_OK or TDM_E_NOMEM. */
+int tdm__pool_init(tdm__pool *p, uint32_t num_blocks);
+void tdm__pool_free(tdm__pool *p);
+
+/* Pop n blocks from the head of the free queue into out (refcount 1, hash evicted).
+ * The caller has checked n <= num_free. */
+void tdm__pool_alloc(tdm__pool *p, uint32_t *out, uint32_t n);
+
+/* Take a reference on a cached block found by a prefix lookup (removing it from the free
+ * queue if its refcount was 0). */
+void tdm__pool_touch(tdm__pool *p, uint32_t block);
+
+/* Drop one reference on each of blocks[0..n) in the given order; blocks reaching 0 go to
+ * the free queue: hashed ones to the tail (kept longest), others to the head (reused
+ * first). Callers pass a request's table in reverse so that its tail is evicted first. */
+void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n);
+
+/* Look up a hash: the cached block id, or TDM__NO_BLOCK. */
+uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__h128 h);
+
+/* Give block `b` hash h and index it, unless an equal hash is already indexed (then the
+ * block stays unhashed: the earlier copy remains the cached one). Returns 1 if indexed. */
+int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__h128 h);
+
+/* Drop every hash of free blocks from the index. */
+void tdm__pool_reset_cache(tdm__pool *p);
+
+#endif

@@ -1,0 +1,193 @@
+/*
+ * request.c -- the life of a request record: creation from a tdm_request_desc, the run
+ * arrays allocated at first admission (tokens, block table, block hashes, drafts), block
+ * hashing, freeing blocks, preemption, finishing (with the delayed-free holds of P/D roles)
+ * and destruction. Moving between containers happens only through these functions.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "sched_internal.h"
+
+void tdm__req_destroy(tdm_sched *s, tdm__req *r)
+{
+    (void)s;
+    tdm__free(r->run_mem);
+    tdm__free(r);
+}
+
+/* Allocate the arrays a request needs once admitted, sized for its whole life so that no
+ * step allocates: tokens up to min(prompt + max_tokens, max_model_len), blocks and hashes to
+ * cover them plus the lookahead, and the draft buffer. */
+int tdm__req_prepare_run(tdm_sched *s, tdm__req *r)
+{
+    if (r->run_mem) return TDM_OK;
+    uint64_t bs = (uint64_t)s->prm.block_size;
+    uint64_t look = (uint64_t)s->prm.num_lookahead_tokens;
+    uint64_t cap_tokens = TDM_MIN((uint64_t)r->num_prompt + r->max_tokens, (uint64_t)s->prm.max_model_len);
+    uint64_t cap_blocks = tdm__cdiv(TDM_MIN(cap_tokens + look, (uint64_t)s->prm.max_model_len + look), bs);
+    size_t sz_hash = (size_t)cap_blocks * sizeof(tdm__h128);
+    size_t sz_tok = (size_t)cap_tokens * sizeof(tdm_token);
+    size_t sz_blk = (size_t)cap_blocks * sizeof(uint32_t);
+    size_t sz_spec = (size_t)look * sizeof(tdm_token);
+    char *m = tdm__malloc(sz_hash + sz_tok + sz_blk + sz_spec);
+    if (!m) return TDM_E_NOMEM;
+    r->run_mem = m;
+    r->hashes = (tdm__h128 *)m;
+    r->tokens = (tdm_token *)(m + sz_hash);
+    r->blocks = (uint32_t *)(m + sz_hash + sz_tok);
+    r->spec = (tdm_token *)(m + sz_hash + sz_tok + sz_blk);
+    r->cap_tokens = (uint32_t)cap_tokens;
+    r->cap_blocks = (uint32_t)cap_blocks;
+    memcpy(r->tokens, r->prompt, (size_t)r->num_prompt * sizeof(tdm_token));
+    return TDM_OK;
+}
+
+/* Extend the request's block hashes over every full block of its known tokens. */
+void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r)
+{
+    if (!s->prm.enable_prefix_caching) return;
+    uint32_t bs = (uint32_t)s->prm.block_size;
+    uint32_t full = r->num_tokens / bs;
+    while (r->num_hashes < full) {
+        uint32_t i = r->num_hashes;
+        tdm__h128 parent = i ? r->hashes[i - 1] : tdm__hash_root;
+        r->hashes[i] = tdm__hash_block(parent, r->tokens + (size_t)i * bs, bs,
+                                       (i == 0 && r->has_salt) ? &r->salt : NULL);
+        r->num_hashes++;
+    }
+}
+
+/* Release the request's blocks, tail first, so that its last blocks are evicted first. */
+void tdm__req_free_blocks(tdm_sched *s, tdm__req *r)
+{
+    for (uint32_t k = r->num_blocks; k > 0; k--) tdm__pool_release(&s->pool, &r->blocks[k - 1], 1);
+    r->num_blocks = 0;
+    r->num_cached_blocks = 0;
+}
+
+void tdm__running_remove_at(tdm_sched *s, uint32_t idx)
+{
+    memmove(&s->running[idx], &s->running[idx + 1],
+            (size_t)(s->num_running - idx - 1) * sizeof(tdm__req *));
+    s->num_running--;
+    for (uint32_t i = idx; i < s->num_running; i++) s->running[i]->run_index = i;
+}
+
+int tdm__running_append(tdm_sched *s, tdm__req *r)
+{
+    if (s->num_running >= s->cap_running) return TDM_E_INTERNAL; /* cap = max_num_seqs */
+    r->run_index = s->num_running;
+    s->running[s->num_running++] = r;
+    r->admit_seq = ++s->next_admit;
+    return TDM_OK;
+}
+
+/* Recompute preemption: drop the KV, go back to the front of the waiting queue. The caller
+ * has removed r from running. */
+void tdm__preempt(tdm_sched *s, tdm__req *r)
+{
+    tdm__req_free_blocks(s, r);
+    r->num_computed = 0;
+    r->num_spec = 0;
+    r->num_spec_sched = 0;
+    r->num_preemptions++;
+    r->state = TDM_STATE_PREEMPTED;
+    s->preemptions++;
+    /* Never fails: the heap holds room for every live request (reserved at add). */
+    (void)tdm__waiting_requeue(s, r);
+}
+
+/* Detach r from whatever container holds it (finished requests are in none). */
+static void detach(tdm_sched *s, tdm__req *r)
+{
+    switch (r->state) {
+    case TDM_STATE_WAITING:
+    case TDM_STATE_PREEMPTED: tdm__waiting_remove(s, r); break;
+    case TDM_STATE_RUNNING:
+        if (s->in_update) { /* compacted once at the end of the update */
+            s->running[r->run_index] = NULL;
+            s->running_holes++;
+        } else {
+            tdm__running_remove_at(s, r->run_index);
+        }
+        break;
+    case TDM_STATE_WAITING_REMOTE_KV: tdm__list_remove(&s->remote, r); break;
+    case TDM_STATE_FINISHED_HELD: tdm__list_remove(&s->held, r); break;
+    default: break;
+    }
+}
+
+static double deadline_after(double now, int64_t ms)
+{
+    return ms > 0 ? now + (double)ms / 1000.0 : INFINITY;
+}
+
+/* Finish r for `reason`. Its blocks are freed unless a remote decode will read them
+ * (REMOTE_DECODE finishing normally: held until release or timeout) or a remote receive may
+ * still write them (aborted while WAITING_REMOTE_KV: held until remote_kv_done or timeout).
+ * The id is reported in the next batch's finished list. The finished array has room: it is
+ * reserved at add for every live request. */
+void tdm__finish(tdm_sched *s, tdm__req *r, uint32_t reason, double now)
+{
+    uint32_t old = r->state;
+    detach(s, r);
+    r->finish_reason = reason;
+    r->finish_time = now;
+    r->num_spec = 0;
+    s->num_finished++;
+    if (old == TDM_STATE_WAITING_REMOTE_KV) {
+        r->hold = HOLD_RECV;
+        r->state = TDM_STATE_FINISHED_HELD;
+        tdm__list_push_back(&s->held, r); /* keeps its remote-KV deadline */
+    } else if ((r->flags & TDM_REQ_REMOTE_DECODE) && r->num_blocks &&
+               (reason == TDM_FINISH_STOP || reason == TDM_FINISH_LENGTH)) {
+        r->hold = HOLD_SEND;
+        r->state = TDM_STATE_FINISHED_HELD;
+        r->deadline = deadline_after(now, s->prm.delay_free_timeout_ms);
+        tdm__list_push_back(&s->held, r);
+    } else {
+        tdm__req_free_blocks(s, r);
+        r->state = TDM_STATE_FINISHED;
+    }
+    TDM_VEC_AT(&s->finished, tdm__req *, s->finished.len++) = r;
+}
+
+/* A remote receive failed or timed out (r is WAITING_REMOTE_KV, or held after an abort). */
+void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid)
+{
+    if (r->state == TDM_STATE_FINISHED_HELD) { /* aborted while receiving: now safe to free */
+        tdm__release_held(s, r);
+        return;
+    }
+    if (s->prm.remote_kv_failure == TDM_REMOTE_KV_FAIL) {
+        tdm__finish(s, r, TDM_FINISH_ERROR, s->now);
+        return;
+    }
+    /* Recompute locally: keep the blocks that arrived intact (whole blocks only). */
+    uint32_t bs = (uint32_t)s->prm.block_size;
+    uint32_t keep_tokens = TDM_MIN(num_valid, r->num_computed + r->num_remote);
+    uint32_t keep = keep_tokens / bs;
+    if (keep >= r->num_blocks) keep = r->num_blocks;
+    uint32_t computed = TDM_MIN(keep * bs, r->num_tokens - 1);
+    tdm__list_remove(&s->remote, r);
+    r->num_computed = computed;
+    r->num_remote = 0;
+    r->remote_done = true;
+    r->state = r->ever_admitted ? TDM_STATE_PREEMPTED : TDM_STATE_WAITING;
+    (void)tdm__waiting_requeue(s, r);
+}
+
+/* Free the blocks of a FINISHED_HELD request. If its finish was already reported it is
+ * destroyed now; otherwise the next step reports and destroys it. */
+void tdm__release_held(tdm_sched *s, tdm__req *r)
+{
+    tdm__list_remove(&s->held, r);
+    tdm__req_free_blocks(s, r);
+    r->hold = HOLD_NONE;
+    r->state = TDM_STATE_FINISHED;
+    if (r->reported) {
+        tdm__map_del(s, r->id);
+        tdm__req_destroy(s, r);
+    }
+}

@@ -1,0 +1,456 @@
+/*
+ * sched.c -- the tdm_sched handle: create and destroy, the init functions of the ABI
+ * structs, adding, aborting and finishing requests, queries, stats, the P/D entry points
+ * (remote KV done, release), drafts, the cost-model hook and the prefix-cache reset.
+ * The step lives in step.c, the update in update.c.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "sched_internal.h"
+
+#define INIT_STRUCT(p, T)                   \
+    do {                                    \
+        if (!(p)) return TDM_E_INVAL;       \
+        memset((p), 0, sizeof(T));          \
+        (p)->struct_size = sizeof(T);       \
+    } while (0)
+
+int tdm_batch_init(tdm_batch *b) { INIT_STRUCT(b, tdm_batch); return TDM_OK; }
+int tdm_step_output_init(tdm_step_output *o) { INIT_STRUCT(o, tdm_step_output); return TDM_OK; }
+int tdm_update_result_init(tdm_update_result *r) { INIT_STRUCT(r, tdm_update_result); return TDM_OK; }
+int tdm_sched_stats_init(tdm_sched_stats *st) { INIT_STRUCT(st, tdm_sched_stats); return TDM_OK; }
+
+int tdm_request_desc_init(tdm_request_desc *d)
+{
+    INIT_STRUCT(d, tdm_request_desc);
+    d->eos_token_id = -1;
+    d->max_tokens = 16;
+    return TDM_OK;
+}
+
+int tdm_request_info_init(tdm_request_info *i)
+{
+    INIT_STRUCT(i, tdm_request_info);
+    return TDM_OK;
+}
+
+/* Size the per-step arrays for max_num_seqs entries (called when it grows). */
+static int size_step_arrays(tdm_sched *s, uint32_t n)
+{
+    if (n <= s->cap_entries) return TDM_OK;
+#define GROW(ptr, T)                                                   \
+    do {                                                               \
+        T *np_ = tdm__realloc((ptr), (size_t)n * sizeof(T));           \
+        if (!np_) return TDM_E_NOMEM;                                  \
+        (ptr) = np_;                                                   \
+    } while (0)
+    GROW(s->entries, tdm__entry);
+    GROW(s->out_ids, uint64_t);
+    GROW(s->out_num_tokens, uint32_t);
+    GROW(s->out_num_computed, uint32_t);
+    GROW(s->out_num_spec, uint32_t);
+    GROW(s->out_kinds, uint8_t);
+    GROW(s->running, tdm__req *);
+    GROW(s->victim_views, tdm_request_view);
+    GROW(s->victim_ptrs, const tdm_request_view *);
+    {
+        uint32_t *np_ = tdm__realloc(s->out_block_offsets, ((size_t)n + 1) * sizeof(uint32_t));
+        if (!np_) return TDM_E_NOMEM;
+        s->out_block_offsets = np_;
+    }
+#undef GROW
+    s->cap_entries = n;
+    s->cap_running = n;
+    return TDM_OK;
+}
+
+int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs) { return size_step_arrays(s, max_num_seqs); }
+
+int tdm_sched_create(tdm_sched **out)
+{
+    if (!out) return TDM_E_INVAL;
+    tdm_sched *s = tdm__calloc(1, sizeof(*s));
+    if (!s) return TDM_E_NOMEM;
+    tdm__params_default(&s->prm);
+    tdm__params p = s->prm;
+    if (tdm__sched_apply_shape(s, &p) || size_step_arrays(s, (uint32_t)s->prm.max_num_seqs)) {
+        tdm__handle_acquire();
+        tdm_sched_destroy(s);
+        return TDM_E_NOMEM;
+    }
+    s->now = 0.0;
+    tdm__handle_acquire();
+    *out = s;
+    return TDM_OK;
+}
+
+void tdm_sched_destroy(tdm_sched *s)
+{
+    if (!s) return;
+    if (s->map)
+        for (uint32_t i = 0; i <= s->map_mask; i++)
+            if (s->map[i]) tdm__req_destroy(s, s->map[i]);
+    tdm__free(s->map);
+    tdm__free(s->heap);
+    tdm__free(s->running);
+    tdm__vec_free(&s->finished);
+    tdm__policy_drop(s);
+    tdm__free(s->victim_views);
+    tdm__free(s->victim_ptrs);
+    tdm__free(s->entries);
+    tdm__free(s->out_ids);
+    tdm__free(s->out_num_tokens);
+    tdm__free(s->out_num_computed);
+    tdm__free(s->out_num_spec);
+    tdm__free(s->out_block_offsets);
+    tdm__free(s->out_kinds);
+    tdm__vec_free(&s->out_blocks);
+    tdm__vec_free(&s->out_preempted);
+    tdm__vec_free(&s->out_finished);
+    tdm__vec_free(&s->out_recv_ready);
+    tdm__vec_free(&s->upd_ids);
+    tdm__vec_free(&s->upd_new);
+    tdm__vec_free(&s->upd_reason);
+    tdm__vec_free(&s->upd_stop);
+    if (s->pool_ready) tdm__pool_free(&s->pool);
+    tdm__free(s);
+    tdm__handle_release();
+}
+
+const char *tdm_sched_errmsg(const tdm_sched *s)
+{
+    if (!s) return "no scheduler handle (NULL)";
+    return s->err.msg;
+}
+
+static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
+
+#define ALL_REQ_FLAGS \
+    (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE)
+#define MAX_STOP_IDS 4096u
+#define MAX_SALT 4096u
+
+static int validate_desc(tdm_sched *s, const tdm_request_desc *d)
+{
+    if (!TDM_STRUCT_OK(d, sizeof(tdm_request_desc)))
+        return tdm__fail(&s->err, TDM_E_INVAL, "add: desc is NULL or struct_size %u is too small",
+                         d ? d->struct_size : 0);
+    if (d->flags & ~ALL_REQ_FLAGS)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: unknown flags 0x%x",
+                         (unsigned long long)d->id, d->flags & ~ALL_REQ_FLAGS);
+    if ((d->flags & TDM_REQ_REMOTE_PREFILL) && (d->flags & TDM_REQ_REMOTE_DECODE))
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: REMOTE_PREFILL and REMOTE_DECODE are exclusive",
+                         (unsigned long long)d->id);
+    if (!d->prompt || d->num_prompt_tokens == 0)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: the prompt is empty or NULL",
+                         (unsigned long long)d->id);
+    if (d->num_prompt_tokens > (uint64_t)s->prm.max_model_len - 1)
+        return tdm__fail(&s->err, TDM_E_RANGE, "add %llu: prompt of %u tokens exceeds max_model_len - 1 (%lld)",
+                         (unsigned long long)d->id, d->num_prompt_tokens, (long long)s->prm.max_model_len - 1);
+    if (d->max_tokens == 0)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: max_tokens must be >= 1", (unsigned long long)d->id);
+    if (d->num_stop_token_ids && !d->stop_token_ids)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: stop_token_ids is NULL", (unsigned long long)d->id);
+    if (d->num_stop_token_ids > MAX_STOP_IDS)
+        return tdm__fail(&s->err, TDM_E_RANGE, "add %llu: more than %u stop token ids",
+                         (unsigned long long)d->id, MAX_STOP_IDS);
+    if (d->cache_salt_len && !d->cache_salt)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: cache_salt is NULL", (unsigned long long)d->id);
+    if (d->cache_salt_len > MAX_SALT)
+        return tdm__fail(&s->err, TDM_E_RANGE, "add %llu: cache_salt longer than %u bytes",
+                         (unsigned long long)d->id, MAX_SALT);
+    if (!isfinite(d->arrival_time) || !finite_nonneg(d->ttft_slo) || !finite_nonneg(d->tpot_slo))
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: arrival_time, ttft_slo and tpot_slo must be "
+                         "finite (SLOs >= 0)", (unsigned long long)d->id);
+    if (d->num_remote_tokens > d->num_prompt_tokens)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: num_remote_tokens %u > prompt length %u",
+                         (unsigned long long)d->id, d->num_remote_tokens, d->num_prompt_tokens);
+    for (uint32_t i = 0; i < d->num_prompt_tokens; i++)
+        if (d->prompt[i] < 0)
+            return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: prompt token %u is negative (%d)",
+                             (unsigned long long)d->id, i, d->prompt[i]);
+    uint64_t need = tdm__cdiv(d->num_prompt_tokens, (uint64_t)s->prm.block_size);
+    if (need > s->pool.num_blocks - 1)
+        return tdm__fail(&s->err, TDM_E_RANGE, "add %llu: the prompt needs %llu blocks, the pool has %u",
+                         (unsigned long long)d->id, (unsigned long long)need, s->pool.num_blocks - 1);
+    if (tdm__map_get(s, d->id))
+        return tdm__fail(&s->err, TDM_E_EXISTS, "add: request id %llu already exists",
+                         (unsigned long long)d->id);
+    return TDM_OK;
+}
+
+int tdm_sched_add(tdm_sched *s, const tdm_request_desc *d)
+{
+    if (!s) return TDM_E_INVAL;
+    int rc = validate_desc(s, d);
+    if (rc) return rc;
+    /* Reserve first so that nothing after the map insert can fail: the finished array and
+     * the heap hold room for every live request. */
+    if (tdm__vec_reserve(&s->finished, s->map_len + 1, sizeof(tdm__req *)) ||
+        tdm__waiting_reserve(s, s->map_len + 1))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
+    size_t sz = sizeof(tdm__req) + ((size_t)d->num_prompt_tokens + d->num_stop_token_ids) * sizeof(tdm_token);
+    tdm__req *r = tdm__calloc(1, sz);
+    if (!r) return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
+    tdm_token *prompt = (tdm_token *)(r + 1);
+    memcpy(prompt, d->prompt, (size_t)d->num_prompt_tokens * sizeof(tdm_token));
+    if (d->num_stop_token_ids)
+        memcpy(prompt + d->num_prompt_tokens, d->stop_token_ids, (size_t)d->num_stop_token_ids * sizeof(tdm_token));
+    r->id = d->id;
+    r->state = TDM_STATE_WAITING;
+    r->flags = d->flags;
+    r->prompt = prompt;
+    r->num_prompt = r->num_tokens = d->num_prompt_tokens;
+    r->max_tokens = d->max_tokens;
+    r->min_tokens = d->min_tokens;
+    r->eos = d->eos_token_id;
+    r->stop_ids = prompt + d->num_prompt_tokens;
+    r->num_stop = d->num_stop_token_ids;
+    r->priority = d->priority;
+    r->tenant = d->tenant;
+    r->arrival = d->arrival_time;
+    r->ttft_slo = d->ttft_slo;
+    r->tpot_slo = d->tpot_slo;
+    r->seq = ++s->next_seq;
+    if (d->cache_salt_len) {
+        r->salt = tdm__hash_bytes(d->cache_salt, d->cache_salt_len);
+        r->has_salt = true;
+    }
+    if (d->flags & TDM_REQ_REMOTE_PREFILL)
+        r->num_remote = d->num_remote_tokens ? d->num_remote_tokens : d->num_prompt_tokens;
+    r->first_sched = r->first_token = r->last_token = r->finish_time = -1.0;
+    if ((rc = tdm__map_put(s, r))) {
+        tdm__req_destroy(s, r);
+        return tdm__fail(&s->err, rc, "add %llu: out of memory", (unsigned long long)d->id);
+    }
+    (void)tdm__waiting_push(s, r); /* cannot fail: reserved above */
+    return TDM_OK;
+}
+
+/* A live request that the host may still act on (not yet finished). */
+static tdm__req *live(tdm_sched *s, uint64_t id, const char *what)
+{
+    tdm__req *r = tdm__map_get(s, id);
+    if (!r || r->state == TDM_STATE_FINISHED || r->state == TDM_STATE_FINISHED_HELD) {
+        tdm__fail(&s->err, TDM_E_NOT_FOUND, "%s: no unfinished request %llu", what, (unsigned long long)id);
+        return NULL;
+    }
+    return r;
+}
+
+int tdm_sched_finish(tdm_sched *s, uint64_t id, tdm_finish_reason reason)
+{
+    if (!s) return TDM_E_INVAL;
+    if (reason < TDM_FINISH_STOP || reason > TDM_FINISH_ERROR)
+        return tdm__fail(&s->err, TDM_E_INVAL, "finish %llu: invalid reason %d", (unsigned long long)id, (int)reason);
+    tdm__req *r = live(s, id, "finish");
+    if (!r) return TDM_E_NOT_FOUND;
+    /* A host-finished request never hands its blocks to a remote decode unless it stopped. */
+    tdm__finish(s, r, (uint32_t)reason, s->now);
+    return TDM_OK;
+}
+
+int tdm_sched_abort(tdm_sched *s, uint64_t id)
+{
+    if (!s) return TDM_E_INVAL;
+    tdm__req *r = live(s, id, "abort");
+    if (!r) return TDM_E_NOT_FOUND;
+    tdm__finish(s, r, TDM_FINISH_ABORT, s->now);
+    return TDM_OK;
+}
+
+int tdm_sched_request_info(const tdm_sched *cs, uint64_t id, tdm_request_info *info)
+{
+    tdm_sched *s = (tdm_sched *)cs;
+    if (!s) return TDM_E_INVAL;
+    if (!TDM_STRUCT_OK(info, sizeof(tdm_request_info)))
+        return tdm__fail(&s->err, TDM_E_INVAL, "request_info: info is NULL or too small");
+    tdm__req *r = tdm__map_get(s, id);
+    if (!r) return tdm__fail(&s->err, TDM_E_NOT_FOUND, "request_info: no request %llu", (unsigned long long)id);
+    tdm_request_info i;
+    memset(&i, 0, sizeof(i));
+    i.struct_size = info->struct_size < sizeof(i) ? info->struct_size : sizeof(i);
+    i.state = r->state;
+    i.finish_reason = r->finish_reason;
+    i.num_prompt_tokens = r->num_prompt;
+    i.num_output_tokens = r->num_tokens - r->num_prompt;
+    i.num_computed_tokens = r->num_computed;
+    i.num_cached_tokens = r->num_cached;
+    i.num_blocks = r->num_blocks;
+    i.num_preemptions = r->num_preemptions;
+    i.priority = r->priority;
+    i.arrival_time = r->arrival;
+    i.first_scheduled_time = r->first_sched;
+    i.first_token_time = r->first_token;
+    i.last_token_time = r->last_token;
+    i.finish_time = r->finish_time;
+    i.max_token_gap = r->max_gap;
+    memcpy(info, &i, i.struct_size);
+    return TDM_OK;
+}
+
+int tdm_sched_request_blocks(const tdm_sched *cs, uint64_t id, const uint32_t **blocks, uint32_t *num_blocks)
+{
+    tdm_sched *s = (tdm_sched *)cs;
+    if (!s) return TDM_E_INVAL;
+    if (!blocks || !num_blocks) return tdm__fail(&s->err, TDM_E_INVAL, "request_blocks: NULL output");
+    tdm__req *r = tdm__map_get(s, id);
+    if (!r) return tdm__fail(&s->err, TDM_E_NOT_FOUND, "request_blocks: no request %llu", (unsigned long long)id);
+    *blocks = r->blocks;
+    *num_blocks = r->num_blocks;
+    return TDM_OK;
+}
+
+int tdm_sched_request_tokens(const tdm_sched *cs, uint64_t id, const tdm_token **tokens, uint32_t *num_tokens)
+{
+    tdm_sched *s = (tdm_sched *)cs;
+    if (!s) return TDM_E_INVAL;
+    if (!tokens || !num_tokens) return tdm__fail(&s->err, TDM_E_INVAL, "request_tokens: NULL output");
+    tdm__req *r = tdm__map_get(s, id);
+    if (!r) return tdm__fail(&s->err, TDM_E_NOT_FOUND, "request_tokens: no request %llu", (unsigned long long)id);
+    *tokens = r->tokens ? r->tokens : r->prompt;
+    *num_tokens = r->num_tokens;
+    return TDM_OK;
+}
+
+int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_valid_tokens)
+{
+    if (!s) return TDM_E_INVAL;
+    tdm__req *r = tdm__map_get(s, id);
+    if (!r) return tdm__fail(&s->err, TDM_E_NOT_FOUND, "remote_kv_done: no request %llu", (unsigned long long)id);
+    bool aborted_recv = r->state == TDM_STATE_FINISHED_HELD && r->hold == HOLD_RECV;
+    if (r->state != TDM_STATE_WAITING_REMOTE_KV && !aborted_recv)
+        return tdm__fail(&s->err, TDM_E_STATE, "remote_kv_done: request %llu is not waiting for remote KV",
+                         (unsigned long long)id);
+    if (aborted_recv) {
+        tdm__release_held(s, r);
+        return TDM_OK;
+    }
+    if (!ok) {
+        tdm__remote_failed(s, r, num_valid_tokens);
+        return TDM_OK;
+    }
+    /* Received: every token whose KV arrived is computed, but the last prompt token is always
+     * recomputed for its logits. The received blocks join the prefix cache. */
+    uint32_t bs = (uint32_t)s->prm.block_size;
+    uint32_t computed = TDM_MIN(r->num_computed + r->num_remote, r->num_tokens);
+    if (computed == r->num_tokens) computed--;
+    tdm__list_remove(&s->remote, r);
+    r->num_computed = computed;
+    r->num_remote = 0;
+    r->remote_done = true;
+    if (s->prm.enable_prefix_caching) {
+        uint32_t full = computed / bs;
+        tdm__req_hash_blocks(s, r);
+        for (uint32_t i = r->num_cached_blocks; i < full && i < r->num_hashes; i++)
+            tdm__pool_cache(&s->pool, r->blocks[i], r->hashes[i]);
+        if (full > r->num_cached_blocks) r->num_cached_blocks = full;
+    }
+    r->state = TDM_STATE_WAITING;
+    (void)tdm__waiting_requeue(s, r);
+    return TDM_OK;
+}
+
+int tdm_sched_release(tdm_sched *s, uint64_t id)
+{
+    if (!s) return TDM_E_INVAL;
+    tdm__req *r = tdm__map_get(s, id);
+    if (!r) return tdm__fail(&s->err, TDM_E_NOT_FOUND, "release: no request %llu", (unsigned long long)id);
+    if (r->state != TDM_STATE_FINISHED_HELD || r->hold != HOLD_SEND)
+        return tdm__fail(&s->err, TDM_E_STATE, "release: request %llu does not hold blocks for a remote decode",
+                         (unsigned long long)id);
+    tdm__release_held(s, r);
+    return TDM_OK;
+}
+
+int tdm_sched_set_draft_tokens(tdm_sched *s, uint64_t id, const tdm_token *tokens, uint32_t n)
+{
+    if (!s) return TDM_E_INVAL;
+    if (n && !tokens) return tdm__fail(&s->err, TDM_E_INVAL, "set_draft_tokens: tokens is NULL");
+    tdm__req *r = live(s, id, "set_draft_tokens");
+    if (!r) return TDM_E_NOT_FOUND;
+    if (r->state != TDM_STATE_RUNNING)
+        return tdm__fail(&s->err, TDM_E_STATE, "set_draft_tokens: request %llu is not running", (unsigned long long)id);
+    if (n > (uint64_t)s->prm.num_lookahead_tokens)
+        return tdm__fail(&s->err, TDM_E_RANGE, "set_draft_tokens: %u drafts exceed num_lookahead_tokens %lld",
+                         n, (long long)s->prm.num_lookahead_tokens);
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0)
+            return tdm__fail(&s->err, TDM_E_INVAL, "set_draft_tokens: token %u is negative", i);
+    memcpy(r->spec, tokens, (size_t)n * sizeof(tdm_token));
+    r->num_spec = n;
+    return TDM_OK;
+}
+
+int tdm_sched_set_cost_model(tdm_sched *s, const tdm_cost_model *cm)
+{
+    if (!s) return TDM_E_INVAL;
+    if (!cm) {
+        memset(&s->cost, 0, sizeof(s->cost));
+        return TDM_OK;
+    }
+    if (cm->version < 1 || cm->version > TDM_COST_MODEL_VERSION)
+        return tdm__fail(&s->err, TDM_E_VERSION, "cost model version %u is not supported (1..%u)",
+                         cm->version, TDM_COST_MODEL_VERSION);
+    if (!cm->estimate) return tdm__fail(&s->err, TDM_E_INVAL, "cost model: estimate is NULL");
+    s->cost = *cm;
+    return TDM_OK;
+}
+
+int tdm_sched_reset_prefix_cache(tdm_sched *s, int reset_running)
+{
+    if (!s) return TDM_E_INVAL;
+    if (s->num_running && !reset_running)
+        return tdm__fail(&s->err, TDM_E_STATE, "reset_prefix_cache: %u requests are running "
+                         "(pass reset_running to preempt them)", s->num_running);
+    if (s->remote.len || s->held.len)
+        return tdm__fail(&s->err, TDM_E_STATE, "reset_prefix_cache: %u requests hold blocks for a KV transfer",
+                         s->remote.len + s->held.len);
+    /* Preempt running requests from the tail so that, prepended one by one, they end up in
+     * the waiting queue in their running order. */
+    while (s->num_running) {
+        tdm__req *r = s->running[s->num_running - 1];
+        tdm__running_remove_at(s, s->num_running - 1);
+        tdm__preempt(s, r);
+    }
+    for (uint32_t i = 0; i < s->map_mask + 1 && s->map; i++) /* drop the hashes requests remember */
+        if (s->map[i]) s->map[i]->num_cached_blocks = 0;
+    tdm__pool_reset_cache(&s->pool);
+    return TDM_OK;
+}
+
+int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
+{
+    if (!s) return TDM_E_INVAL;
+    if (!TDM_STRUCT_OK(out, sizeof(tdm_sched_stats)))
+        return tdm__fail((tdm__err *)&s->err, TDM_E_INVAL, "get_stats: stats is NULL or too small");
+    tdm_sched_stats st;
+    memset(&st, 0, sizeof(st));
+    st.struct_size = sizeof(st);
+    st.num_running = s->num_running;
+    st.num_waiting = tdm__waiting_len(s) + s->remote.len;
+    st.num_waiting_remote_kv = s->remote.len;
+    st.num_held = s->held.len;
+    st.num_total_blocks = s->pool.num_blocks - 1;
+    st.num_free_blocks = s->pool.num_free;
+    st.num_cached_blocks = s->pool.num_hashed;
+    st.kv_usage = 1.0 - (double)st.num_free_blocks / (double)st.num_total_blocks;
+    st.prefix_queries = s->prefix_queries;
+    st.prefix_hits = s->prefix_hits;
+    st.prefix_hit_rate = s->prefix_queries ? (double)s->prefix_hits / (double)s->prefix_queries : 0.0;
+    st.evictions = s->pool.evictions;
+    st.preemptions = s->preemptions;
+    st.steps = s->step_no;
+    st.scheduled_tokens = s->scheduled_tokens;
+    st.finished = s->num_finished;
+    memcpy(out, &st, TDM_MIN(out->struct_size, (uint32_t)sizeof(st)));
+    return TDM_OK;
+}
+
+int tdm_sched_num_unfinished(const tdm_sched *s, uint32_t *n)
+{
+    if (!s || !n) return TDM_E_INVAL;
+    *n = s->num_running + tdm__waiting_len(s) + s->remote.len;
+    return TDM_OK;
+}

@@ -1,0 +1,262 @@
+/*
+ * sched_internal.h -- the scheduler's internal types: the request record, the queues, the
+ * parameters and the tdm_sched handle itself, plus the functions the sched/ files share.
+ *
+ * Where a request lives, by state:
+ *   WAITING, PREEMPTED   the waiting queue (an intrusive deque for FCFS, a binary heap for
+ *                        priority and custom policies)
+ *   RUNNING              the running array, in admission order
+ *   WAITING_REMOTE_KV    the remote list (admission order = deadline order)
+ *   FINISHED_HELD        the held list (finish order = deadline order)
+ *   FINISHED             the finished array until the next step reports and frees it
+ */
+#ifndef TANDEM_SCHED_INTERNAL_H
+#define TANDEM_SCHED_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "block_pool.h"
+#include "hash.h"
+#include "internal.h"
+#include "tandem.h"
+
+typedef struct tdm__req tdm__req;
+
+/* An intrusive doubly linked list node / list head. */
+typedef struct tdm__link {
+    tdm__req *prev, *next;
+} tdm__link;
+
+typedef struct tdm__list {
+    tdm__req *head, *tail;
+    uint32_t len;
+} tdm__list;
+
+enum { HOLD_NONE = 0, HOLD_SEND = 1, HOLD_RECV = 2 };
+
+struct tdm__req {
+    uint64_t id;
+    uint32_t state;            /* tdm_req_state */
+    uint32_t finish_reason;    /* tdm_finish_reason */
+    uint32_t flags;            /* TDM_REQ_* */
+    uint32_t hold;             /* HOLD_*: why a finished request still holds blocks */
+
+    /* tokens: `prompt` until the first admission, then `tokens` (prompt + outputs) */
+    const tdm_token *prompt;   /* points into this allocation */
+    tdm_token *tokens;         /* NULL until admitted; capacity cap_tokens */
+    uint32_t num_prompt;
+    uint32_t num_tokens;       /* prompt + outputs */
+    uint32_t cap_tokens;
+    uint32_t max_tokens, min_tokens;
+    int32_t eos;
+    const tdm_token *stop_ids;
+    uint32_t num_stop;
+
+    /* speculative drafts */
+    tdm_token *spec;           /* capacity = the scheduler's lookahead */
+    uint32_t num_spec;         /* drafts waiting to be scheduled */
+    uint32_t num_spec_sched;   /* drafts scheduled in the last step (verified by update) */
+
+    /* progress */
+    uint32_t num_computed;
+    uint32_t num_cached;       /* prefix hit at the first admission */
+    uint32_t num_remote;       /* REMOTE_PREFILL: tokens whose KV arrives from the peer */
+    bool ever_admitted;
+    bool remote_done;          /* remote KV received (or given up) */
+    bool reported;             /* its finish was reported in a batch (it may be destroyed) */
+
+    /* blocks and hashes */
+    uint32_t *blocks;
+    uint32_t num_blocks, cap_blocks;
+    tdm__h128 *hashes;         /* hashes of the full blocks of tokens[0..num_tokens) */
+    uint32_t num_hashes;
+    uint32_t num_cached_blocks; /* leading blocks already offered to the prefix cache */
+    tdm__h128 salt;
+    bool has_salt;
+
+    /* scheduling keys */
+    int32_t priority;
+    uint32_t tenant;
+    double arrival;
+    double ttft_slo, tpot_slo;
+    uint64_t seq;              /* add order: the final tie-break */
+    uint64_t admit_seq;        /* order of (re)admission to running */
+    uint32_t num_preemptions;
+
+    /* containers */
+    tdm__link link;            /* waiting deque, remote list or held list */
+    uint32_t heap_index;       /* position in the waiting heap */
+    uint32_t run_index;        /* position in the running array */
+
+    /* per-step bookkeeping */
+    uint64_t sched_step;       /* step in which it was last scheduled */
+    uint32_t entry;            /* its index in the step's entries when sched_step == step */
+    uint64_t update_stamp;     /* duplicate detection within one update */
+
+    /* timings */
+    double first_sched, first_token, last_token, finish_time, max_gap;
+    double deadline;           /* remote-KV wait or held-block deadline */
+
+    void *run_mem;             /* the allocation holding tokens, blocks, hashes, spec */
+};
+
+typedef struct tdm__params {
+    int64_t max_num_batched_tokens;
+    int64_t max_num_seqs;
+    int64_t max_model_len;
+    int64_t long_prefill_token_threshold;
+    int64_t enable_chunked_prefill;
+    int64_t num_blocks;
+    int64_t block_size;
+    int64_t enable_prefix_caching;
+    int64_t watermark_ppm;
+    int64_t policy;
+    int64_t mode;
+    int64_t tbt_target_us;
+    int64_t num_lookahead_tokens;
+    int64_t role;
+    int64_t remote_kv_failure;
+    int64_t remote_kv_timeout_ms;
+    int64_t delay_free_timeout_ms;
+    int64_t max_num_partial_prefills;
+    /* the built-in linear step-cost model (decode-first TBT budget) */
+    double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
+        cost_attn_token2_ps;
+} tdm__params;
+
+/* One scheduled request of the current step. */
+typedef struct tdm__entry {
+    tdm__req *req;
+    uint32_t num_tokens;
+    uint32_t num_computed;     /* before the step */
+    uint32_t first_new_block;  /* blocks[first_new_block..] are new this step */
+    uint8_t kind;
+    uint32_t num_spec;
+} tdm__entry;
+
+/* A growable array of POD elements (grows geometrically, never shrinks). */
+typedef struct tdm__vec {
+    void *data;
+    uint32_t len, cap;
+} tdm__vec;
+
+struct tdm_sched {
+    tdm__err err;
+    tdm__params prm;
+    tdm__pool pool;
+    bool pool_ready;
+
+    /* id -> request: open addressing, linear probing, backward-shift deletion */
+    tdm__req **map;
+    uint32_t map_mask, map_len;
+
+    /* waiting: FCFS deque or heap */
+    tdm__list waiting;
+    tdm__req **heap;
+    uint32_t heap_len, heap_cap;
+
+    tdm__req **running;
+    uint32_t num_running, cap_running;
+
+    tdm__list remote;   /* WAITING_REMOTE_KV, admission (= deadline) order */
+    tdm__list held;     /* FINISHED_HELD, finish (= deadline) order */
+    tdm__vec finished;  /* tdm__req *: finished since the last step */
+
+    /* policy */
+    tdm_policy policy;  /* valid when prm.policy == TDM_POLICY_CUSTOM */
+    char policy_name[64];
+    void *plugin;       /* dlopen handle of a loaded policy */
+    tdm_request_view *victim_views;      /* scratch for pick_victim: cap_running views */
+    const tdm_request_view **victim_ptrs;
+
+    tdm_cost_model cost;  /* installed callback, or version 0 for the built-in model */
+
+    /* step outputs (valid until the next step) */
+    tdm__entry *entries;
+    uint32_t num_entries, cap_entries;
+    uint64_t *out_ids;
+    uint32_t *out_num_tokens, *out_num_computed, *out_num_spec, *out_block_offsets;
+    uint8_t *out_kinds;
+    tdm__vec out_blocks;       /* uint32_t */
+    tdm__vec out_preempted;    /* uint64_t */
+    tdm__vec out_finished;     /* uint64_t */
+    tdm__vec out_recv_ready;   /* uint64_t */
+
+    /* update outputs (valid until the next update or step) */
+    tdm__vec upd_ids;          /* uint64_t */
+    tdm__vec upd_new;          /* uint32_t */
+    tdm__vec upd_reason;       /* uint8_t */
+    tdm__vec upd_stop;         /* int32_t */
+
+    char *config_json;         /* last tdm_sched_get_config text (owned) */
+
+    uint64_t step_no, next_seq, next_admit, update_no;
+    bool in_update;            /* finishing running requests leaves holes, compacted at the end */
+    uint32_t running_holes;
+    double now;                /* latest host time seen */
+
+    /* stats */
+    uint64_t prefix_queries, prefix_hits, preemptions, scheduled_tokens, num_finished;
+};
+
+/* ---- helpers shared by the files of sched/ ---- */
+
+/* vec */
+int tdm__vec_reserve(tdm__vec *v, uint32_t n, size_t elem);
+void tdm__vec_free(tdm__vec *v);
+#define TDM_VEC_AT(v, T, i) (((T *)(v)->data)[i])
+
+/* lists */
+void tdm__list_push_back(tdm__list *l, tdm__req *r);
+void tdm__list_push_front(tdm__list *l, tdm__req *r);
+void tdm__list_remove(tdm__list *l, tdm__req *r);
+
+/* id map */
+tdm__req *tdm__map_get(const tdm_sched *s, uint64_t id);
+int tdm__map_put(tdm_sched *s, tdm__req *r);
+void tdm__map_del(tdm_sched *s, uint64_t id);
+
+/* waiting queue */
+bool tdm__waiting_uses_heap(const tdm_sched *s);
+uint32_t tdm__waiting_len(const tdm_sched *s);
+tdm__req *tdm__waiting_peek(const tdm_sched *s);
+void tdm__waiting_pop(tdm_sched *s);
+int tdm__waiting_push(tdm_sched *s, tdm__req *r);    /* a new request */
+int tdm__waiting_requeue(tdm_sched *s, tdm__req *r); /* preempted / back from remote: front */
+void tdm__waiting_remove(tdm_sched *s, tdm__req *r);
+int tdm__waiting_reserve(tdm_sched *s, uint32_t n);
+
+/* policy */
+void tdm__policy_view(const tdm__req *r, tdm_request_view *v);
+int tdm__policy_compare(const tdm_sched *s, const tdm__req *a, const tdm__req *b);
+uint32_t tdm__policy_victim(tdm_sched *s);
+void tdm__policy_drop(tdm_sched *s);
+void tdm__policy_install(tdm_sched *s, const tdm_policy *p, void *plugin);
+void tdm__policy_unload(tdm_policy *p, void *plugin);
+int tdm__policy_load(tdm_sched *s, const char *path, const char *symbol, tdm_policy *out,
+                     void **handle);
+
+/* requests */
+void tdm__req_destroy(tdm_sched *s, tdm__req *r);
+int tdm__req_prepare_run(tdm_sched *s, tdm__req *r);
+void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r);
+void tdm__req_free_blocks(tdm_sched *s, tdm__req *r);
+void tdm__finish(tdm_sched *s, tdm__req *r, uint32_t reason, double now);
+void tdm__running_remove_at(tdm_sched *s, uint32_t idx);
+int tdm__running_append(tdm_sched *s, tdm__req *r);
+void tdm__preempt(tdm_sched *s, tdm__req *r);
+void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid);
+void tdm__release_held(tdm_sched *s, tdm__req *r);
+
+/* config */
+void tdm__params_default(tdm__params *p);
+int tdm__sched_apply_shape(tdm_sched *s, const tdm__params *np);
+int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs);
+
+/* cost model */
+double tdm__cost_estimate(const tdm_sched *s, const tdm_step_shape *sh);
+
+static inline uint32_t tdm__cdiv(uint64_t a, uint64_t b) { return (uint32_t)((a + b - 1) / b); }
+
+#endif

@@ -1,0 +1,144 @@
+/*
+ * update.c -- applying the host's report of a step (vLLM's update_from_output): sampled
+ * tokens are appended one by one with the stop checks (length, min_tokens, EOS, stop
+ * tokens) and trimmed after a stop; rejected drafts take back num_computed_tokens; timings
+ * are recorded; finished requests free (or hold) their blocks. The whole report is
+ * validated before anything is applied.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "sched_internal.h"
+
+static bool takes_output(const tdm__req *r)
+{
+    /* A preempted request's late output is still applied (vLLM test_preempt_during_execution). */
+    return r && r->tokens && (r->state == TDM_STATE_RUNNING || r->state == TDM_STATE_PREEMPTED);
+}
+
+static int validate(tdm_sched *s, const tdm_step_output *o)
+{
+    if (!TDM_STRUCT_OK(o, sizeof(tdm_step_output)))
+        return tdm__fail(&s->err, TDM_E_INVAL, "update: output is NULL or its struct_size is too small");
+    if (!isfinite(o->now)) return tdm__fail(&s->err, TDM_E_INVAL, "update: now is not finite");
+    if (o->num_reqs == 0) return TDM_OK;
+    if (!o->req_ids || !o->token_offsets)
+        return tdm__fail(&s->err, TDM_E_INVAL, "update: req_ids or token_offsets is NULL");
+    if (o->token_offsets[0] != 0)
+        return tdm__fail(&s->err, TDM_E_INVAL, "update: token_offsets[0] must be 0");
+    if (o->token_offsets[o->num_reqs] && !o->tokens)
+        return tdm__fail(&s->err, TDM_E_INVAL, "update: tokens is NULL");
+    uint64_t stamp = ++s->update_no;
+    for (uint32_t i = 0; i < o->num_reqs; i++) {
+        uint32_t a = o->token_offsets[i], b = o->token_offsets[i + 1];
+        if (b < a)
+            return tdm__fail(&s->err, TDM_E_INVAL, "update: token_offsets decrease at %u", i);
+        for (uint32_t k = a; k < b; k++)
+            if (o->tokens[k] < 0)
+                return tdm__fail(&s->err, TDM_E_INVAL, "update: request %llu token %u is negative (%d)",
+                                 (unsigned long long)o->req_ids[i], k - a, o->tokens[k]);
+        tdm__req *r = tdm__map_get(s, o->req_ids[i]);
+        if (!takes_output(r)) continue; /* unknown or finished: skipped, as in vLLM */
+        if (r->update_stamp == stamp)
+            return tdm__fail(&s->err, TDM_E_INVAL, "update: request %llu is reported twice",
+                             (unsigned long long)r->id);
+        r->update_stamp = stamp;
+        if (b - a > 1 + r->num_spec_sched)
+            return tdm__fail(&s->err, TDM_E_INVAL,
+                             "update: request %llu has %u sampled tokens but only %u draft(s) were scheduled",
+                             (unsigned long long)r->id, b - a, r->num_spec_sched);
+    }
+    return TDM_OK;
+}
+
+/* vLLM's check_stop after each appended token: the length cap first, then min_tokens, EOS
+ * (unless ignored), stop token ids. */
+static uint32_t check_stop(const tdm_sched *s, const tdm__req *r, tdm_token t)
+{
+    uint32_t out = r->num_tokens - r->num_prompt;
+    if (r->num_tokens >= (uint64_t)s->prm.max_model_len || out >= r->max_tokens) return TDM_FINISH_LENGTH;
+    if (out < r->min_tokens) return TDM_FINISH_NONE;
+    if (!(r->flags & TDM_REQ_IGNORE_EOS) && r->eos >= 0 && t == r->eos) return TDM_FINISH_STOP;
+    for (uint32_t i = 0; i < r->num_stop; i++)
+        if (r->stop_ids[i] == t) return TDM_FINISH_STOP;
+    return TDM_FINISH_NONE;
+}
+
+static void compact_running(tdm_sched *s)
+{
+    if (!s->running_holes) return;
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < s->num_running; i++) {
+        tdm__req *r = s->running[i];
+        if (!r) continue;
+        r->run_index = w;
+        s->running[w++] = r;
+    }
+    s->num_running = w;
+    s->running_holes = 0;
+}
+
+int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *res)
+{
+    if (!s) return TDM_E_INVAL;
+    if (res && !TDM_STRUCT_OK(res, sizeof(tdm_update_result)))
+        return tdm__fail(&s->err, TDM_E_INVAL, "update: result struct_size is too small");
+    int rc = validate(s, o);
+    if (rc) return rc;
+    uint32_t n = o->num_reqs;
+    if (tdm__vec_reserve(&s->upd_ids, n, sizeof(uint64_t)) || tdm__vec_reserve(&s->upd_new, n, sizeof(uint32_t)) ||
+        tdm__vec_reserve(&s->upd_reason, n, 1) || tdm__vec_reserve(&s->upd_stop, n, sizeof(int32_t)))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "update: out of memory");
+    if (o->now > s->now) s->now = o->now;
+    double now = o->now;
+    uint32_t m = 0;
+    s->in_update = true;
+    for (uint32_t i = 0; i < n; i++) {
+        tdm__req *r = tdm__map_get(s, o->req_ids[i]);
+        if (!takes_output(r)) continue;
+        uint32_t a = o->token_offsets[i], k = o->token_offsets[i + 1] - a;
+        if (k && r->num_spec_sched && r->state == TDM_STATE_RUNNING) {
+            uint32_t rejected = r->num_spec_sched - (k - 1);
+            r->num_computed = r->num_computed > rejected ? r->num_computed - rejected : 0;
+        }
+        r->num_spec_sched = 0;
+        uint32_t appended = 0, reason = TDM_FINISH_NONE;
+        int32_t stop_tok = -1;
+        for (uint32_t j = 0; j < k && r->num_tokens < r->cap_tokens; j++) {
+            tdm_token t = o->tokens[a + j];
+            r->tokens[r->num_tokens++] = t;
+            appended++;
+            reason = check_stop(s, r, t);
+            if (reason) {
+                if (reason == TDM_FINISH_STOP) stop_tok = t;
+                break; /* the tokens after a stop are trimmed */
+            }
+        }
+        if (appended) {
+            if (r->first_token < 0) r->first_token = now;
+            else if (now - r->last_token > r->max_gap) r->max_gap = now - r->last_token;
+            r->last_token = now;
+        }
+        TDM_VEC_AT(&s->upd_ids, uint64_t, m) = r->id;
+        TDM_VEC_AT(&s->upd_new, uint32_t, m) = appended;
+        TDM_VEC_AT(&s->upd_reason, uint8_t, m) = (uint8_t)reason;
+        TDM_VEC_AT(&s->upd_stop, int32_t, m) = stop_tok;
+        m++;
+        if (reason) tdm__finish(s, r, reason, now);
+    }
+    s->in_update = false;
+    compact_running(s);
+    s->upd_ids.len = m;
+    if (res) {
+        tdm_update_result out;
+        memset(&out, 0, sizeof(out));
+        out.struct_size = res->struct_size;
+        out.num_reqs = m;
+        out.req_ids = s->upd_ids.data;
+        out.num_new_tokens = s->upd_new.data;
+        out.finish_reasons = s->upd_reason.data;
+        out.stop_tokens = s->upd_stop.data;
+        memcpy(res, &out, TDM_MIN(res->struct_size, (uint32_t)sizeof(out)));
+    }
+    return TDM_OK;
+}
