@@ -235,6 +235,19 @@ class Stats:
     finished: int
 
 
+_BOOL_KEYS = {"enable_chunked_prefill", "enable_prefix_caching"}
+
+
+def _json_value(key, v):
+    """Friendlier config values: enum members become their lower-case names (the library's
+    JSON spelling: "fcfs", "decode_first", "prefill", ...), 0/1 of boolean keys booleans."""
+    if isinstance(v, IntEnum):
+        return v.name.lower()
+    if key in _BOOL_KEYS and isinstance(v, int) and not isinstance(v, bool) and v in (0, 1):
+        return bool(v)
+    return v
+
+
 def _struct_to_dataclass(cls, s, conv=None):
     kw = {}
     for name in cls.__dataclass_fields__:
@@ -328,8 +341,7 @@ class Scheduler:
         if isinstance(config, str):
             text = config
         else:
-            text = json.dumps({k: (int(v) if isinstance(v, IntEnum) else v)
-                               for k, v in dict(config).items()})
+            text = json.dumps({k: _json_value(k, v) for k, v in dict(config).items()})
         self._call("tdm_sched_configure", text.encode())
 
     @property

@@ -48,7 +48,7 @@ fn scheduler__requests_run_to_completion_without_leaks() {
         for (id, n, comp, kind, nblocks) in entries {
             let info = s.request_info(id).unwrap();
             if kind == EntryKind::New {
-                assert_eq!(comp, 0);
+                assert_eq!(comp % 4, 0); // a prefix-cache hit covers whole blocks
                 assert!(nblocks >= 1);
             }
             let done = comp + n >= info.num_prompt_tokens + info.num_output_tokens;
