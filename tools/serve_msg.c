@@ -409,3 +409,82 @@ void tdm__serve_kv_u8s(msgpack_packer *pk, const char *k, const uint8_t *v, uint
     msgpack_pack_array(pk, n);
     for (uint32_t i = 0; i < n; i++) msgpack_pack_uint8(pk, v[i]);
 }
+
+/* ---- structural pre-check --------------------------------------------------------------------- */
+
+static uint64_t be(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+int tdm__serve_precheck(const char *msg, size_t len, tdm__serve_err *e)
+{
+    const unsigned char *p = (const unsigned char *)msg, *end = p + len;
+    uint64_t stack[TDM_SERVE_PRECHECK_DEPTH + 1];
+    int depth = 0;
+    stack[0] = 1; /* one top-level object */
+    while (depth >= 0) {
+        if (stack[depth] == 0) { depth--; continue; }
+        stack[depth]--;
+        if (p >= end) return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
+        unsigned b = *p++;
+        uint64_t skip = 0, items = 0;
+        int lenb = 0, container = 0;
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+            /* one byte */
+        } else if (b >= 0x80 && b <= 0x8f) { items = 2u * (b & 0x0f); container = 1; }
+        else if (b >= 0x90 && b <= 0x9f) { items = b & 0x0f; container = 1; }
+        else if (b >= 0xa0 && b <= 0xbf) { skip = b & 0x1f; }
+        else switch (b) {
+        case 0xc4: case 0xd9: lenb = 1; break;            /* bin8, str8 */
+        case 0xc5: case 0xda: lenb = 2; break;            /* bin16, str16 */
+        case 0xc6: case 0xdb: lenb = 4; break;            /* bin32, str32 */
+        case 0xc7: lenb = 1; skip = 1; break;             /* ext8: len, type */
+        case 0xc8: lenb = 2; skip = 1; break;
+        case 0xc9: lenb = 4; skip = 1; break;
+        case 0xca: skip = 4; break;
+        case 0xcb: skip = 8; break;
+        case 0xcc: case 0xd0: skip = 1; break;
+        case 0xcd: case 0xd1: skip = 2; break;
+        case 0xce: case 0xd2: skip = 4; break;
+        case 0xcf: case 0xd3: skip = 8; break;
+        case 0xd4: skip = 2; break;                       /* fixext: type + data */
+        case 0xd5: skip = 3; break;
+        case 0xd6: skip = 5; break;
+        case 0xd7: skip = 9; break;
+        case 0xd8: skip = 17; break;
+        case 0xdc: lenb = 2; container = 1; break;        /* array16 */
+        case 0xdd: lenb = 4; container = 1; break;        /* array32 */
+        case 0xde: lenb = 2; container = 2; break;        /* map16 */
+        case 0xdf: lenb = 4; container = 2; break;        /* map32 */
+        default: return tdm__serve_fail(e, TDM_E_PROTOCOL, "malformed msgpack message (byte 0x%02x)", b);
+        }
+        if (lenb) {
+            if ((size_t)(end - p) < (size_t)lenb)
+                return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
+            uint64_t n = be(p, lenb);
+            p += lenb;
+            if (container) items = container == 2 ? 2 * n : n;
+            else skip += n;
+        }
+        if ((uint64_t)(end - p) < skip)
+            return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
+        p += skip;
+        if (container && items) {
+            /* Every element takes at least one byte: a count beyond what is left is a lie. */
+            if (items > (uint64_t)(end - p))
+                return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message (a container "
+                                       "claims %llu elements)", (unsigned long long)items);
+            if (depth + 1 > TDM_SERVE_PRECHECK_DEPTH)
+                return tdm__serve_fail(e, TDM_E_PROTOCOL, "msgpack nesting deeper than %d",
+                                       TDM_SERVE_PRECHECK_DEPTH);
+            stack[++depth] = items;
+        }
+    }
+    if (p != end)
+        return tdm__serve_fail(e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
+                               (size_t)(end - p));
+    return 0;
+}

@@ -683,6 +683,8 @@ int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack
                              len, st->max_msg_bytes);
     } else if (len == 0) {
         rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "empty message");
+    } else if ((rc = tdm__serve_precheck(msg, len, &e)) != 0) {
+        /* rc and e are set */
     } else {
         size_t off = 0;
         msgpack_unpack_return ur = msgpack_unpack_next(&up, msg, len, &off);
