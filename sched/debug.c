@@ -89,8 +89,14 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
             CHECK(in_list(&s->remote, r), "remote-KV request %llu is not in the remote list", (unsigned long long)r->id);
             break;
         case TDM_STATE_FINISHED_HELD:
-            n_held++;
-            CHECK(in_list(&s->held, r), "held request %llu is not in the held list", (unsigned long long)r->id);
+            if (r->hold == HOLD_RECV) {
+                n_remote++;
+                CHECK(in_list(&s->remote, r), "aborted receive %llu is not in the remote list", (unsigned long long)r->id);
+            } else {
+                n_held++;
+                CHECK(r->hold == HOLD_SEND && in_list(&s->held, r), "held request %llu is not in the held list",
+                      (unsigned long long)r->id);
+            }
             break;
         case TDM_STATE_FINISHED:
             n_fin++;

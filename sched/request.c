@@ -113,7 +113,7 @@ static void detach(tdm_sched *s, tdm__req *r)
         }
         break;
     case TDM_STATE_WAITING_REMOTE_KV: tdm__list_remove(&s->remote, r); break;
-    case TDM_STATE_FINISHED_HELD: tdm__list_remove(&s->held, r); break;
+    case TDM_STATE_FINISHED_HELD: tdm__list_remove(r->hold == HOLD_RECV ? &s->remote : &s->held, r); break;
     default: break;
     }
 }
@@ -130,27 +130,29 @@ static double deadline_after(double now, int64_t ms)
  * reserved at add for every live request. */
 void tdm__finish(tdm_sched *s, tdm__req *r, uint32_t reason, double now)
 {
-    uint32_t old = r->state;
-    detach(s, r);
     r->finish_reason = reason;
     r->finish_time = now;
     r->num_spec = 0;
     s->num_finished++;
-    if (old == TDM_STATE_WAITING_REMOTE_KV) {
+    TDM_VEC_AT(&s->finished, tdm__req *, s->finished.len++) = r;
+    if (r->state == TDM_STATE_WAITING_REMOTE_KV) {
+        /* Stays in the remote list, in deadline order, until the receive ends or times out. */
         r->hold = HOLD_RECV;
         r->state = TDM_STATE_FINISHED_HELD;
-        tdm__list_push_back(&s->held, r); /* keeps its remote-KV deadline */
-    } else if ((r->flags & TDM_REQ_REMOTE_DECODE) && r->num_blocks &&
-               (reason == TDM_FINISH_STOP || reason == TDM_FINISH_LENGTH)) {
+        s->remote_aborted++;
+        return;
+    }
+    detach(s, r);
+    if ((r->flags & TDM_REQ_REMOTE_DECODE) && r->num_blocks &&
+        (reason == TDM_FINISH_STOP || reason == TDM_FINISH_LENGTH)) {
         r->hold = HOLD_SEND;
         r->state = TDM_STATE_FINISHED_HELD;
         r->deadline = deadline_after(now, s->prm.delay_free_timeout_ms);
         tdm__list_push_back(&s->held, r);
-    } else {
-        tdm__req_free_blocks(s, r);
-        r->state = TDM_STATE_FINISHED;
+        return;
     }
-    TDM_VEC_AT(&s->finished, tdm__req *, s->finished.len++) = r;
+    tdm__req_free_blocks(s, r);
+    r->state = TDM_STATE_FINISHED;
 }
 
 /* A remote receive failed or timed out (r is WAITING_REMOTE_KV, or held after an abort). */
@@ -161,6 +163,9 @@ void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid)
         return;
     }
     if (s->prm.remote_kv_failure == TDM_REMOTE_KV_FAIL) {
+        /* The receive is over (reported or timed out): the blocks can be freed at once. */
+        tdm__list_remove(&s->remote, r);
+        r->state = TDM_STATE_FINISHED; /* in no container: tdm__finish detaches nothing */
         tdm__finish(s, r, TDM_FINISH_ERROR, s->now);
         return;
     }
@@ -182,7 +187,12 @@ void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid)
  * destroyed now; otherwise the next step reports and destroys it. */
 void tdm__release_held(tdm_sched *s, tdm__req *r)
 {
-    tdm__list_remove(&s->held, r);
+    if (r->hold == HOLD_RECV) {
+        tdm__list_remove(&s->remote, r);
+        s->remote_aborted--;
+    } else {
+        tdm__list_remove(&s->held, r);
+    }
     tdm__req_free_blocks(s, r);
     r->hold = HOLD_NONE;
     r->state = TDM_STATE_FINISHED;

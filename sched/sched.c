@@ -113,6 +113,7 @@ void tdm_sched_destroy(tdm_sched *s)
     tdm__vec_free(&s->upd_new);
     tdm__vec_free(&s->upd_reason);
     tdm__vec_free(&s->upd_stop);
+    tdm__vec_free(&s->upd_reqs);
     if (s->pool_ready) tdm__pool_free(&s->pool);
     tdm__free(s);
     tdm__handle_release();
@@ -429,9 +430,9 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
     memset(&st, 0, sizeof(st));
     st.struct_size = sizeof(st);
     st.num_running = s->num_running;
-    st.num_waiting = tdm__waiting_len(s) + s->remote.len;
-    st.num_waiting_remote_kv = s->remote.len;
-    st.num_held = s->held.len;
+    st.num_waiting_remote_kv = s->remote.len - s->remote_aborted;
+    st.num_waiting = tdm__waiting_len(s) + st.num_waiting_remote_kv;
+    st.num_held = s->held.len + s->remote_aborted;
     st.num_total_blocks = s->pool.num_blocks - 1;
     st.num_free_blocks = s->pool.num_free;
     st.num_cached_blocks = s->pool.num_hashed;
@@ -451,6 +452,6 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
 int tdm_sched_num_unfinished(const tdm_sched *s, uint32_t *n)
 {
     if (!s || !n) return TDM_E_INVAL;
-    *n = s->num_running + tdm__waiting_len(s) + s->remote.len;
+    *n = s->num_running + tdm__waiting_len(s) + s->remote.len - s->remote_aborted;
     return TDM_OK;
 }

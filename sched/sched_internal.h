@@ -7,7 +7,8 @@
  *                        priority and custom policies)
  *   RUNNING              the running array, in admission order
  *   WAITING_REMOTE_KV    the remote list (admission order = deadline order)
- *   FINISHED_HELD        the held list (finish order = deadline order)
+ *   FINISHED_HELD        the held list (finish order = deadline order) when holding blocks
+ *                        for a remote decode; the remote list when aborted while receiving
  *   FINISHED             the finished array until the next step reports and frees it
  */
 #ifndef TANDEM_SCHED_INTERNAL_H
@@ -160,7 +161,8 @@ struct tdm_sched {
     uint32_t num_running, cap_running;
 
     tdm__list remote;   /* WAITING_REMOTE_KV, admission (= deadline) order */
-    tdm__list held;     /* FINISHED_HELD, finish (= deadline) order */
+    tdm__list held;     /* FINISHED_HELD for a remote decode, finish (= deadline) order */
+    uint32_t remote_aborted; /* FINISHED_HELD requests still in `remote` (aborted receives) */
     tdm__vec finished;  /* tdm__req *: finished since the last step */
 
     /* policy */
@@ -188,6 +190,7 @@ struct tdm_sched {
     tdm__vec upd_new;          /* uint32_t */
     tdm__vec upd_reason;       /* uint8_t */
     tdm__vec upd_stop;         /* int32_t */
+    tdm__vec upd_reqs;         /* tdm__req *: the records found while validating */
 
     char *config_json;         /* last tdm_sched_get_config text (owned) */
 
