@@ -15,6 +15,9 @@ from .errors import Status, TandemError
 from .scheduler import (Batch, BatchEntry, EntryKind, FinishReason, Mode, Param, Policy,
                         RemoteKVFailure, Request, RequestInfo, RequestState, Role, Scheduler,
                         Stats, UpdateEntry, UpdateResult)
+from .kvx import (DType, Event, EventType, KVLayout, KVTransfer, KVXStats, LayoutKind,
+                  host_cache)
+from .kvx import Mode as KVMode
 
 __version__ = "0.1.0"
 #: The version of the loaded libtandem ("major.minor.patch").
@@ -43,4 +46,6 @@ __all__ = [
     "RemoteKVFailure", "Request", "RequestInfo", "RequestState", "Role", "Scheduler", "Stats",
     "Status", "TandemError", "UpdateEntry", "UpdateResult", "__version__", "library_version",
     "library_path", "has_scheduler", "has_kvx", "strerror", "ABI_VERSION",
+    "DType", "Event", "EventType", "KVLayout", "KVTransfer", "KVXStats", "LayoutKind",
+    "host_cache", "KVMode",
 ]

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tandem import _lib
+from tandem import _lib, kvx
 from conftest import REPO
 
 STRUCTS = {
@@ -16,6 +16,10 @@ STRUCTS = {
     "tdm_request_info": _lib.RequestInfoC,
     "tdm_sched_stats": _lib.StatsC,
     "tdm_kv_layout": _lib.KVLayoutC,
+    "tdm_kvx_recv_desc": kvx.RecvDescC,
+    "tdm_kvx_send_desc": kvx.SendDescC,
+    "tdm_kvx_event": kvx.EventC,
+    "tdm_kvx_stats": kvx.KVXStatsC,
 }
 
 
