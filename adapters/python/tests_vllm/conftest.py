@@ -42,7 +42,7 @@ def tiny_model(tmp_path_factory):
 
 def make_configs(model, max_num_seqs=16, max_num_batched_tokens=8192, num_blocks=10000,
                  block_size=16, enable_prefix_caching=True, long_prefill_token_threshold=0,
-                 max_model_len=None, policy="fcfs"):
+                 max_model_len=None, policy="fcfs", kv_transfer_config=None):
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -55,7 +55,8 @@ def make_configs(model, max_num_seqs=16, max_num_batched_tokens=8192, num_blocks
     cc = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                      enable_prefix_caching=enable_prefix_caching)
     vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
-                    device_config=DeviceConfig(device="cpu"))
+                    device_config=DeviceConfig(device="cpu"),
+                    kv_transfer_config=kv_transfer_config)
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1,
                                                       head_size=1, dtype=torch.float32))])
