@@ -124,6 +124,7 @@ class TandemScheduler(SchedulerInterface):
         self._pause = PauseState.UNPAUSED
         self._held_new: list[Request] = []   # added while PAUSED_NEW
         self._awaiting_update = False
+        self._held: set = set()       # tids whose blocks the connector sends (delay free)
         self._step_count = 0
         self._prefix_q = 0
         self._prefix_h = 0
@@ -176,6 +177,27 @@ class TandemScheduler(SchedulerInterface):
         if params.get("do_remote_decode"):
             r.remote_decode = True
 
+    def _start_remote_load(self, tid: int) -> None:
+        """Blocks were reserved for a REMOTE_PREFILL request: hand them to the connector."""
+        req_id = self._req_of.get(tid)
+        request = self.requests.get(req_id) if req_id else None
+        if request is None:
+            return
+        blocks = self.sched.request_blocks(tid)
+        info = self.sched.request_info(tid)
+        skip = info.num_cached_tokens // self.block_size
+
+        class _Blocks:
+            def get_block_ids(self, allow_none=False):
+                return (list(blocks),)
+
+            def get_unhashed_block_ids(self):
+                return list(blocks[skip:])
+
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.connector.update_state_after_alloc(
+            request, _Blocks(), len(request.prompt_token_ids) - skip * self.block_size)
+
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests
 
@@ -220,7 +242,15 @@ class TandemScheduler(SchedulerInterface):
                     blocks = self.sched.request_blocks(tid)
                 except TandemError:
                     blocks = []
-            _delay, params = self.connector.request_finished(request, blocks)
+            delay, params = self.connector.request_finished(request, blocks)
+            if tid is not None:
+                if delay:
+                    self._held.add(tid)
+                else:
+                    try:    # a REMOTE_DECODE request the connector does not send
+                        self.sched.release(tid)
+                    except TandemError:
+                        pass
         self.requests.pop(req_id, None)
         self.finished_req_ids.add(req_id)
         if self.finished_req_ids_dict is not None:
@@ -261,7 +291,11 @@ class TandemScheduler(SchedulerInterface):
             req_id = self._req_of.get(tid)
             if req_id is not None:
                 self.finished_req_ids.add(req_id)
-                self._forget(tid)
+                if tid not in self._held:     # held blocks: forgotten on finished_sending
+                    self._forget(tid)
+        if self.connector is not None:
+            for tid in b.recv_ready:
+                self._start_remote_load(tid)
 
         new_reqs: list = []
         cached_ids: list[str] = []
@@ -388,14 +422,25 @@ class TandemScheduler(SchedulerInterface):
         kvo = getattr(model_runner_output, "kv_connector_output", None)
         if self.connector is not None and kvo is not None:
             self.connector.update_connector_output(kvo)
-            for req_id in (kvo.finished_recving or ()):
+            invalid = set(getattr(kvo, "invalid_block_ids", None) or ())
+            failed = set(getattr(kvo, "failed_recving", None) or ())
+            for req_id in set(kvo.finished_recving or ()) | failed:
                 tid = self._id_of.get(req_id)
-                if tid is not None:
-                    self.sched.remote_kv_done(tid, ok=True)
-            for req_id in (getattr(kvo, "failed_recving", None) or ()):
-                tid = self._id_of.get(req_id)
-                if tid is not None:
-                    self.sched.remote_kv_done(tid, ok=False)
+                if tid is None:
+                    continue
+                blocks = self.sched.request_blocks(tid)
+                bad = [i for i, blk in enumerate(blocks) if blk in invalid]
+                try:
+                    if bad or req_id in failed:
+                        valid = (bad[0] if bad else 0) * self.block_size
+                        self.sched.remote_kv_done(tid, ok=False, num_valid_tokens=valid)
+                    else:
+                        self.sched.remote_kv_done(tid, ok=True)
+                except TandemError:
+                    continue
+                request = self.requests.get(req_id)
+                if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    request.status = RequestStatus.WAITING
             for req_id in (kvo.finished_sending or ()):
                 tid = self._id_of.get(req_id)
                 if tid is not None:
@@ -403,6 +448,7 @@ class TandemScheduler(SchedulerInterface):
                         self.sched.release(tid)
                     except TandemError:
                         pass
+                    self._held.discard(tid)
                     self._forget(tid)
         eco = {ci: EngineCoreOutputs(outputs=outs) for ci, outs in outputs.items()}
         if self.finished_req_ids_dict:
@@ -446,7 +492,9 @@ class TandemScheduler(SchedulerInterface):
         return len(self.requests)
 
     def has_finished_requests(self) -> bool:
-        return len(self.finished_req_ids) > 0
+        # Held blocks (a connector still sending) keep the engine stepping so that the
+        # worker's finished_sending reaches update_from_output and the blocks are released.
+        return len(self.finished_req_ids) > 0 or len(self._held) > 0
 
     @property
     def pause_state(self) -> PauseState:
