@@ -9,12 +9,48 @@
 
 #include "sched_driver.h"
 
+#define TSD_MAX_LIVE 16
+static tdm_sched *g_live[TSD_MAX_LIVE];
+
+static void track(tdm_sched *s)
+{
+    for (int i = 0; i < TSD_MAX_LIVE; i++)
+        if (!g_live[i]) {
+            g_live[i] = s;
+            return;
+        }
+}
+
+static void untrack(tdm_sched *s)
+{
+    for (int i = 0; i < TSD_MAX_LIVE; i++)
+        if (g_live[i] == s) g_live[i] = NULL;
+}
+
+void tsd_free(tdm_sched *s)
+{
+    untrack(s);
+    tdm_sched_destroy(s);
+}
+
+int tsd_teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < TSD_MAX_LIVE; i++)
+        if (g_live[i]) {
+            tdm_sched_destroy(g_live[i]);
+            g_live[i] = NULL;
+        }
+    return 0;
+}
+
 tdm_sched *tsd_new(const char *json)
 {
     tdm_sched *s = NULL;
     int rc = tdm_sched_create(&s);
     assert_int_equal(rc, TDM_OK);
     assert_non_null(s);
+    track(s);
     if (json) {
         rc = tdm_sched_configure(s, json);
         if (rc != TDM_OK) fail_msg("configure(%s) -> %d: %s", json, rc, tdm_sched_errmsg(s));
@@ -73,7 +109,7 @@ void tsd_assert_clean(const tdm_sched *s)
 void tsd_done(tdm_sched *s)
 {
     tsd_assert_clean(s);
-    tdm_sched_destroy(s);
+    tsd_free(s);
 }
 
 void tsd_prompt(uint64_t id, uint32_t n, tdm_token *out)
@@ -233,6 +269,10 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
     assert_true(st.num_running <= (uint64_t)l.max_seqs);
     assert_true(st.num_free_blocks <= st.num_total_blocks);
     assert_int_equal(st.num_total_blocks, (uint32_t)(l.num_blocks - 1));
+    assert_int_equal(st.steps, b->step);
+    double usage = st.num_total_blocks ? 1.0 - (double)st.num_free_blocks / st.num_total_blocks : 0.0;
+    if (st.kv_usage < usage - 1e-9 || st.kv_usage > usage + 1e-9)
+        fail_msg("kv_usage %.6f, free/total says %.6f", st.kv_usage, usage);
     tsd_check(s);
 }
 
@@ -342,4 +382,15 @@ void tsd_assert_msg_has(const tdm_sched *s, const char *needle)
     const char *m = tdm_sched_errmsg(s);
     assert_non_null(m);
     if (!strstr(m, needle)) fail_msg("error message \"%s\" does not mention \"%s\"", m, needle);
+}
+
+void tsd_assert_tokens(const tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t np,
+                       const tdm_token *outs, uint32_t no)
+{
+    const tdm_token *t = NULL;
+    uint32_t n = 0;
+    assert_int_equal(tdm_sched_request_tokens(s, id, &t, &n), TDM_OK);
+    assert_int_equal(n, np + no);
+    for (uint32_t i = 0; i < np; i++) assert_int_equal(t[i], prompt[i]);
+    for (uint32_t i = 0; i < no; i++) assert_int_equal(t[np + i], outs[i]);
 }

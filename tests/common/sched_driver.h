@@ -38,6 +38,14 @@ void tsd_assert_clean(const tdm_sched *s);
 /* tsd_assert_clean, then destroy. */
 void tsd_done(tdm_sched *s);
 
+/* Destroy a scheduler made by tsd_new/tsd_newp without checking it. */
+void tsd_free(tdm_sched *s);
+
+/* cmocka teardown: destroys the schedulers a failed test left behind (so that a failure does
+ * not also show up as a leak under ASan). TSD_TEST(f) registers a test with it. */
+int tsd_teardown(void **state);
+#define TSD_TEST(f) cmocka_unit_test_teardown(f, tsd_teardown)
+
 /* The generated prompt of request `id`: n tokens, distinct from every other id's prompt
  * (token i of id is 1000 + id * 7919 + i modulo a large prime, never EOS-like small ids). */
 void tsd_prompt(uint64_t id, uint32_t n, tdm_token *out);
@@ -86,6 +94,10 @@ void tsd_info(const tdm_sched *s, uint64_t id, tdm_request_info *i);
 uint32_t tsd_state(const tdm_sched *s, uint64_t id);
 uint32_t tsd_unfinished(const tdm_sched *s);
 void tsd_stats(const tdm_sched *s, tdm_sched_stats *st);
+
+/* Assert that the request's token ids are prompt[0..np) then outs[0..no). */
+void tsd_assert_tokens(const tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t np,
+                       const tdm_token *outs, uint32_t no);
 
 /* Current configuration as a heap string (free with free()). */
 char *tsd_config(const tdm_sched *s);

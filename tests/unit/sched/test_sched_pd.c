@@ -112,6 +112,77 @@ static void remote_prefill__reserved_then_computes_last_token(void **state)
     finish_all(s, 2.0);
 }
 
+/* vLLM: the local prefix hit comes first; only the rest is expected from the remote side
+ * (get_num_new_matched_tokens is asked with the local hit). */
+static void remote_prefill__local_prefix_hit_reduces_remote_part(void **state)
+{
+    (void)state;
+    tdm_sched *s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
+    tdm_token p[40];
+    tsd_prompt(1, 40, p);
+    assert_int_equal(tsd_add_tokens(s, 5, p, 40, 2), TDM_OK); /* same prompt, computed locally */
+    double now = 1.0;
+    tsd_run(s, 20, &now);
+    const uint32_t *t;
+    uint32_t n;
+    assert_int_equal(add_flags(s, 1, 40, 2, TDM_REQ_REMOTE_PREFILL, 0), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    assert_int_equal(b.num_recv_ready, 1);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.state, TDM_STATE_WAITING_REMOTE_KV);
+    assert_int_equal(i.num_cached_tokens, 32);
+    assert_int_equal(i.num_blocks, 3);
+    assert_int_equal(tdm_sched_request_blocks(s, 1, &t, &n), TDM_OK);
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
+    tsd_step(s, 2.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_computed[0], 39);
+    assert_int_equal(b.num_tokens[0], 1);
+    tsd_update(s, &b, 7, 2.15, NULL);
+    finish_all(s, 3.0);
+}
+
+/* vLLM keeps requests waiting for remote KV in the waiting queue (skipped each step and
+ * prepended back in their order, test_prepend_skipped_requests_order): once their KV has
+ * arrived they are admitted in queue (arrival) order, whatever order the receives end in,
+ * and ahead of requests that arrived after them. */
+static void remote_prefill__received_requests_keep_queue_order(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_ROLE, TDM_ROLE_DECODE, TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(add_flags(s, 1, 40, 2, TDM_REQ_REMOTE_PREFILL, 0), TDM_OK);
+    assert_int_equal(add_flags(s, 2, 40, 2, TDM_REQ_REMOTE_PREFILL, 0), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_recv_ready, 2);
+    assert_int_equal(b.recv_ready_ids[0], 1);
+    assert_int_equal(b.recv_ready_ids[1], 2);
+    assert_int_equal(tsd_add(s, 3, 20, 2), TDM_OK); /* runs while 1 and 2 receive */
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.req_ids[0], 3);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    assert_int_equal(tsd_add(s, 4, 20, 2), TDM_OK); /* arrives after 1 and 2 */
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
+    assert_int_equal(tdm_sched_remote_kv_done(s, 2, 1, 0), TDM_OK);
+    tsd_step(s, 1.2, &b);
+    tsd_update(s, &b, 7, 1.25, NULL); /* 3 finishes */
+    const uint64_t order[3] = { 1, 2, 4 };
+    for (int k = 0; k < 3; k++) {
+        tsd_step(s, 1.3 + 0.1 * k, &b);
+        assert_int_equal(b.num_reqs, 1);
+        if (b.req_ids[0] != order[k])
+            fail_msg("admission %d is request %llu, expected %llu", k, (unsigned long long)b.req_ids[0],
+                     (unsigned long long)order[k]);
+        tsd_update(s, &b, 7, 1.35 + 0.1 * k, NULL);
+        assert_int_equal(tdm_sched_finish(s, order[k], TDM_FINISH_STOP), TDM_OK);
+    }
+    finish_all(s, 3.0);
+}
+
 static void remote_prefill__partial_remote_tokens_compute_the_rest(void **state)
 {
     (void)state;
@@ -461,7 +532,8 @@ static void decode_first__tbt_target_bounds_predicted_cost(void **state)
     const int64_t kv[] = { TDM_SCHED_MODE, TDM_MODE_DECODE_FIRST, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 8192,
                            TDM_SCHED_TBT_TARGET_US, 10000, 0 };
     tdm_sched *s = tsd_newp(kv);
-    cost_ctx cc = { 0 };
+    static cost_ctx cc;
+    cc.calls = 0;
     tdm_cost_model cm = { TDM_COST_MODEL_VERSION, &cc, linear_cost };
     assert_int_equal(tdm_sched_set_cost_model(s, &cm), TDM_OK);
     for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tsd_add(s, id, 10, 100), TDM_OK);
@@ -495,20 +567,22 @@ static void decode_first__tbt_target_bounds_predicted_cost(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(remote_prefill__reserved_then_computes_last_token),
-        cmocka_unit_test(remote_prefill__partial_remote_tokens_compute_the_rest),
-        cmocka_unit_test(remote_prefill__failure_recompute_keeps_valid_tokens),
-        cmocka_unit_test(remote_prefill__failure_fail_policy_finishes_with_error),
-        cmocka_unit_test(remote_prefill__abort_while_waiting_frees_on_done),
-        cmocka_unit_test(remote_prefill__timeout_fails_the_wait),
-        cmocka_unit_test(remote_kv_done__rejects_unknown_and_local_requests),
-        cmocka_unit_test(remote_decode__blocks_held_until_release),
-        cmocka_unit_test(remote_decode__release_frees_held_blocks),
-        cmocka_unit_test(remote_decode__held_blocks_freed_after_timeout),
-        cmocka_unit_test(decode_first__decodes_then_partial_then_new),
-        cmocka_unit_test(vllm_mode__running_list_order_then_waiting),
-        cmocka_unit_test(decode_first__max_num_partial_prefills_limits_prefills),
-        cmocka_unit_test(decode_first__tbt_target_bounds_predicted_cost),
+        TSD_TEST(remote_prefill__reserved_then_computes_last_token),
+        TSD_TEST(remote_prefill__local_prefix_hit_reduces_remote_part),
+        TSD_TEST(remote_prefill__received_requests_keep_queue_order),
+        TSD_TEST(remote_prefill__partial_remote_tokens_compute_the_rest),
+        TSD_TEST(remote_prefill__failure_recompute_keeps_valid_tokens),
+        TSD_TEST(remote_prefill__failure_fail_policy_finishes_with_error),
+        TSD_TEST(remote_prefill__abort_while_waiting_frees_on_done),
+        TSD_TEST(remote_prefill__timeout_fails_the_wait),
+        TSD_TEST(remote_kv_done__rejects_unknown_and_local_requests),
+        TSD_TEST(remote_decode__blocks_held_until_release),
+        TSD_TEST(remote_decode__release_frees_held_blocks),
+        TSD_TEST(remote_decode__held_blocks_freed_after_timeout),
+        TSD_TEST(decode_first__decodes_then_partial_then_new),
+        TSD_TEST(vllm_mode__running_list_order_then_waiting),
+        TSD_TEST(decode_first__max_num_partial_prefills_limits_prefills),
+        TSD_TEST(decode_first__tbt_target_bounds_predicted_cost),
     };
     return cmocka_run_group_tests_name("sched_pd", tests, NULL, NULL);
 }

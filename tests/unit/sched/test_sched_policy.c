@@ -226,6 +226,37 @@ static void priority__preempts_lowest_and_resumes_with_full_tokens(void **state)
     finish_everything(s);
 }
 
+/* vLLM: when the request being scheduled is itself the victim it is preempted and the loop
+ * moves on. Under PRIORITY the worst request (here the one that needs a block) preempts
+ * itself; under FCFS the tail of the running list is the victim instead. */
+static void priority__worst_request_preempts_itself_fcfs_takes_tail(void **state)
+{
+    (void)state;
+    for (int pol = 0; pol < 2; pol++) {
+        const int64_t kv[] = { TDM_SCHED_POLICY, pol ? TDM_POLICY_PRIORITY : TDM_POLICY_FCFS,
+                               TDM_SCHED_NUM_BLOCKS, 5, TDM_SCHED_BLOCK_SIZE, 16,
+                               TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
+        tdm_sched *s = tsd_newp(kv);
+        add_prio(s, 1, 1, 0.0, 31, 20); /* low priority, admitted first */
+        tdm_batch b;
+        tsd_step(s, 1.0, &b);
+        tsd_update(s, &b, 7, 1.05, NULL);
+        add_prio(s, 2, 0, 1.0, 32, 20);
+        tsd_step(s, 1.1, &b);
+        assert_int_equal(b.num_reqs, 2);
+        tsd_update(s, &b, 7, 1.15, NULL);
+        tsd_step(s, 1.2, &b); /* both need a third block; none is free */
+        uint64_t victim = pol ? 1 : 2, kept = pol ? 2 : 1;
+        assert_int_equal(b.num_preempted, 1);
+        assert_int_equal(b.preempted_ids[0], victim);
+        assert_int_equal(b.num_reqs, 1);
+        assert_int_equal(b.req_ids[0], kept);
+        assert_int_equal(tsd_state(s, victim), TDM_STATE_PREEMPTED);
+        tsd_update(s, &b, 7, 1.25, NULL);
+        finish_everything(s);
+    }
+}
+
 /* ---- custom policies ---- */
 
 typedef struct pol_ctx {
@@ -277,7 +308,8 @@ static void policy__custom_compare_orders_admission(void **state)
     (void)state;
     const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
     tdm_sched *s = tsd_newp(kv);
-    pol_ctx c = { 0, 0 };
+    static pol_ctx c;
+    c = (pol_ctx){ 0, 0 };
     tdm_policy p = make_policy(&c, cmp_short_first);
     assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
     int64_t v = -1;
@@ -302,7 +334,8 @@ static void policy__pick_victim_honoured_and_undone(void **state)
     const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 11, TDM_SCHED_BLOCK_SIZE, 16,
                            TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
     tdm_sched *s = tsd_newp(kv);
-    pol_ctx c = { 0, 0 };
+    static pol_ctx c;
+    c = (pol_ctx){ 0, 0 };
     tdm_policy p = make_policy(&c, cmp_arrival);
     p.pick_victim = victim_oldest;
     assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
@@ -330,7 +363,8 @@ static void policy__set_rejected_while_waiting_and_bad_tables(void **state)
 {
     (void)state;
     tdm_sched *s = tsd_new(NULL);
-    pol_ctx c = { 0, 0 };
+    static pol_ctx c;
+    c = (pol_ctx){ 0, 0 };
     tdm_policy p = make_policy(&c, cmp_short_first);
     tdm_policy bad = p;
     bad.compare = NULL;
@@ -349,7 +383,8 @@ static void policy__set_rejected_while_waiting_and_bad_tables(void **state)
     assert_int_equal(v, TDM_POLICY_FCFS);
     tsd_run(s, 20, NULL);
     /* replacing a custom policy destroys the old one */
-    pol_ctx c2 = { 0, 0 };
+    static pol_ctx c2;
+    c2 = (pol_ctx){ 0, 0 };
     tdm_policy p2 = make_policy(&c2, cmp_arrival);
     assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
     assert_int_equal(tdm_sched_set_policy(s, &p2), TDM_OK);
@@ -357,6 +392,76 @@ static void policy__set_rejected_while_waiting_and_bad_tables(void **state)
     assert_int_equal(c2.destroyed, 0);
     tsd_done(s);
     assert_int_equal(c2.destroyed, 1);
+}
+
+static int cmp_tie(void *ctx, const tdm_request_view *a, const tdm_request_view *b)
+{
+    (void)ctx;
+    (void)a;
+    (void)b;
+    return 0;
+}
+
+static uint32_t victim_out_of_range(void *ctx, const tdm_request_view *const *running, uint32_t n)
+{
+    (void)ctx;
+    (void)running;
+    return n + 7;
+}
+
+/* compare() ties fall back to arrival order (header: "0 if equal (then arrival order)"), read
+ * as arrival_time like the built-in PRIORITY tie-break and vLLM's Request ordering. */
+static void policy__compare_ties_follow_arrival_time(void **state)
+{
+    (void)state;
+    const int64_t seqs[] = { TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
+    tdm_sched *s = tsd_newp(seqs);
+    static pol_ctx c;
+    c = (pol_ctx){ 0, 0 };
+    tdm_policy p = make_policy(&c, cmp_tie);
+    assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
+    add_prio(s, 0, 0, 3.0, 10, 3);
+    add_prio(s, 1, 0, 1.0, 10, 3);
+    add_prio(s, 2, 0, 2.0, 10, 3);
+    const uint64_t want[3] = { 1, 2, 0 };
+    admit_one_by_one(s, want, 3);
+    finish_everything(s);
+}
+
+/* Without pick_victim the victim is the request compare() ranks last (even when it is not the
+ * tail of running); an out-of-range victim index from a misbehaving policy is contained. */
+static void policy__default_victim_and_bad_victim_index(void **state)
+{
+    (void)state;
+    static pol_ctx c;
+    tdm_policy p;
+    tdm_sched *s;
+    for (int bad = 0; bad < 2; bad++) {
+        const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 8, TDM_SCHED_BLOCK_SIZE, 16,
+                               TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
+        s = tsd_newp(kv);
+        c = (pol_ctx){ 0, 0 };
+        p = make_policy(&c, cmp_short_first);
+        if (bad) p.pick_victim = victim_out_of_range;
+        assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
+        assert_int_equal(tsd_add(s, 1, 47, 20), TDM_OK);
+        tdm_batch b;
+        tsd_step(s, 1.0, &b);
+        tsd_update(s, &b, 7, 1.05, NULL);
+        assert_int_equal(tsd_add(s, 2, 32, 20), TDM_OK);
+        assert_int_equal(tsd_add(s, 3, 32, 20), TDM_OK);
+        tsd_step(s, 1.1, &b);
+        assert_int_equal(b.num_reqs, 3);
+        tsd_update(s, &b, 7, 1.15, NULL);
+        tsd_step(s, 1.2, &b); /* all three need a block, none is free */
+        assert_int_equal(b.num_preempted, 1);
+        if (!bad) {
+            assert_int_equal(b.preempted_ids[0], 1); /* the longest prompt, first in running */
+            assert_int_equal(b.num_reqs, 2);
+        }
+        tsd_update(s, &b, 7, 1.25, NULL);
+        finish_everything(s);
+    }
 }
 
 /* ---- plug-in shared object ---- */
@@ -416,18 +521,21 @@ static void load_policy__errors_report_plugin_and_keep_policy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(priority__orders_by_priority_value),
-        cmocka_unit_test(priority__equal_priority_falls_back_to_arrival),
-        cmocka_unit_test(priority__mixed_priority_and_arrival),
-        cmocka_unit_test(priority__heap_order_across_8_priorities),
-        cmocka_unit_test(priority__max_num_seqs_limits_admission),
-        cmocka_unit_test(priority__no_preemption_when_space),
-        cmocka_unit_test(priority__preempts_lowest_and_resumes_with_full_tokens),
-        cmocka_unit_test(policy__custom_compare_orders_admission),
-        cmocka_unit_test(policy__pick_victim_honoured_and_undone),
-        cmocka_unit_test(policy__set_rejected_while_waiting_and_bad_tables),
-        cmocka_unit_test(load_policy__shared_object_changes_admission_order),
-        cmocka_unit_test(load_policy__errors_report_plugin_and_keep_policy),
+        TSD_TEST(priority__orders_by_priority_value),
+        TSD_TEST(priority__equal_priority_falls_back_to_arrival),
+        TSD_TEST(priority__mixed_priority_and_arrival),
+        TSD_TEST(priority__heap_order_across_8_priorities),
+        TSD_TEST(priority__max_num_seqs_limits_admission),
+        TSD_TEST(priority__no_preemption_when_space),
+        TSD_TEST(priority__preempts_lowest_and_resumes_with_full_tokens),
+        TSD_TEST(priority__worst_request_preempts_itself_fcfs_takes_tail),
+        TSD_TEST(policy__custom_compare_orders_admission),
+        TSD_TEST(policy__pick_victim_honoured_and_undone),
+        TSD_TEST(policy__set_rejected_while_waiting_and_bad_tables),
+        TSD_TEST(policy__compare_ties_follow_arrival_time),
+        TSD_TEST(policy__default_victim_and_bad_victim_index),
+        TSD_TEST(load_policy__shared_object_changes_admission_order),
+        TSD_TEST(load_policy__errors_report_plugin_and_keep_policy),
     };
     return cmocka_run_group_tests_name("sched_policy", tests, NULL, NULL);
 }

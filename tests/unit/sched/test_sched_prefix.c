@@ -106,6 +106,29 @@ static void prefix__full_hit_recomputes_last_token(void **state)
     tsd_done(s);
 }
 
+/* vLLM caches a request's full prompt blocks when they are allocated, so a later request of
+ * the same step already hits them (capped at num_tokens - 1). */
+static void prefix__same_step_request_hits_blocks_allocated_before_it(void **state)
+{
+    (void)state;
+    tdm_sched *s = tsd_new(NULL);
+    tdm_token p[48];
+    tsd_prompt(100, 48, p);
+    assert_int_equal(tsd_add_tokens(s, 1, p, 48, 3), TDM_OK);
+    assert_int_equal(tsd_add_tokens(s, 2, p, 48, 3), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    assert_int_equal(b.num_computed[0], 0);
+    assert_int_equal(b.num_tokens[0], 48);
+    assert_int_equal(b.num_computed[1], 32);
+    assert_int_equal(b.num_tokens[1], 16);
+    assert_int_equal(tdm__sched_blocks_in_use(s), 4);
+    tsd_update(s, &b, 7, 1.1, NULL);
+    tsd_run(s, 20, NULL);
+    tsd_done(s);
+}
+
 /* LRU with tail-first order: two requests freed one after the other; a new request takes the
  * never-used blocks first, then the first-freed request's tail blocks. */
 static void prefix__eviction_lru_with_tail_blocks_first(void **state)
@@ -378,15 +401,16 @@ static void prefix__resumed_request_hits_its_own_blocks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(prefix__partial_hit_shares_full_blocks),
-        cmocka_unit_test(prefix__full_hit_recomputes_last_token),
-        cmocka_unit_test(prefix__eviction_lru_with_tail_blocks_first),
-        cmocka_unit_test(prefix__running_blocks_never_evicted),
-        cmocka_unit_test(prefix__cache_salt_separates_equal_prompts),
-        cmocka_unit_test(prefix__disabled_or_skipped_gives_no_hit),
-        cmocka_unit_test(reset_prefix_cache__needs_reset_running_while_running),
-        cmocka_unit_test(reset_prefix_cache__drops_cached_blocks_when_idle),
-        cmocka_unit_test(prefix__resumed_request_hits_its_own_blocks),
+        TSD_TEST(prefix__partial_hit_shares_full_blocks),
+        TSD_TEST(prefix__full_hit_recomputes_last_token),
+        TSD_TEST(prefix__same_step_request_hits_blocks_allocated_before_it),
+        TSD_TEST(prefix__eviction_lru_with_tail_blocks_first),
+        TSD_TEST(prefix__running_blocks_never_evicted),
+        TSD_TEST(prefix__cache_salt_separates_equal_prompts),
+        TSD_TEST(prefix__disabled_or_skipped_gives_no_hit),
+        TSD_TEST(reset_prefix_cache__needs_reset_running_while_running),
+        TSD_TEST(reset_prefix_cache__drops_cached_blocks_when_idle),
+        TSD_TEST(prefix__resumed_request_hits_its_own_blocks),
     };
     return cmocka_run_group_tests_name("sched_prefix", tests, NULL, NULL);
 }
