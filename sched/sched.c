@@ -349,7 +349,7 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
         if (full > r->num_cached_blocks) r->num_cached_blocks = full;
     }
     r->state = TDM_STATE_WAITING;
-    (void)tdm__waiting_requeue(s, r);
+    (void)tdm__waiting_requeue_received(s, r);
     return TDM_OK;
 }
 

@@ -1,0 +1,495 @@
+/*
+ * kvx.c -- the public face of the transfer engine: configuration (struct or JSON), create and
+ * destroy (sockets, threads, eventfds), registration of the local KV cache, connect, the
+ * send / receive / streaming / cancel calls that set up transfer state for the I/O thread,
+ * and the event queue (poll + eventfd). Every call validates first, then takes kvx->mu.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "kvx_internal.h"
+
+#define MAX_PEERS 256
+
+static _Thread_local char tl_err[256];
+
+int tdm__kvx_fail(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_err, sizeof(tl_err), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void tdm__kvx_err_clear(void) { tl_err[0] = '\0'; }
+
+const char *tdm_kvx_errmsg(const tdm_kvx *kvx)
+{
+    (void)kvx;
+    return tl_err;
+}
+
+void tdm__kvx_wake(tdm_kvx *k)
+{
+    uint64_t one = 1;
+    ssize_t r = write(k->wake_fd, &one, sizeof(one));
+    (void)r;
+}
+
+int tdm_kvx_config_init(tdm_kvx_config *c)
+{
+    if (!c) return TDM_E_INVAL;
+    memset(c, 0, sizeof(*c));
+    c->struct_size = sizeof(*c);
+    c->role = TDM_KVX_ROLE_BOTH;
+    c->transports = TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM;
+    c->heartbeat_ms = 1000;
+    c->peer_timeout_ms = 5000;
+    c->handshake_timeout_ms = 5000;
+    c->transfer_timeout_ms = 30000;
+    c->cancel_timeout_ms = 5000;
+    c->max_chunk_bytes = 8u << 20;
+    c->shm_slots = 8;
+    return TDM_OK;
+}
+
+int tdm_kvx_recv_desc_init(tdm_kvx_recv_desc *d)
+{
+    if (!d) return TDM_E_INVAL;
+    memset(d, 0, sizeof(*d));
+    d->struct_size = sizeof(*d);
+    d->mode = TDM_KVX_PULL;
+    return TDM_OK;
+}
+
+int tdm_kvx_send_desc_init(tdm_kvx_send_desc *d)
+{
+    if (!d) return TDM_E_INVAL;
+    memset(d, 0, sizeof(*d));
+    d->struct_size = sizeof(*d);
+    d->mode = TDM_KVX_PULL;
+    d->peer = TDM_KVX_PEER_ANY;
+    return TDM_OK;
+}
+
+int tdm_kvx_event_init(tdm_kvx_event *e)
+{
+    if (!e) return TDM_E_INVAL;
+    memset(e, 0, sizeof(*e));
+    e->struct_size = sizeof(*e);
+    return TDM_OK;
+}
+
+int tdm_kvx_stats_init(tdm_kvx_stats *s)
+{
+    if (!s) return TDM_E_INVAL;
+    memset(s, 0, sizeof(*s));
+    s->struct_size = sizeof(*s);
+    return TDM_OK;
+}
+
+int tdm_kvx_curve_keypair(char public_key[41], char secret_key[41])
+{
+    if (!public_key || !secret_key) return tdm__kvx_fail(TDM_E_INVAL, "NULL key buffer");
+    if (!zmq_has("curve")) return tdm__kvx_fail(TDM_E_UNSUPPORTED, "libzmq was built without CURVE");
+    char p[41], s[41];
+    if (zmq_curve_keypair(p, s) != 0) return tdm__kvx_fail(TDM_E_IO, "zmq_curve_keypair: %s", zmq_strerror(errno));
+    memcpy(public_key, p, 41);
+    memcpy(secret_key, s, 41);
+    return TDM_OK;
+}
+
+static int z85_ok(const char *s)
+{
+    uint8_t raw[32];
+    return s && strlen(s) == 40 && zmq_z85_decode(raw, s) != NULL;
+}
+
+static int valid_id(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n >= TDM__KVX_ID_LEN) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x21 || s[i] > 0x7e) return 0;
+    return 1;
+}
+
+static void make_host_id(char *out, size_t len)
+{
+    char host[64] = "host", boot[40] = "";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f)) boot[0] = '\0';
+        fclose(f);
+    }
+    boot[8] = '\0';
+    snprintf(out, len, "%.40s/%s", host, boot);
+    for (char *p = out; *p; p++)
+        if (*p < 0x21 || *p > 0x7e) *p = '_';
+}
+
+static int check_config(const tdm_kvx_config *c)
+{
+    if (!TDM_STRUCT_OK(c, sizeof(tdm_kvx_config))) return tdm__kvx_fail(TDM_E_INVAL, "config NULL or struct_size too small");
+    if (!valid_id(c->engine_id)) return tdm__kvx_fail(TDM_E_CONFIG, "engine_id must be 1..63 printable characters");
+    if (c->role > TDM_KVX_ROLE_DECODE) return tdm__kvx_fail(TDM_E_CONFIG, "unknown role %u", c->role);
+    if (c->listen_endpoint && strncmp(c->listen_endpoint, "tcp://", 6) != 0 &&
+        strncmp(c->listen_endpoint, "ipc://", 6) != 0)
+        return tdm__kvx_fail(TDM_E_CONFIG, "listen endpoint must be tcp:// or ipc://");
+    if (c->listen_endpoint && strlen(c->listen_endpoint) >= 200) return tdm__kvx_fail(TDM_E_CONFIG, "listen endpoint too long");
+    if (!(c->transports & TDM_KVX_TRANSPORT_ZMQ) || c->transports > 7)
+        return tdm__kvx_fail(TDM_E_CONFIG, "transports must include zmq and only known bits");
+    if (c->heartbeat_ms == 0 || c->peer_timeout_ms < c->heartbeat_ms)
+        return tdm__kvx_fail(TDM_E_CONFIG, "heartbeat_ms must be > 0 and <= peer_timeout_ms");
+    if (c->handshake_timeout_ms == 0 || c->transfer_timeout_ms == 0 || c->cancel_timeout_ms == 0)
+        return tdm__kvx_fail(TDM_E_CONFIG, "timeouts must be > 0");
+    if (c->max_chunk_bytes < 4096 || c->max_chunk_bytes > (1u << 30))
+        return tdm__kvx_fail(TDM_E_CONFIG, "max_chunk_bytes must be in [4 KiB, 1 GiB]");
+    if (c->shm_slots == 0 || c->shm_slots > 1024) return tdm__kvx_fail(TDM_E_CONFIG, "shm_slots must be in [1, 1024]");
+    if (c->curve_secret_key) {
+        if (!zmq_has("curve")) return tdm__kvx_fail(TDM_E_CONFIG, "CURVE requested but libzmq has no CURVE");
+        if (!z85_ok(c->curve_secret_key)) return tdm__kvx_fail(TDM_E_CONFIG, "curve secret key is not 40 Z85 chars");
+        if (c->curve_public_key && !z85_ok(c->curve_public_key))
+            return tdm__kvx_fail(TDM_E_CONFIG, "curve public key is not 40 Z85 chars");
+        if (c->num_curve_allowed_clients && !c->curve_allowed_clients)
+            return tdm__kvx_fail(TDM_E_CONFIG, "allowed client list is NULL");
+        for (uint32_t i = 0; i < c->num_curve_allowed_clients; i++)
+            if (!z85_ok(c->curve_allowed_clients[i]))
+                return tdm__kvx_fail(TDM_E_CONFIG, "allowed client key %u is not 40 Z85 chars", i);
+    } else if (c->curve_public_key || c->num_curve_allowed_clients) {
+        return tdm__kvx_fail(TDM_E_CONFIG, "curve keys given without a secret key");
+    }
+    return TDM_OK;
+}
+
+static int start(tdm_kvx *k)
+{
+    const tdm_kvx_config *c = &k->cfg;
+    k->zctx = zmq_ctx_new();
+    if (!k->zctx) return tdm__kvx_fail(TDM_E_IO, "zmq_ctx_new: %s", zmq_strerror(errno));
+    if (k->curve) {
+        int rc = tdm__kvx_zap_bind(k);
+        if (rc) return rc;
+    }
+    int rc = tdm__kvx_pool_create(c->max_chunk_bytes, c->shm_slots, k->wake_fd, &k->pool);
+    if (rc) return tdm__kvx_fail(rc, "out of memory");
+    if (c->listen_endpoint) {
+        k->router = zmq_socket(k->zctx, ZMQ_ROUTER);
+        if (!k->router) return tdm__kvx_fail(TDM_E_IO, "zmq_socket: %s", zmq_strerror(errno));
+        int one = 1, zero = 0, hwm = 4096;
+        zmq_setsockopt(k->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
+        zmq_setsockopt(k->router, ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_setsockopt(k->router, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+        zmq_setsockopt(k->router, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+        if (k->curve) {
+            zmq_setsockopt(k->router, ZMQ_CURVE_SERVER, &one, sizeof(one));
+            zmq_setsockopt(k->router, ZMQ_CURVE_SECRETKEY, k->sec, 40);
+            zmq_setsockopt(k->router, ZMQ_ZAP_DOMAIN, "tandem", 6);
+        }
+        if (zmq_bind(k->router, c->listen_endpoint) != 0)
+            return tdm__kvx_fail(TDM_E_IO, "cannot bind %s: %s", c->listen_endpoint, zmq_strerror(errno));
+        size_t len = sizeof(k->endpoint);
+        zmq_getsockopt(k->router, ZMQ_LAST_ENDPOINT, k->endpoint, &len);
+    }
+    if (pthread_create(&k->io_thread, NULL, tdm__kvx_io_main, k) != 0)
+        return tdm__kvx_fail(TDM_E_IO, "cannot start the I/O thread");
+    k->io_started = 1;
+    return TDM_OK;
+}
+
+int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out)
+{
+    tdm__kvx_err_clear();
+    if (!out) return tdm__kvx_fail(TDM_E_INVAL, "out is NULL");
+    int rc = check_config(cfg);
+    if (rc) return rc;
+    tdm_kvx *k = tdm__calloc(1, sizeof(*k));
+    if (!k) return tdm__kvx_fail(TDM_E_NOMEM, "out of memory");
+    tdm__handle_acquire();
+    k->wake_fd = k->ev_fd = -1;
+    memcpy(&k->cfg, cfg, TDM_MIN(sizeof(k->cfg), cfg->struct_size));
+    k->cfg.struct_size = sizeof(k->cfg);
+    k->cfg.listen_endpoint = NULL;
+    k->cfg.engine_id = k->engine_id;
+    k->cfg.curve_secret_key = k->cfg.curve_public_key = NULL;
+    k->cfg.curve_allowed_clients = NULL;
+    snprintf(k->engine_id, sizeof(k->engine_id), "%s", cfg->engine_id);
+    make_host_id(k->host_id, sizeof(k->host_id));
+    pthread_mutex_init(&k->mu, NULL);
+    pthread_cond_init(&k->cond, NULL);
+    k->outbox_tail = &k->outbox;
+    k->ev_tail = &k->ev_head;
+    k->next_handle = 1;
+    k->cap_peers = MAX_PEERS;
+    k->peers = tdm__calloc(MAX_PEERS, sizeof(kvx_peer));
+    if (!k->peers) { rc = tdm__kvx_fail(TDM_E_NOMEM, "out of memory"); goto fail; }
+    if (cfg->curve_secret_key) {
+        k->curve = 1;
+        memcpy(k->sec, cfg->curve_secret_key, 41);
+        if (cfg->curve_public_key) memcpy(k->pub, cfg->curve_public_key, 41);
+        else if (zmq_curve_public(k->pub, k->sec) != 0) {
+            rc = tdm__kvx_fail(TDM_E_CONFIG, "cannot derive the CURVE public key");
+            goto fail;
+        }
+        k->num_allowed = cfg->num_curve_allowed_clients;
+        k->allowed = tdm__calloc(k->num_allowed ? k->num_allowed : 1, 41);
+        if (!k->allowed) { rc = tdm__kvx_fail(TDM_E_NOMEM, "out of memory"); goto fail; }
+        for (uint32_t i = 0; i < k->num_allowed; i++) memcpy(k->allowed[i], cfg->curve_allowed_clients[i], 41);
+    }
+    k->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    k->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (k->wake_fd < 0 || k->ev_fd < 0) { rc = tdm__kvx_fail(TDM_E_IO, "eventfd: %s", strerror(errno)); goto fail; }
+    if (cfg->listen_endpoint) snprintf(k->endpoint, sizeof(k->endpoint), "%s", cfg->listen_endpoint);
+    k->cfg.listen_endpoint = cfg->listen_endpoint ? k->endpoint : NULL;
+    rc = start(k);
+    if (rc) goto fail;
+    *out = k;
+    return TDM_OK;
+fail: {
+        char keep[256];
+        snprintf(keep, sizeof(keep), "%s", tl_err);
+        tdm_kvx_destroy(k);
+        snprintf(tl_err, sizeof(tl_err), "%s", keep);
+    }
+    return rc;
+}
+
+void tdm_kvx_destroy(tdm_kvx *k)
+{
+    if (!k) return;
+    if (k->io_started) {
+        pthread_mutex_lock(&k->mu);
+        k->stop = 1;
+        pthread_mutex_unlock(&k->mu);
+        tdm__kvx_wake(k);
+        pthread_join(k->io_thread, NULL);
+    } else if (k->router) {
+        zmq_close(k->router);
+    }
+    if (k->io_started && strncmp(k->endpoint, "ipc://", 6) == 0 && k->endpoint[6] != '@')
+        unlink(k->endpoint + 6);   /* the socket file we bound */
+    if (k->zctx) {
+        zmq_ctx_shutdown(k->zctx);
+        if (k->zap_started) pthread_join(k->zap_thread, NULL);
+        zmq_ctx_term(k->zctx);
+    }
+    while (k->xfers) {
+        kvx_xfer *x = k->xfers;
+        k->xfers = x->next;
+        tdm__kvx_xfer_free(k, x);
+    }
+    while (k->pending) { kvx_pending *p = k->pending; k->pending = p->next; tdm__free(p); }
+    while (k->outbox) { kvx_out *o = k->outbox; k->outbox = o->next; tdm__free(o); }
+    while (k->ev_head) { kvx_event_node *e = k->ev_head; k->ev_head = e->next; tdm__free(e); }
+    if (k->peers)
+        for (uint32_t i = 0; i < k->num_peers; i++) tdm__kvx_shm_destroy(k->peers[i].shm);
+    tdm__kvx_pool_destroy(k->pool);
+    tdm__free(k->peers);
+    tdm__free(k->allowed);
+    tdm__free(k->bases);
+    tdm__free(k->owner);
+    if (k->wake_fd >= 0) close(k->wake_fd);
+    if (k->ev_fd >= 0) close(k->ev_fd);
+    pthread_cond_destroy(&k->cond);
+    pthread_mutex_destroy(&k->mu);
+    tdm__free(k);
+    tdm__handle_release();
+}
+
+int tdm_kvx_get_endpoint(tdm_kvx *k, char *buf, size_t size)
+{
+    if (!k || !buf) return tdm__kvx_fail(TDM_E_INVAL, "NULL argument");
+    if (!k->router) return tdm__kvx_fail(TDM_E_STATE, "this engine does not listen");
+    size_t n = strlen(k->endpoint);
+    if (n + 1 > size) return tdm__kvx_fail(TDM_E_TRUNCATED, "buffer too small (%zu needed)", n + 1);
+    memcpy(buf, k->endpoint, n + 1);
+    return TDM_OK;
+}
+
+int tdm_kvx_get_public_key(tdm_kvx *k, char buf[41])
+{
+    if (!k || !buf) return tdm__kvx_fail(TDM_E_INVAL, "NULL argument");
+    pthread_mutex_lock(&k->mu);
+    int have = k->pub[0] != '\0';
+    if (have) memcpy(buf, k->pub, 41);
+    pthread_mutex_unlock(&k->mu);
+    return have ? TDM_OK : tdm__kvx_fail(TDM_E_STATE, "no CURVE key pair");
+}
+
+int tdm_kvx_register(tdm_kvx *k, const tdm_kv_layout *l, void *const *bases, uint32_t mem_kind,
+                     uint32_t head_offset)
+{
+    char why[128];
+    if (!k || !l || !bases) return tdm__kvx_fail(TDM_E_INVAL, "NULL argument");
+    if (!TDM_STRUCT_OK(l, sizeof(tdm_kv_layout))) return tdm__kvx_fail(TDM_E_INVAL, "layout struct_size too small");
+    if (tdm__kvx_layout_check(l, why, sizeof(why))) return tdm__kvx_fail(TDM_E_INVAL, "layout: %s", why);
+    if (mem_kind > TDM_MEM_CUDA) return tdm__kvx_fail(TDM_E_INVAL, "unknown memory kind %u", mem_kind);
+    if (head_offset > (1u << 20)) return tdm__kvx_fail(TDM_E_INVAL, "head_offset out of range");
+    for (uint32_t i = 0; i < l->num_layers; i++)
+        if (!bases[i]) return tdm__kvx_fail(TDM_E_INVAL, "layer %u base is NULL", i);
+    if (mem_kind == TDM_MEM_CUDA)
+        return tdm__kvx_fail(TDM_E_NO_CUDA, "CUDA memory needs libtandem_cuda.so and a device");
+    size_t unit = tdm__kvx_unit_bytes(l);
+    if (unit > k->cfg.max_chunk_bytes)
+        return tdm__kvx_fail(TDM_E_CONFIG, "one block of one layer (%zu bytes) exceeds max_chunk_bytes", unit);
+    void **b = tdm__calloc(l->num_layers, sizeof(void *));
+    uint32_t *owner = tdm__calloc(l->num_blocks, sizeof(uint32_t));
+    if (!b || !owner) { tdm__free(b); tdm__free(owner); return tdm__kvx_fail(TDM_E_NOMEM, "out of memory"); }
+    memcpy(b, bases, l->num_layers * sizeof(void *));
+    pthread_mutex_lock(&k->mu);
+    if (k->registered) {
+        pthread_mutex_unlock(&k->mu);
+        tdm__free(b);
+        tdm__free(owner);
+        return tdm__kvx_fail(TDM_E_STATE, "KV cache already registered");
+    }
+    k->layout = *l;
+    k->layout.struct_size = sizeof(tdm_kv_layout);
+    k->bases = b;
+    k->owner = owner;
+    k->mem_kind = mem_kind;
+    k->head_offset = head_offset;
+    k->unit_bytes = unit;
+    k->registered = 1;
+    pthread_mutex_unlock(&k->mu);
+    return TDM_OK;
+}
+
+int tdm_kvx_connect(tdm_kvx *k, const char *endpoint, const char *server_key, uint32_t *peer)
+{
+    if (!k || !endpoint || !peer) return tdm__kvx_fail(TDM_E_INVAL, "NULL argument");
+    if ((strncmp(endpoint, "tcp://", 6) && strncmp(endpoint, "ipc://", 6)) || strlen(endpoint) >= 200)
+        return tdm__kvx_fail(TDM_E_INVAL, "endpoint must be tcp:// or ipc:// (< 200 chars)");
+    if (server_key && !z85_ok(server_key)) return tdm__kvx_fail(TDM_E_INVAL, "server key is not 40 Z85 chars");
+    if (server_key && !zmq_has("curve")) return tdm__kvx_fail(TDM_E_UNSUPPORTED, "libzmq has no CURVE");
+    pthread_mutex_lock(&k->mu);
+    if (!k->registered) {
+        pthread_mutex_unlock(&k->mu);
+        return tdm__kvx_fail(TDM_E_STATE, "register the KV cache before connecting");
+    }
+    if (server_key && !k->pub[0] && zmq_curve_keypair(k->pub, k->sec) != 0) {
+        pthread_mutex_unlock(&k->mu);
+        return tdm__kvx_fail(TDM_E_IO, "cannot generate a CURVE key pair");
+    }
+    kvx_peer *p = tdm__kvx_peer_new(k);
+    if (!p) {
+        pthread_mutex_unlock(&k->mu);
+        return tdm__kvx_fail(TDM_E_NO_SPACE, "too many peers");
+    }
+    p->state = PEER_HANDSHAKE;
+    p->outgoing = 1;
+    p->hs_deadline = tdm__now() + k->cfg.handshake_timeout_ms / 1000.0;
+    snprintf(p->ep, sizeof(p->ep), "%s", endpoint);
+    if (server_key) memcpy(p->srvkey, server_key, 41);
+    uint32_t id = p->id;
+    tdm__kvx_wake(k);
+    while (!k->peers[id].hs_done) pthread_cond_wait(&k->cond, &k->mu);
+    p = &k->peers[id];
+    int rc = p->hs_status;
+    char reason[TDM__KVX_REASON_LEN];
+    snprintf(reason, sizeof(reason), "%s", p->hs_reason);
+    pthread_mutex_unlock(&k->mu);
+    if (rc) return tdm__kvx_fail(rc, "connect %s: %s", endpoint, reason);
+    *peer = id;
+    return TDM_OK;
+}
+
+int tdm_kvx_find_peer(tdm_kvx *k, const char *engine_id, uint32_t *peer)
+{
+    if (!k || !engine_id || !peer) return tdm__kvx_fail(TDM_E_INVAL, "NULL argument");
+    pthread_mutex_lock(&k->mu);
+    for (uint32_t i = 0; i < k->num_peers; i++) {
+        if (k->peers[i].state == PEER_ALIVE && strcmp(k->peers[i].remote.engine_id, engine_id) == 0) {
+            pthread_mutex_unlock(&k->mu);
+            *peer = i;
+            return TDM_OK;
+        }
+    }
+    pthread_mutex_unlock(&k->mu);
+    return tdm__kvx_fail(TDM_E_NOT_FOUND, "no live peer with engine id '%s'", engine_id);
+}
+
+int tdm_kvx_get_fd(tdm_kvx *k, int *fd)
+{
+    if (!k || !fd) return tdm__kvx_fail(TDM_E_INVAL, "NULL argument");
+    *fd = k->ev_fd;
+    return TDM_OK;
+}
+
+int tdm_kvx_poll(tdm_kvx *k, tdm_kvx_event *events, uint32_t max, uint32_t *n, int timeout_ms)
+{
+    if (!k || !n || (max && !events)) return tdm__kvx_fail(TDM_E_INVAL, "NULL argument");
+    size_t stride = sizeof(tdm_kvx_event);
+    if (max) {
+        if (events[0].struct_size < offsetof(tdm_kvx_event, reason))
+            return tdm__kvx_fail(TDM_E_INVAL, "events[0].struct_size too small (use tdm_kvx_event_init)");
+        stride = events[0].struct_size;
+    }
+    pthread_mutex_lock(&k->mu);
+    if (!k->ev_head && timeout_ms != 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (timeout_ms > 0) {
+            ts.tv_sec += timeout_ms / 1000;
+            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        }
+        while (!k->ev_head) {
+            int r = timeout_ms > 0 ? pthread_cond_timedwait(&k->cond, &k->mu, &ts)
+                                   : pthread_cond_wait(&k->cond, &k->mu);
+            if (r == ETIMEDOUT) break;
+        }
+    }
+    uint32_t got = 0;
+    while (got < max && k->ev_head) {
+        kvx_event_node *e = k->ev_head;
+        k->ev_head = e->next;
+        if (!k->ev_head) k->ev_tail = &k->ev_head;
+        k->ev_count--;
+        uint8_t *dst = (uint8_t *)events + (size_t)got * stride;
+        e->ev.struct_size = (uint32_t)TDM_MIN(stride, sizeof(tdm_kvx_event));
+        memcpy(dst, &e->ev, TDM_MIN(stride, sizeof(tdm_kvx_event)));
+        tdm__free(e);
+        got++;
+    }
+    if (!k->ev_head) {
+        uint64_t v;
+        ssize_t r = read(k->ev_fd, &v, sizeof(v));
+        (void)r;
+    }
+    pthread_mutex_unlock(&k->mu);
+    *n = got;
+    return TDM_OK;
+}
+
+int tdm_kvx_get_stats(tdm_kvx *k, tdm_kvx_stats *s)
+{
+    if (!k || !TDM_STRUCT_OK(s, offsetof(tdm_kvx_stats, transfers_cancelled) + sizeof(uint64_t)))
+        return tdm__kvx_fail(TDM_E_INVAL, "NULL argument or struct_size too small");
+    pthread_mutex_lock(&k->mu);
+    tdm_kvx_stats st = k->st;
+    st.num_peers = st.num_send_active = st.num_recv_active = st.num_reserved_blocks = 0;
+    for (uint32_t i = 0; i < k->num_peers; i++) st.num_peers += k->peers[i].state == PEER_ALIVE;
+    for (kvx_xfer *x = k->xfers; x; x = x->next) {
+        if (x->side == TDM_KVX_SIDE_SEND) st.num_send_active++;
+        else st.num_recv_active++;
+    }
+    if (k->owner)
+        for (uint32_t b = 0; b < k->layout.num_blocks; b++) st.num_reserved_blocks += k->owner[b] != 0;
+    st.num_queued_events = k->ev_count;
+    pthread_mutex_unlock(&k->mu);
+    uint32_t sz = s->struct_size;
+    st.struct_size = (uint32_t)TDM_MIN(sz, sizeof(st));
+    memcpy(s, &st, TDM_MIN(sz, sizeof(st)));
+    return TDM_OK;
+}

@@ -1,0 +1,225 @@
+/*
+ * kvx_internal.h -- the insides of a tdm_kvx shared by the files of kv_transfer/: the handle,
+ * peers, transfers, the transport vtable and the helpers each file provides. One lock
+ * (kvx->mu) guards all of it; sockets belong to the I/O thread alone. Internal to libtandem.
+ */
+#ifndef TANDEM_KVX_INTERNAL_H
+#define TANDEM_KVX_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include <zmq.h>
+
+#include "internal.h"
+#include "kvx_msg.h"
+#include "tandem.h"
+
+/* ---- transports --------------------------------------------------------------------------- */
+
+#define TDM__KVX_TRANSPORT_VERSION 1
+
+/* A transport moves the packed bytes of one chunk from sender to receiver; control always
+ * goes over ZeroMQ. Append-only table, version first; optional methods may be NULL. */
+typedef struct tdm__kvx_transport {
+    uint32_t version;                 /* TDM__KVX_TRANSPORT_VERSION */
+    const char *name;
+    uint32_t kind;                    /* TDM_KVX_TRANSPORT_* */
+    /* Sender: a buffer for nbytes of packed data. TDM_E_AGAIN when none is free now (the I/O
+     * thread is woken when one frees). *slot is TDM__KVX_NO_SLOT when the bytes travel as a
+     * ZeroMQ frame. */
+    int (*acquire)(void *ctx, size_t nbytes, void **buf, uint32_t *slot);
+    /* Sender, optional: wrap buf into a (zero-copy) payload frame; NULL: no payload frame. */
+    int (*make_frame)(void *ctx, void *buf, size_t nbytes, zmq_msg_t *frame);
+    /* Sender: give back a buffer that was acquired but not sent. */
+    void (*abandon)(void *ctx, void *buf, uint32_t slot);
+    /* Sender, optional: the receiver is done with slot (CREDIT message). */
+    int (*credit)(void *ctx, uint32_t slot);
+    /* Receiver: the bytes of a chunk, from its payload frame (NULL if none) or its slot.
+     * Checks that they cover exactly nbytes. */
+    int (*resolve)(void *ctx, zmq_msg_t *frame, uint32_t slot, size_t nbytes, const void **bytes);
+    /* Optional: release ctx. */
+    void (*destroy)(void *ctx);
+} tdm__kvx_transport;
+
+/* ZeroMQ frames from a pool of max_chunk-sized buffers returned by zmq's free callback. */
+typedef struct tdm__kvx_pool tdm__kvx_pool;
+int tdm__kvx_pool_create(size_t buf_bytes, uint32_t count, int wake_fd, tdm__kvx_pool **out);
+void tdm__kvx_pool_destroy(tdm__kvx_pool *p);
+extern const tdm__kvx_transport tdm__kvx_zmq_transport;   /* ctx: tdm__kvx_pool */
+
+/* Shared memory: one segment per peer pair, created by the connecting side; the first half
+ * carries client->server chunks, the second server->client. */
+typedef struct tdm__kvx_shm tdm__kvx_shm;
+int tdm__kvx_shm_create(size_t slot_bytes, uint32_t slots, unsigned seq, tdm__kvx_shm **out,
+                        char *name, size_t name_len);
+int tdm__kvx_shm_open(const char *name, size_t size, size_t slot_bytes, tdm__kvx_shm **out);
+/* The direction this side writes: 0 = first half (client), 1 = second half (server). */
+void tdm__kvx_shm_set_side(tdm__kvx_shm *s, int server);
+void tdm__kvx_shm_destroy(tdm__kvx_shm *s);
+uint64_t tdm__kvx_shm_size(const tdm__kvx_shm *s);
+extern const tdm__kvx_transport tdm__kvx_shm_transport;   /* ctx: tdm__kvx_shm */
+
+/* CUDA IPC: a capability only; without libtandem_cuda.so and a device it reports NO_CUDA. */
+int tdm__kvx_cuda_ipc_available(void);
+extern const tdm__kvx_transport tdm__kvx_cuda_ipc_transport;
+
+/* ---- peers and transfers ------------------------------------------------------------------ */
+
+enum { PEER_FREE = 0, PEER_HANDSHAKE, PEER_ALIVE, PEER_DEAD };
+
+typedef struct kvx_peer {
+    uint32_t id;
+    int state;
+    int outgoing;                  /* we connected (own DEALER) */
+    void *sock;                    /* DEALER when outgoing */
+    void *mon;                     /* its monitor socket */
+    uint8_t rtid[256];             /* ROUTER routing id when incoming */
+    size_t rtid_len;
+    tdm__kvx_hello remote;
+    double last_rx, last_tx;
+    const tdm__kvx_transport *tx;  /* for the chunks we send */
+    void *tx_ctx;
+    const tdm__kvx_transport *rx;  /* for the chunks we receive */
+    void *rx_ctx;
+    tdm__kvx_shm *shm;             /* the pair's segment, if any */
+    int tx_blocked;                /* the tx transport said AGAIN */
+    /* handshake of an outgoing connection */
+    char ep[256];
+    char srvkey[41];
+    double hs_deadline;
+    int hs_done, hs_status, hs_auth_failed;
+    char hs_reason[TDM__KVX_REASON_LEN];
+} kvx_peer;
+
+enum { XS_WAIT = 1, XS_ACTIVE, XS_DRAIN, XS_CANCELLING };
+
+typedef struct kvx_xfer {
+    struct kvx_xfer *next;
+    uint64_t handle;
+    uint32_t side;                 /* TDM_KVX_SIDE_* */
+    uint32_t state;
+    uint32_t mode;
+    uint32_t peer;                 /* TDM_KVX_PEER_ANY: a PULL export not yet matched */
+    uint64_t rid, xid;
+    uint32_t n, skip;
+    uint32_t *blocks;
+    double deadline;
+    uint32_t timeout_ms;
+    uint64_t bytes;
+    /* sender */
+    uint32_t *ready;               /* per layer: blocks ready */
+    uint32_t *sent;                /* per layer: blocks sent (from skip) */
+    uint32_t seq;
+    /* receiver */
+    uint8_t *got;                  /* bitmap [layer][block] */
+    uint64_t units_need, units_got;
+    int req_sent;
+} kvx_xfer;
+
+/* A transfer request that reached a sender before its tdm_kvx_send(). */
+typedef struct kvx_pending {
+    struct kvx_pending *next;
+    uint32_t peer, mode, n, skip;
+    uint64_t rid, xid;
+    double deadline;
+} kvx_pending;
+
+typedef struct kvx_event_node {
+    struct kvx_event_node *next;
+    tdm_kvx_event ev;
+} kvx_event_node;
+
+/* A control message queued by an API thread for the I/O thread. */
+typedef struct kvx_out {
+    struct kvx_out *next;
+    uint32_t peer;
+    size_t len;
+    uint8_t data[];
+} kvx_out;
+
+struct tdm_kvx {
+    tdm_kvx_config cfg;
+    char engine_id[TDM__KVX_ID_LEN];
+    char host_id[TDM__KVX_ID_LEN];
+    char endpoint[256];
+    char pub[41], sec[41];
+    int curve;                     /* server-side CURVE configured */
+    char (*allowed)[41];
+    uint32_t num_allowed;
+
+    void *zctx;
+    void *router;
+    void *zap_sock;
+    pthread_t io_thread, zap_thread;
+    int io_started, zap_started;
+    int stop;
+    int wake_fd, ev_fd;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cond;           /* events queued, handshakes finished */
+
+    /* registration */
+    int registered;
+    tdm_kv_layout layout;
+    void **bases;
+    uint32_t mem_kind, head_offset;
+    uint32_t *owner;               /* [num_blocks] receive reservations: 0 or xfer handle slot */
+    size_t unit_bytes;             /* packed bytes of one block of one layer */
+
+    kvx_peer *peers;
+    uint32_t num_peers, cap_peers;
+    kvx_xfer *xfers;
+    kvx_pending *pending;
+    kvx_out *outbox, **outbox_tail;
+    kvx_event_node *ev_head, **ev_tail;
+    uint32_t ev_count;
+    uint64_t next_handle;
+    tdm__kvx_pool *pool;
+    uint32_t shm_seq;
+    tdm_kvx_stats st;
+};
+
+/* kvx.c */
+void tdm__kvx_wake(tdm_kvx *k);
+/* Thread-local error buffer used by every tdm_kvx call. */
+int tdm__kvx_fail(int status, const char *fmt, ...) TDM_PRINTF(2, 3);
+void tdm__kvx_err_clear(void);
+
+/* kvx_io.c: the I/O thread and the ZAP handler. */
+void *tdm__kvx_io_main(void *arg);
+void *tdm__kvx_zap_main(void *arg);
+int tdm__kvx_zap_bind(tdm_kvx *k);
+/* Queue an encoded control message to a peer (any thread, mu held). */
+int tdm__kvx_queue_msg(tdm_kvx *k, uint32_t peer, const tdm__kvx_msg *m);
+kvx_peer *tdm__kvx_peer(tdm_kvx *k, uint32_t id);   /* NULL unless ALIVE */
+kvx_peer *tdm__kvx_peer_new(tdm_kvx *k);
+
+/* kvx_xfer.c: the transfer state machines (mu held). */
+void tdm__kvx_event(tdm_kvx *k, kvx_xfer *x, uint32_t type, int status, const char *reason);
+void tdm__kvx_finish(tdm_kvx *k, kvx_xfer *x, uint32_t type, int status, const char *reason,
+                     int tell_peer);
+kvx_xfer *tdm__kvx_find(tdm_kvx *k, uint32_t side, uint32_t peer, uint64_t rid, uint64_t xid);
+kvx_xfer *tdm__kvx_find_handle(tdm_kvx *k, uint64_t handle);
+void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip);
+void tdm__kvx_on_xfer_req(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m);
+void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t *payload);
+void tdm__kvx_on_control(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m);
+void tdm__kvx_peer_lost(tdm_kvx *k, kvx_peer *p, int status, const char *reason);
+void tdm__kvx_timers(tdm_kvx *k, double now);
+/* Sends ready chunks; returns 1 when more work is immediately possible. */
+int tdm__kvx_pump(tdm_kvx *k, int budget);
+int tdm__kvx_send_frames(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t *payload);
+void tdm__kvx_xfer_free(tdm_kvx *k, kvx_xfer *x);
+
+/* kvx_layout.c: compatibility and (un)packing through the kernels. */
+int tdm__kvx_compat(const tdm_kv_layout *src, uint32_t src_head_off, const tdm_kv_layout *dst,
+                    uint32_t dst_head_off, char *why, size_t why_len);
+size_t tdm__kvx_unit_bytes(const tdm_kv_layout *l);
+size_t tdm__kvx_elem_size(uint32_t dtype);
+int tdm__kvx_pack(const tdm_kvx *k, const uint32_t *block_ids, uint32_t n, uint32_t lb, uint32_t le,
+                  void *dst, size_t dst_size);
+int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t src_size,
+                    const uint32_t *block_ids, uint32_t n, uint32_t lb, uint32_t le);
+
+#endif /* TANDEM_KVX_INTERNAL_H */

@@ -1,0 +1,71 @@
+/*
+ * kvx_layout.c -- what the transfer engine needs to know about KV layouts: whether a
+ * sender's layout can be received into ours (identical packed format, convertible, or
+ * refused with the reason), the size of the canonical packed unit (one block of one layer:
+ * K [block_size][heads][dim] then V), and the pack / unpack calls into the kernels.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "kvx_internal.h"
+
+size_t tdm__kvx_elem_size(uint32_t dtype)
+{
+    switch (dtype) {
+    case TDM_DTYPE_FP16: case TDM_DTYPE_BF16: return 2;
+    case TDM_DTYPE_FP32: return 4;
+    case TDM_DTYPE_FP8_E4M3: return 1;
+    default: return 0;
+    }
+}
+
+size_t tdm__kvx_unit_bytes(const tdm_kv_layout *l)
+{
+    size_t e = tdm__kvx_elem_size(l->dtype);
+    return 2u * (size_t)l->block_size * l->num_kv_heads * l->head_dim * e;
+}
+
+int tdm__kvx_compat(const tdm_kv_layout *s, uint32_t soff, const tdm_kv_layout *d, uint32_t doff,
+                    char *why, size_t why_len)
+{
+#define REFUSE(...) do { if (why && why_len) snprintf(why, why_len, __VA_ARGS__); return TDM_E_LAYOUT; } while (0)
+    if (s->num_layers != d->num_layers)
+        REFUSE("num_layers differ (sender %u, receiver %u)", s->num_layers, d->num_layers);
+    if (s->head_dim != d->head_dim)
+        REFUSE("head_dim differs (sender %u, receiver %u)", s->head_dim, d->head_dim);
+    if (s->block_size != d->block_size)
+        REFUSE("block_size differs (sender %u, receiver %u): re-blocking across the wire is not "
+               "supported", s->block_size, d->block_size);
+    if (doff < soff || (uint64_t)doff + d->num_kv_heads > (uint64_t)soff + s->num_kv_heads)
+        REFUSE("receiver heads [%u,%u) are not within the sender's [%u,%u)", doff,
+               doff + d->num_kv_heads, soff, soff + s->num_kv_heads);
+    if (s->dtype != d->dtype || s->num_kv_heads != d->num_kv_heads) return 1;   /* converted */
+    return 0;
+#undef REFUSE
+}
+
+int tdm__kvx_pack(const tdm_kvx *k, const uint32_t *ids, uint32_t n, uint32_t lb, uint32_t le,
+                  void *dst, size_t dst_size)
+{
+    if ((size_t)(le - lb) * n * k->unit_bytes != dst_size) return TDM_E_INTERNAL;
+    return tdm_kv_pack(&k->layout, k->bases, ids, n, lb, le, dst, dst_size);
+}
+
+int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t src_size,
+                    const uint32_t *ids, uint32_t n, uint32_t lb, uint32_t le)
+{
+    const tdm_kv_layout *r = &p->remote.layout;
+    if ((size_t)(le - lb) * n * tdm__kvx_unit_bytes(r) != src_size) return TDM_E_PROTOCOL;
+    if (r->dtype == k->layout.dtype && r->num_kv_heads == k->layout.num_kv_heads &&
+        r->block_size == k->layout.block_size && p->remote.head_offset == k->head_offset)
+        return tdm_kv_unpack(&k->layout, k->bases, ids, n, lb, le, src, src_size);
+    /* a different dtype or head split: convert while unpacking (same block size) */
+    tdm_kv_convert_opts o;
+    tdm_kv_convert_opts_init(&o);
+    o.layer_begin = lb;
+    o.layer_end = le;
+    o.src_head_offset = k->head_offset - p->remote.head_offset;
+    o.dst_head_offset = 0;
+    o.num_heads = k->layout.num_kv_heads;
+    return tdm_kv_unpack_convert(r, src, src_size, n, n * r->block_size, &k->layout, k->bases, ids, n, &o);
+}

@@ -1,0 +1,506 @@
+/*
+ * kvx_msg.c -- encoding and decoding of the KV transfer protocol's header frames. Every
+ * message is one msgpack array [version, type, fields...] (docs/protocol.md lists the fields
+ * of each type). The decoder reads outside input: it is a small strict msgpack reader that
+ * never allocates, bounds every length by the bytes left, limits nesting when skipping
+ * unknown trailing fields, and range-checks every field before the caller sees it. The
+ * encoder uses msgpack-c's packer with a write callback into a fixed buffer.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "internal.h"
+#include "kvx_msg.h"
+
+/* ---- reader ------------------------------------------------------------------------------ */
+
+typedef struct rd {
+    const uint8_t *p, *end;
+    char *why;
+    size_t why_len;
+} rd;
+
+static int rd_fail(rd *r, const char *what)
+{
+    if (r->why && r->why_len) snprintf(r->why, r->why_len, "%s", what);
+    return TDM_E_PROTOCOL;
+}
+
+static int rd_bytes(rd *r, size_t n, const uint8_t **out)
+{
+    if ((size_t)(r->end - r->p) < n) return rd_fail(r, "truncated message");
+    *out = r->p;
+    r->p += n;
+    return TDM_OK;
+}
+
+static uint64_t be(const uint8_t *b, size_t n)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) v = (v << 8) | b[i];
+    return v;
+}
+
+/* Reads an integer of any msgpack integer encoding. neg is set for negative values. */
+static int rd_any_int(rd *r, uint64_t *u, int *neg)
+{
+    const uint8_t *b;
+    if (rd_bytes(r, 1, &b)) return TDM_E_PROTOCOL;
+    uint8_t t = b[0];
+    *neg = 0;
+    if (t <= 0x7f) { *u = t; return TDM_OK; }
+    if (t >= 0xe0) { *neg = 1; *u = (uint64_t)(int64_t)(int8_t)t; return TDM_OK; }
+    size_t n;
+    int is_signed;
+    switch (t) {
+    case 0xcc: n = 1; is_signed = 0; break;
+    case 0xcd: n = 2; is_signed = 0; break;
+    case 0xce: n = 4; is_signed = 0; break;
+    case 0xcf: n = 8; is_signed = 0; break;
+    case 0xd0: n = 1; is_signed = 1; break;
+    case 0xd1: n = 2; is_signed = 1; break;
+    case 0xd2: n = 4; is_signed = 1; break;
+    case 0xd3: n = 8; is_signed = 1; break;
+    default: return rd_fail(r, "expected an integer");
+    }
+    if (rd_bytes(r, n, &b)) return TDM_E_PROTOCOL;
+    uint64_t v = be(b, n);
+    if (is_signed) {
+        int64_t s;
+        if (n == 1) s = (int8_t)v;
+        else if (n == 2) s = (int16_t)v;
+        else if (n == 4) s = (int32_t)v;
+        else s = (int64_t)v;
+        if (s < 0) { *neg = 1; *u = (uint64_t)s; return TDM_OK; }
+        v = (uint64_t)s;
+    }
+    *u = v;
+    return TDM_OK;
+}
+
+static int rd_u64(rd *r, uint64_t *v)
+{
+    int neg;
+    if (rd_any_int(r, v, &neg)) return TDM_E_PROTOCOL;
+    if (neg) return rd_fail(r, "negative value where an unsigned one is expected");
+    return TDM_OK;
+}
+
+static int rd_u32max(rd *r, uint32_t *v, uint64_t max, const char *name)
+{
+    uint64_t u;
+    if (rd_u64(r, &u)) return TDM_E_PROTOCOL;
+    if (u > max) {
+        if (r->why && r->why_len) snprintf(r->why, r->why_len, "field %s out of range", name);
+        return TDM_E_PROTOCOL;
+    }
+    *v = (uint32_t)u;
+    return TDM_OK;
+}
+
+static int rd_i64(rd *r, int64_t *v)
+{
+    uint64_t u;
+    int neg;
+    if (rd_any_int(r, &u, &neg)) return TDM_E_PROTOCOL;
+    if (!neg && u > (uint64_t)INT64_MAX) return rd_fail(r, "integer exceeds int64");
+    *v = (int64_t)u;
+    return TDM_OK;
+}
+
+static int rd_array(rd *r, uint32_t *n)
+{
+    const uint8_t *b;
+    if (rd_bytes(r, 1, &b)) return TDM_E_PROTOCOL;
+    if ((b[0] & 0xf0) == 0x90) { *n = b[0] & 0x0f; return TDM_OK; }
+    if (b[0] == 0xdc) { if (rd_bytes(r, 2, &b)) return TDM_E_PROTOCOL; *n = (uint32_t)be(b, 2); }
+    else if (b[0] == 0xdd) { if (rd_bytes(r, 4, &b)) return TDM_E_PROTOCOL; *n = (uint32_t)be(b, 4); }
+    else return rd_fail(r, "expected an array");
+    /* every element takes at least one byte */
+    if (*n > (size_t)(r->end - r->p)) return rd_fail(r, "array longer than the message");
+    return TDM_OK;
+}
+
+/* A string (str or bin) copied NUL-terminated into dst[cap]; printable ASCII only when ident. */
+static int rd_str(rd *r, char *dst, size_t cap, int ident, const char *name)
+{
+    const uint8_t *b;
+    if (rd_bytes(r, 1, &b)) return TDM_E_PROTOCOL;
+    size_t n;
+    uint8_t t = b[0];
+    if ((t & 0xe0) == 0xa0) n = t & 0x1f;
+    else if (t == 0xd9 || t == 0xc4) { if (rd_bytes(r, 1, &b)) return TDM_E_PROTOCOL; n = b[0]; }
+    else if (t == 0xda || t == 0xc5) { if (rd_bytes(r, 2, &b)) return TDM_E_PROTOCOL; n = (size_t)be(b, 2); }
+    else if (t == 0xdb || t == 0xc6) { if (rd_bytes(r, 4, &b)) return TDM_E_PROTOCOL; n = (size_t)be(b, 4); }
+    else {
+        if (r->why && r->why_len) snprintf(r->why, r->why_len, "field %s: expected a string", name);
+        return TDM_E_PROTOCOL;
+    }
+    if (rd_bytes(r, n, &b)) return TDM_E_PROTOCOL;
+    if (n >= cap) {
+        if (r->why && r->why_len) snprintf(r->why, r->why_len, "field %s too long (%zu bytes)", name, n);
+        return TDM_E_PROTOCOL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] == 0 || (ident && (b[i] < 0x21 || b[i] > 0x7e))) {
+            if (r->why && r->why_len)
+                snprintf(r->why, r->why_len, "field %s has a forbidden character", name);
+            return TDM_E_PROTOCOL;
+        }
+    }
+    memcpy(dst, b, n);
+    dst[n] = '\0';
+    return TDM_OK;
+}
+
+/* Skips one object of any type (for unknown trailing fields), nesting at most `depth`. */
+static int rd_skip(rd *r, int depth)
+{
+    if (depth <= 0) return rd_fail(r, "nesting too deep");
+    const uint8_t *b;
+    if (r->p >= r->end) return rd_fail(r, "truncated message");
+    uint8_t t = *r->p;
+    uint64_t u;
+    int neg;
+    if (t <= 0x7f || t >= 0xe0 || (t >= 0xcc && t <= 0xd3)) return rd_any_int(r, &u, &neg);
+    r->p++;
+    size_t n = 0, hdr = 0;
+    uint64_t elems = 0;
+    int is_map = 0;
+    if (t == 0xc0 || t == 0xc2 || t == 0xc3) return TDM_OK;
+    if (t == 0xca) n = 4;
+    else if (t == 0xcb) n = 8;
+    else if ((t & 0xe0) == 0xa0) n = t & 0x1f;
+    else if (t == 0xd9 || t == 0xc4) hdr = 1;
+    else if (t == 0xda || t == 0xc5) hdr = 2;
+    else if (t == 0xdb || t == 0xc6) hdr = 4;
+    else if (t == 0xd4) n = 2;
+    else if (t == 0xd5) n = 3;
+    else if (t == 0xd6) n = 5;
+    else if (t == 0xd7) n = 9;
+    else if (t == 0xd8) n = 17;
+    else if (t == 0xc7 || t == 0xc8 || t == 0xc9) {
+        size_t lh = t == 0xc7 ? 1 : t == 0xc8 ? 2 : 4;
+        if (rd_bytes(r, lh, &b)) return TDM_E_PROTOCOL;
+        n = (size_t)be(b, lh) + 1;
+    } else if ((t & 0xf0) == 0x90) elems = t & 0x0f;
+    else if ((t & 0xf0) == 0x80) { elems = t & 0x0f; is_map = 1; }
+    else if (t == 0xdc || t == 0xde) {
+        if (rd_bytes(r, 2, &b)) return TDM_E_PROTOCOL;
+        elems = be(b, 2); is_map = t == 0xde;
+    } else if (t == 0xdd || t == 0xdf) {
+        if (rd_bytes(r, 4, &b)) return TDM_E_PROTOCOL;
+        elems = be(b, 4); is_map = t == 0xdf;
+    } else return rd_fail(r, "invalid msgpack type byte");
+    if (hdr) {
+        if (rd_bytes(r, hdr, &b)) return TDM_E_PROTOCOL;
+        n = (size_t)be(b, hdr);
+    }
+    if (n) return rd_bytes(r, n, &b);
+    if (is_map) elems *= 2;
+    if (elems > (uint64_t)(r->end - r->p)) return rd_fail(r, "container longer than the message");
+    for (uint64_t i = 0; i < elems; i++)
+        if (rd_skip(r, depth - 1)) return TDM_E_PROTOCOL;
+    return TDM_OK;
+}
+
+/* ---- layouts ----------------------------------------------------------------------------- */
+
+int tdm__kvx_layout_check(const tdm_kv_layout *l, char *why, size_t why_len)
+{
+#define LFAIL(...) do { if (why && why_len) snprintf(why, why_len, __VA_ARGS__); return TDM_E_INVAL; } while (0)
+    if (!l) LFAIL("layout is NULL");
+    if (l->num_layers == 0 || l->num_layers > TDM__KVX_MAX_LAYERS) LFAIL("num_layers %u out of range", l->num_layers);
+    if (l->num_blocks == 0 || l->num_blocks > TDM__KVX_MAX_BLOCKS) LFAIL("num_blocks %u out of range", l->num_blocks);
+    if (l->block_size == 0 || l->block_size > 4096) LFAIL("block_size %u out of range", l->block_size);
+    if (l->num_kv_heads == 0 || l->num_kv_heads > 1024) LFAIL("num_kv_heads %u out of range", l->num_kv_heads);
+    if (l->head_dim == 0 || l->head_dim > 4096) LFAIL("head_dim %u out of range", l->head_dim);
+    if (l->dtype < TDM_DTYPE_FP16 || l->dtype > TDM_DTYPE_FP8_E4M3) LFAIL("unknown dtype %u", l->dtype);
+    if (l->kind > TDM_KV_LAYOUT_FLASHINFER_HND) LFAIL("unknown layout kind %u", l->kind);
+    if (l->stride_kv < 0 || l->stride_block < 0 || l->stride_token < 0 || l->stride_head < 0)
+        LFAIL("negative stride");
+    const int64_t lim = (int64_t)1 << 40;
+    if (l->stride_kv > lim || l->stride_block > lim || l->stride_token > lim || l->stride_head > lim)
+        LFAIL("stride too large");
+    if (tdm_kv_layout_validate(l) != TDM_OK) LFAIL("%s", tdm_kv_errmsg());
+    return TDM_OK;
+#undef LFAIL
+}
+
+static int rd_layout(rd *r, tdm_kv_layout *l)
+{
+    uint32_t n;
+    if (rd_array(r, &n)) return TDM_E_PROTOCOL;
+    if (n != 11) return rd_fail(r, "layout must have 11 fields");
+    memset(l, 0, sizeof(*l));
+    l->struct_size = sizeof(*l);
+    if (rd_u32max(r, &l->kind, 255, "layout.kind") || rd_u32max(r, &l->num_layers, UINT32_MAX, "layout.num_layers") ||
+        rd_u32max(r, &l->num_blocks, UINT32_MAX, "layout.num_blocks") ||
+        rd_u32max(r, &l->block_size, UINT32_MAX, "layout.block_size") ||
+        rd_u32max(r, &l->num_kv_heads, UINT32_MAX, "layout.num_kv_heads") ||
+        rd_u32max(r, &l->head_dim, UINT32_MAX, "layout.head_dim") || rd_u32max(r, &l->dtype, 255, "layout.dtype") ||
+        rd_i64(r, &l->stride_kv) || rd_i64(r, &l->stride_block) || rd_i64(r, &l->stride_token) ||
+        rd_i64(r, &l->stride_head))
+        return TDM_E_PROTOCOL;
+    char why[96];
+    if (tdm__kvx_layout_check(l, why, sizeof(why)) != TDM_OK) {
+        if (r->why && r->why_len) snprintf(r->why, r->why_len, "bad layout: %s", why);
+        return TDM_E_PROTOCOL;
+    }
+    return TDM_OK;
+}
+
+static int rd_hello(rd *r, tdm__kvx_hello *h)
+{
+    uint64_t shm_size;
+    if (rd_str(r, h->engine_id, sizeof(h->engine_id), 1, "engine_id") ||
+        rd_u32max(r, &h->role, 2, "role") || rd_layout(r, &h->layout) ||
+        rd_u32max(r, &h->mem_kind, 1, "mem_kind") ||
+        rd_u32max(r, &h->head_offset, 1u << 20, "head_offset") ||
+        rd_u32max(r, &h->transports, 0xffff, "transports") ||
+        rd_str(r, h->host_id, sizeof(h->host_id), 1, "host_id") ||
+        rd_str(r, h->shm_name, sizeof(h->shm_name), 1, "shm_name") || rd_u64(r, &shm_size) ||
+        rd_u32max(r, &h->slot_bytes, 1u << 30, "slot_bytes"))
+        return TDM_E_PROTOCOL;
+    if (h->engine_id[0] == '\0') return rd_fail(r, "empty engine_id");
+    if (shm_size > ((uint64_t)1 << 36)) return rd_fail(r, "shm_size out of range");
+    h->shm_size = shm_size;
+    if (h->shm_name[0] && (h->shm_name[0] != '/' || h->slot_bytes == 0 ||
+                           shm_size < h->slot_bytes || strchr(h->shm_name + 1, '/')))
+        return rd_fail(r, "bad shared-memory offer");
+    return TDM_OK;
+}
+
+/* Fields after version and type, per message type (minimum count). */
+static const uint8_t min_fields[TDM__KVX_MSG_MAX + 1] = {
+    [TDM__KVX_HELLO] = 10, [TDM__KVX_HELLO_ACK] = 12, [TDM__KVX_XFER_REQ] = 5,
+    [TDM__KVX_DATA] = 10, [TDM__KVX_CREDIT] = 1, [TDM__KVX_DONE] = 3, [TDM__KVX_FAIL] = 5,
+    [TDM__KVX_CANCEL] = 3, [TDM__KVX_CANCEL_ACK] = 3, [TDM__KVX_PING] = 1, [TDM__KVX_BYE] = 1,
+};
+
+int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why, size_t why_len)
+{
+    rd r = { (const uint8_t *)buf, (const uint8_t *)buf + len, why, why_len };
+    if (!buf || !m) return rd_fail(&r, "no message");
+    if (len > TDM__KVX_MAX_HEADER) return rd_fail(&r, "header frame too large");
+    memset(m, 0, sizeof(*m));
+    uint32_t n;
+    if (rd_array(&r, &n)) return TDM_E_PROTOCOL;
+    if (n < 2) return rd_fail(&r, "message array shorter than [version, type]");
+    if (rd_u32max(&r, &m->version, UINT32_MAX, "version")) return TDM_E_PROTOCOL;
+    if (m->version != TDM_KVX_PROTOCOL_VERSION) {
+        if (why && why_len) snprintf(why, why_len, "protocol version %u (we speak %u)", m->version,
+                                     TDM_KVX_PROTOCOL_VERSION);
+        return TDM_E_VERSION;
+    }
+    if (rd_u32max(&r, &m->type, 255, "type")) return TDM_E_PROTOCOL;
+    if (m->type == 0 || m->type > TDM__KVX_MSG_MAX) return rd_fail(&r, "unknown message type");
+    uint32_t nf = n - 2;
+    if (nf < min_fields[m->type]) return rd_fail(&r, "too few fields for the message type");
+    int rc = TDM_OK;
+    int64_t st;
+    switch (m->type) {
+    case TDM__KVX_HELLO:
+        rc = rd_hello(&r, &m->hello);
+        break;
+    case TDM__KVX_HELLO_ACK:
+        rc = rd_i64(&r, &st);
+        if (!rc && (st > 0 || st < -1000)) rc = rd_fail(&r, "status out of range");
+        if (!rc) m->status = (int32_t)st;
+        if (!rc) rc = rd_str(&r, m->reason, sizeof(m->reason), 0, "reason");
+        if (!rc) rc = rd_hello(&r, &m->hello);
+        break;
+    case TDM__KVX_XFER_REQ:
+        rc = rd_u64(&r, &m->rid);
+        if (!rc) rc = rd_u64(&r, &m->xid);
+        if (!rc) rc = rd_u32max(&r, &m->mode, 2, "mode");
+        if (!rc) rc = rd_u32max(&r, &m->num_blocks, TDM__KVX_MAX_BLOCKS, "num_blocks");
+        if (!rc) rc = rd_u32max(&r, &m->num_skip, TDM__KVX_MAX_BLOCKS, "num_skip");
+        if (!rc && (m->mode == 0 || m->num_blocks == 0 || m->num_skip > m->num_blocks))
+            rc = rd_fail(&r, "bad transfer request counts");
+        break;
+    case TDM__KVX_DATA:
+        rc = rd_u64(&r, &m->rid);
+        if (!rc) rc = rd_u64(&r, &m->xid);
+        if (!rc) rc = rd_u32max(&r, &m->seq, UINT32_MAX, "seq");
+        if (!rc) rc = rd_u32max(&r, &m->layer_begin, TDM__KVX_MAX_LAYERS, "layer_begin");
+        if (!rc) rc = rd_u32max(&r, &m->layer_end, TDM__KVX_MAX_LAYERS, "layer_end");
+        if (!rc) rc = rd_u32max(&r, &m->block_begin, TDM__KVX_MAX_BLOCKS, "block_begin");
+        if (!rc) rc = rd_u32max(&r, &m->block_count, TDM__KVX_MAX_BLOCKS, "block_count");
+        if (!rc) rc = rd_u64(&r, &m->nbytes);
+        if (!rc) rc = rd_u32max(&r, &m->slot, UINT32_MAX, "slot");
+        if (!rc) rc = rd_u64(&r, &m->time_ms);   /* reserved: flags, must be 0 */
+        if (!rc && (m->layer_begin >= m->layer_end || m->block_count == 0 ||
+                    m->nbytes == 0 || m->nbytes > ((uint64_t)1 << 32) || m->time_ms != 0))
+            rc = rd_fail(&r, "bad data chunk ranges");
+        m->time_ms = 0;
+        break;
+    case TDM__KVX_CREDIT:
+        rc = rd_u32max(&r, &m->slot, 1u << 20, "slot");
+        break;
+    case TDM__KVX_DONE:
+        rc = rd_u64(&r, &m->rid);
+        if (!rc) rc = rd_u64(&r, &m->xid);
+        if (!rc) rc = rd_u64(&r, &m->nbytes);
+        break;
+    case TDM__KVX_FAIL:
+        rc = rd_u64(&r, &m->rid);
+        if (!rc) rc = rd_u64(&r, &m->xid);
+        if (!rc) rc = rd_u32max(&r, &m->to_side, 2, "to_side");
+        if (!rc) rc = rd_i64(&r, &st);
+        if (!rc && (st >= 0 || st < -1000)) rc = rd_fail(&r, "status out of range");
+        if (!rc) m->status = (int32_t)st;
+        if (!rc) rc = rd_str(&r, m->reason, sizeof(m->reason), 0, "reason");
+        if (!rc && m->to_side == 0) rc = rd_fail(&r, "to_side must be 1 or 2");
+        break;
+    case TDM__KVX_CANCEL:
+    case TDM__KVX_CANCEL_ACK:
+        rc = rd_u64(&r, &m->rid);
+        if (!rc) rc = rd_u64(&r, &m->xid);
+        if (!rc) rc = rd_u32max(&r, &m->to_side, 2, "to_side");
+        if (!rc && m->to_side == 0) rc = rd_fail(&r, "to_side must be 1 or 2");
+        break;
+    case TDM__KVX_PING:
+        rc = rd_u64(&r, &m->time_ms);
+        break;
+    case TDM__KVX_BYE:
+        rc = rd_str(&r, m->reason, sizeof(m->reason), 0, "reason");
+        break;
+    }
+    if (rc) return rc;
+    for (uint32_t i = min_fields[m->type]; i < nf; i++)
+        if (rd_skip(&r, 8)) return TDM_E_PROTOCOL;
+    if (r.p != r.end) return rd_fail(&r, "trailing bytes after the message");
+    return TDM_OK;
+}
+
+/* ---- writer ------------------------------------------------------------------------------ */
+
+typedef struct wr {
+    uint8_t *buf;
+    size_t cap, len;
+    int overflow;
+} wr;
+
+static int wr_cb(void *data, const char *b, size_t n)
+{
+    wr *w = data;
+    if (w->overflow || n > w->cap - w->len) { w->overflow = 1; return -1; }
+    memcpy(w->buf + w->len, b, n);
+    w->len += n;
+    return 0;
+}
+
+static void pk_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void pk_hello(msgpack_packer *pk, const tdm__kvx_hello *h)
+{
+    const tdm_kv_layout *l = &h->layout;
+    pk_str(pk, h->engine_id);
+    msgpack_pack_uint32(pk, h->role);
+    msgpack_pack_array(pk, 11);
+    msgpack_pack_uint32(pk, l->kind);
+    msgpack_pack_uint32(pk, l->num_layers);
+    msgpack_pack_uint32(pk, l->num_blocks);
+    msgpack_pack_uint32(pk, l->block_size);
+    msgpack_pack_uint32(pk, l->num_kv_heads);
+    msgpack_pack_uint32(pk, l->head_dim);
+    msgpack_pack_uint32(pk, l->dtype);
+    msgpack_pack_int64(pk, l->stride_kv);
+    msgpack_pack_int64(pk, l->stride_block);
+    msgpack_pack_int64(pk, l->stride_token);
+    msgpack_pack_int64(pk, l->stride_head);
+    msgpack_pack_uint32(pk, h->mem_kind);
+    msgpack_pack_uint32(pk, h->head_offset);
+    msgpack_pack_uint32(pk, h->transports);
+    pk_str(pk, h->host_id);
+    pk_str(pk, h->shm_name);
+    msgpack_pack_uint64(pk, h->shm_size);
+    msgpack_pack_uint32(pk, h->slot_bytes);
+}
+
+void tdm__kvx_msg_init(tdm__kvx_msg *m, uint32_t type)
+{
+    memset(m, 0, sizeof(*m));
+    m->version = TDM_KVX_PROTOCOL_VERSION;
+    m->type = type;
+}
+
+int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *len)
+{
+    wr w = { buf, cap, 0, 0 };
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &w, wr_cb);
+    uint32_t nf = m->type <= TDM__KVX_MSG_MAX ? min_fields[m->type] : 0;
+    msgpack_pack_array(&pk, 2 + nf);
+    msgpack_pack_uint32(&pk, m->version);
+    msgpack_pack_uint32(&pk, m->type);
+    switch (m->type) {
+    case TDM__KVX_HELLO:
+        pk_hello(&pk, &m->hello);
+        break;
+    case TDM__KVX_HELLO_ACK:
+        msgpack_pack_int32(&pk, m->status);
+        pk_str(&pk, m->reason);
+        pk_hello(&pk, &m->hello);
+        break;
+    case TDM__KVX_XFER_REQ:
+        msgpack_pack_uint64(&pk, m->rid);
+        msgpack_pack_uint64(&pk, m->xid);
+        msgpack_pack_uint32(&pk, m->mode);
+        msgpack_pack_uint32(&pk, m->num_blocks);
+        msgpack_pack_uint32(&pk, m->num_skip);
+        break;
+    case TDM__KVX_DATA:
+        msgpack_pack_uint64(&pk, m->rid);
+        msgpack_pack_uint64(&pk, m->xid);
+        msgpack_pack_uint32(&pk, m->seq);
+        msgpack_pack_uint32(&pk, m->layer_begin);
+        msgpack_pack_uint32(&pk, m->layer_end);
+        msgpack_pack_uint32(&pk, m->block_begin);
+        msgpack_pack_uint32(&pk, m->block_count);
+        msgpack_pack_uint64(&pk, m->nbytes);
+        msgpack_pack_uint32(&pk, m->slot);
+        msgpack_pack_uint64(&pk, 0);
+        break;
+    case TDM__KVX_CREDIT:
+        msgpack_pack_uint32(&pk, m->slot);
+        break;
+    case TDM__KVX_DONE:
+        msgpack_pack_uint64(&pk, m->rid);
+        msgpack_pack_uint64(&pk, m->xid);
+        msgpack_pack_uint64(&pk, m->nbytes);
+        break;
+    case TDM__KVX_FAIL:
+        msgpack_pack_uint64(&pk, m->rid);
+        msgpack_pack_uint64(&pk, m->xid);
+        msgpack_pack_uint32(&pk, m->to_side);
+        msgpack_pack_int32(&pk, m->status);
+        pk_str(&pk, m->reason);
+        break;
+    case TDM__KVX_CANCEL:
+    case TDM__KVX_CANCEL_ACK:
+        msgpack_pack_uint64(&pk, m->rid);
+        msgpack_pack_uint64(&pk, m->xid);
+        msgpack_pack_uint32(&pk, m->to_side);
+        break;
+    case TDM__KVX_PING:
+        msgpack_pack_uint64(&pk, m->time_ms);
+        break;
+    case TDM__KVX_BYE:
+        pk_str(&pk, m->reason);
+        break;
+    default:
+        break;
+    }
+    if (w.overflow) return TDM_E_TRUNCATED;
+    *len = w.len;
+    return TDM_OK;
+}

@@ -1,0 +1,86 @@
+/*
+ * kvx_msg.h -- the control messages of the KV transfer protocol (docs/protocol.md): their
+ * decoded form, the decoder of outside input (a strict msgpack reader that never allocates
+ * and checks every type, length and range) and the encoders (msgpack-c's packer writing into
+ * a caller's fixed buffer). Internal to libtandem.
+ */
+#ifndef TANDEM_KVX_MSG_H
+#define TANDEM_KVX_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem.h"
+
+enum {
+    TDM__KVX_HELLO = 1,
+    TDM__KVX_HELLO_ACK = 2,
+    TDM__KVX_XFER_REQ = 3,
+    TDM__KVX_DATA = 4,
+    TDM__KVX_CREDIT = 5,
+    TDM__KVX_DONE = 6,
+    TDM__KVX_FAIL = 7,
+    TDM__KVX_CANCEL = 8,
+    TDM__KVX_CANCEL_ACK = 9,
+    TDM__KVX_PING = 10,
+    TDM__KVX_BYE = 11,
+    TDM__KVX_MSG_MAX = 11
+};
+
+#define TDM__KVX_ID_LEN 64          /* engine / host ids and shm names, NUL included */
+#define TDM__KVX_REASON_LEN 128
+#define TDM__KVX_MAX_HEADER 1024    /* a header frame longer than this is rejected */
+#define TDM__KVX_MAX_LAYERS 4096
+#define TDM__KVX_MAX_BLOCKS (1u << 24)
+#define TDM__KVX_NO_SLOT 0xFFFFFFFFu
+
+/* The handshake body (HELLO and HELLO_ACK). */
+typedef struct tdm__kvx_hello {
+    char engine_id[TDM__KVX_ID_LEN];
+    uint32_t role;
+    tdm_kv_layout layout;
+    uint32_t mem_kind;
+    uint32_t head_offset;
+    uint32_t transports;
+    char host_id[TDM__KVX_ID_LEN];
+    char shm_name[TDM__KVX_ID_LEN];  /* "" when the sender offers no segment */
+    uint64_t shm_size;
+    uint32_t slot_bytes;
+} tdm__kvx_hello;
+
+/* One decoded message; only the fields of its type are meaningful. */
+typedef struct tdm__kvx_msg {
+    uint32_t version;
+    uint32_t type;
+    int32_t status;                    /* HELLO_ACK, FAIL */
+    char reason[TDM__KVX_REASON_LEN];  /* HELLO_ACK, FAIL, BYE */
+    tdm__kvx_hello hello;              /* HELLO, HELLO_ACK */
+    uint64_t rid, xid;                 /* transfer messages */
+    uint32_t to_side;                  /* FAIL, CANCEL, CANCEL_ACK: 1 = sender's transfer, 2 = receiver's */
+    uint32_t mode, num_blocks, num_skip;   /* XFER_REQ */
+    uint32_t seq, layer_begin, layer_end, block_begin, block_count;  /* DATA */
+    uint64_t nbytes;                   /* DATA: payload bytes; DONE: total bytes */
+    uint32_t slot;                     /* DATA: shm slot or TDM__KVX_NO_SLOT; CREDIT */
+    uint64_t time_ms;                  /* PING */
+} tdm__kvx_msg;
+
+/* Decode one header frame. Checks the msgpack structure, every field's type and range
+ * (layer / block counts within TDM__KVX_MAX_*, strings within their buffers, printable ids),
+ * and that nothing follows the message. Unknown trailing array elements are skipped
+ * (forward compatibility); an unknown type or version is an error. Never allocates.
+ * Returns TDM_OK, TDM_E_PROTOCOL (why goes to why[why_len] when why != NULL) or
+ * TDM_E_VERSION (another protocol version: m->version is set). */
+int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why, size_t why_len);
+
+/* Encode m (its type selects the fields) into buf; *len receives the length.
+ * Returns TDM_OK or TDM_E_TRUNCATED. */
+int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *len);
+
+/* Fill a message of a type with the current version (other fields zero). */
+void tdm__kvx_msg_init(tdm__kvx_msg *m, uint32_t type);
+
+/* Layout validity (dims non-zero, known dtype, strides non-negative and large enough that
+ * elements do not overlap within a block). Returns TDM_OK or TDM_E_INVAL with why. */
+int tdm__kvx_layout_check(const tdm_kv_layout *l, char *why, size_t why_len);
+
+#endif /* TANDEM_KVX_MSG_H */

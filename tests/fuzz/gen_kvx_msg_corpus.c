@@ -1,0 +1,95 @@
+/*
+ * gen_kvx_msg_corpus.c -- writes the seed corpus of fuzz_kvx_msg: one valid header frame of
+ * every message type (tests/fuzz/corpus/kvx_msg/valid_<type>) and a few broken ones (a
+ * truncated HELLO, a DATA with a bad range, another protocol version, trailing bytes, an
+ * unknown type, deep nesting in an extra field). Run by `make kvx-corpus`; its output is
+ * committed.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../../kv_transfer/kvx_msg.h"
+
+static const char *dir;
+
+static void put(const char *name, const void *b, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(b, 1, n, f) != n) { perror(path); return; }
+    fclose(f);
+}
+
+static size_t enc(const tdm__kvx_msg *m, uint8_t *buf)
+{
+    size_t len = 0;
+    if (tdm__kvx_msg_encode(m, buf, TDM__KVX_MAX_HEADER, &len)) fprintf(stderr, "encode failed\n");
+    return len;
+}
+
+int main(int argc, char **argv)
+{
+    dir = argc > 1 ? argv[1] : "tests/fuzz/corpus/kvx_msg";
+    static const char *names[] = { "", "hello", "hello_ack", "xfer_req", "data", "credit", "done",
+                                   "fail", "cancel", "cancel_ack", "ping", "bye" };
+    uint8_t buf[TDM__KVX_MAX_HEADER];
+    tdm__kvx_msg m;
+    char name[64];
+    for (uint32_t t = 1; t <= TDM__KVX_MSG_MAX; t++) {
+        tdm__kvx_msg_init(&m, t);
+        snprintf(m.hello.engine_id, sizeof(m.hello.engine_id), "prefill-0");
+        m.hello.role = 1;
+        tdm_kv_layout_init(&m.hello.layout, TDM_KV_LAYOUT_VLLM_NHD, 32, 1024, 16, 8, 128, TDM_DTYPE_FP16);
+        m.hello.transports = 3;
+        snprintf(m.hello.host_id, sizeof(m.hello.host_id), "host/1234abcd");
+        if (t == TDM__KVX_HELLO) {
+            snprintf(m.hello.shm_name, sizeof(m.hello.shm_name), "/tdm-kvx-1-0-abc");
+            m.hello.shm_size = 2 * 8 * 8388608ull;
+            m.hello.slot_bytes = 8388608;
+        }
+        m.rid = 123456789012ull;
+        m.xid = 1;
+        m.mode = 1;
+        m.num_blocks = 12;
+        m.num_skip = 2;
+        m.layer_begin = 0;
+        m.layer_end = 32;
+        m.block_begin = 2;
+        m.block_count = 4;
+        m.nbytes = t == TDM__KVX_DATA ? 32ull * 4 * 65536 : 1000;
+        m.slot = t == TDM__KVX_CREDIT ? 3 : TDM__KVX_NO_SLOT;
+        m.to_side = 2;
+        m.status = t == TDM__KVX_FAIL ? TDM_E_TIMEOUT : 0;
+        snprintf(m.reason, sizeof(m.reason), "%s", t == TDM__KVX_FAIL ? "no progress" : "");
+        m.time_ms = 1700000000000ull;
+        size_t n = enc(&m, buf);
+        snprintf(name, sizeof(name), "valid_%s", names[t]);
+        put(name, buf, n);
+        if (t == TDM__KVX_HELLO) put("broken_hello_truncated", buf, n / 2);
+        if (t == TDM__KVX_DATA) {
+            buf[n++] = 0xc0;
+            put("broken_data_trailing_byte", buf, n);
+            m.layer_begin = 5;
+            m.layer_end = 5;
+            n = enc(&m, buf);
+            put("broken_data_empty_layers", buf, n);
+        }
+        if (t == TDM__KVX_PING) {
+            m.version = 9;
+            n = enc(&m, buf);
+            put("broken_ping_version", buf, n);
+        }
+    }
+    /* an unknown type; an extra field nested 20 deep; a map instead of an array */
+    const uint8_t unknown[] = { 0x93, 0x01, 0x33, 0x00 };
+    put("broken_unknown_type", unknown, sizeof(unknown));
+    uint8_t deep[64] = { 0x94, 0x01, TDM__KVX_PING, 0x05 };
+    size_t n = 4;
+    for (int i = 0; i < 20; i++) deep[n++] = 0x91;
+    deep[n++] = 0x00;
+    put("broken_deep_extra_field", deep, n);
+    const uint8_t map[] = { 0x82, 0xa1, 'v', 0x01, 0xa1, 't', 0x0a };
+    put("broken_map", map, sizeof(map));
+    return 0;
+}
