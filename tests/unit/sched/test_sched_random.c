@@ -235,28 +235,8 @@ static void make_plan(world *w, const tdm_batch *b, plan *p)
     p->offs[p->n] = p->nt;
 }
 
-static void apply_plan(world *w, plan *p)
+static void apply_plan(world *w, const plan *p)
 {
-    /* Known bug F3 (notes/schedtests-findings.md): a request preempted while its batch was in
-     * flight has its drafts forgotten and the whole update is refused. Unless
-     * TANDEM_SCHED_RANDOM_STRICT is set, report one token for such requests. */
-    const char *strict = getenv("TANDEM_SCHED_RANDOM_STRICT");
-    if (!strict || !*strict || *strict == '0') {
-        uint32_t nt = 0;
-        for (uint32_t i = 0; i < p->n; i++) {
-            uint32_t a = p->offs[i], k = p->offs[i + 1] - a;
-            tdm_request_info info;
-            tdm_request_info_init(&info);
-            if (k > 1 && tdm_sched_request_info(w->s, p->ids[i], &info) == TDM_OK &&
-                info.state == TDM_STATE_PREEMPTED)
-                k = 1;
-            memmove(p->toks + nt, p->toks + a, k * sizeof(*p->toks));
-            p->offs[i] = nt;
-            nt += k;
-        }
-        p->offs[p->n] = nt;
-        p->nt = nt;
-    }
     tdm_step_output o;
     tdm_step_output_init(&o);
     o.num_reqs = p->n;
