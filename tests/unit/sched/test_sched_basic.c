@@ -358,7 +358,9 @@ static void step__watermark_blocks_admission_only_alongside_others(void **state)
 }
 
 /* Lookahead slots (num_lookahead_tokens) are reserved for running requests, not on a
- * request's first admission (vLLM: avoids a P/D block-count mismatch). */
+ * request's first admission (vLLM: avoids a P/D block-count mismatch). vLLM's rule is
+ * `0 if request.num_computed_tokens == 0 else num_lookahead_tokens` for waiting requests, so a
+ * resumed request (num_computed reset to 0 by the preemption) gets none either. */
 static void step__lookahead_slots_reserved_after_first_admission(void **state)
 {
     (void)state;
@@ -374,6 +376,21 @@ static void step__lookahead_slots_reserved_after_first_admission(void **state)
     tsd_info(s, 1, &i);
     assert_int_equal(i.num_blocks, 2);
     tsd_update(s, &b, 7, 1.15, NULL);
+    /* request 2: 47-token prompt, one output (48 tokens), preempted, resumed: 48 tokens need 3
+     * blocks; lookahead slots would make it 4 */
+    assert_int_equal(tsd_add(s, 2, 47, 10), TDM_OK);
+    tsd_step(s, 1.2, &b);
+    tsd_update(s, &b, 7, 1.25, NULL);
+    assert_int_equal(tdm_sched_reset_prefix_cache(s, 1), TDM_OK);
+    tsd_step(s, 1.3, &b);
+    int k = tsd_find(&b, 2);
+    assert_true(k >= 0);
+    assert_int_equal(b.kinds[k], TDM_ENTRY_RESUMED);
+    assert_int_equal(b.num_tokens[k], 48);
+    if (b.block_offsets[k + 1] - b.block_offsets[k] != 3)
+        fail_msg("resumed request got %u blocks for 48 tokens; vLLM allocates no lookahead when "
+                 "num_computed_tokens == 0 (3 blocks)", b.block_offsets[k + 1] - b.block_offsets[k]);
+    tsd_update(s, &b, 7, 1.35, NULL);
     double now = 2.0;
     tsd_run(s, 20, &now);
     tsd_done(s);

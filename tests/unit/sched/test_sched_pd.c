@@ -183,6 +183,31 @@ static void remote_prefill__received_requests_keep_queue_order(void **state)
     finish_all(s, 3.0);
 }
 
+/* vLLM: lookahead slots are allocated for a waiting request whose num_computed_tokens is not
+ * 0, which is the case of a request whose remote KV has arrived (its first local scheduling):
+ * 48-token prompt, 47 received tokens computed, 1 to compute + 2 lookahead = 50 slots = 4 blocks. */
+static void remote_prefill__received_request_gets_lookahead_slots(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_ROLE, TDM_ROLE_DECODE, TDM_SCHED_NUM_LOOKAHEAD_TOKENS, 2, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(add_flags(s, 1, 48, 3, TDM_REQ_REMOTE_PREFILL, 0), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_blocks, 3); /* the reservation: the prompt's blocks only */
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_computed[0], 47);
+    if (b.block_offsets[1] != 4)
+        fail_msg("received request scheduled with %u blocks; vLLM adds the lookahead slots (4 blocks)",
+                 b.block_offsets[1]);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    finish_all(s, 2.0);
+}
+
 static void remote_prefill__partial_remote_tokens_compute_the_rest(void **state)
 {
     (void)state;
@@ -590,6 +615,7 @@ int main(void)
         TSD_TEST(remote_prefill__reserved_then_computes_last_token),
         TSD_TEST(remote_prefill__local_prefix_hit_reduces_remote_part),
         TSD_TEST(remote_prefill__received_requests_keep_queue_order),
+        TSD_TEST(remote_prefill__received_request_gets_lookahead_slots),
         TSD_TEST(remote_prefill__partial_remote_tokens_compute_the_rest),
         TSD_TEST(remote_prefill__failure_recompute_keeps_valid_tokens),
         TSD_TEST(remote_prefill__failure_fail_policy_finishes_with_error),
