@@ -222,6 +222,11 @@ static void priority__preempts_lowest_and_resumes_with_full_tokens(void **state)
     assert_memory_equal(t, p, sizeof(p));
     assert_int_equal(t[30], 100);
     assert_int_equal(t[31], 100);
+    tdm_request_info info;
+    tsd_info(s, 0, &info);
+    assert_int_equal(info.num_preemptions, 1);
+    assert_int_equal(info.num_cached_tokens, 0); /* the hit at the first admission, not this one */
+    assert_true(info.first_scheduled_time > 0.99 && info.first_scheduled_time < 1.01);
     tsd_update(s, &b, 7, 1.7, NULL);
     finish_everything(s);
 }
