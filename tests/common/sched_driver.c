@@ -233,7 +233,13 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
         for (uint32_t j = 0; j < i; j++)
             if (b->req_ids[j] == id) fail_msg("id %llu twice in a batch", (unsigned long long)id);
         if (b->num_tokens[i] == 0) fail_msg("entry %u schedules 0 tokens", i);
-        assert_true(b->num_spec[i] <= b->num_tokens[i]);
+        if (b->num_spec[i] > b->num_tokens[i]) {
+            tdm_request_info di;
+            tsd_info(s, id, &di);
+            fail_msg("id %llu: num_spec %u > num_tokens %u (num_computed %u; request: %u prompt + %u output, "
+                     "computed now %u)", (unsigned long long)id, b->num_spec[i], b->num_tokens[i],
+                     b->num_computed[i], di.num_prompt_tokens, di.num_output_tokens, di.num_computed_tokens);
+        }
         assert_true(b->kinds[i] <= TDM_ENTRY_CONTINUING);
         assert_true(b->block_offsets[i] <= b->block_offsets[i + 1]);
         sum += b->num_tokens[i];
