@@ -100,7 +100,7 @@ int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_f
             goto fail;
         }
         tdm_sim_req q = {0};
-        long long ti, ii, oi, pr = 0;
+        long long ii, oi, pr = 0;
         json_t *tv = json_object_get(o, kt);
         if (!tv) {
             snprintf(err, errlen, "%s:%zu:1: missing key \"%s\"", name, line, kt);
@@ -115,7 +115,6 @@ int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_f
             goto fail;
         }
         q.arrival = json_number_value(tv) * (mooncake ? 1e-3 : 1.0);
-        (void)ti;
         if (get_uint(o, ki, 1, 0, 100000000, &ii, "int", s, n, name, line, err, errlen) < 0 ||
             get_uint(o, ko, 1, 0, 100000000, &oi, "int", s, n, name, line, err, errlen) < 0 ||
             get_uint(o, "priority", 0, -2147483647LL, 2147483647LL, &pr, "int", s, n, name, line,

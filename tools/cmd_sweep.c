@@ -99,7 +99,6 @@ int tdm_cmd_sweep(int argc, char **argv)
     double *att = calloc(total, sizeof *att);
     int *front = calloc(total, sizeof *front);
     char **labels = calloc(total, sizeof *labels);
-    size_t done = 0;
     if (!thr || !tp99 || !req || !tt99 || !att || !front || !labels) {
         fprintf(stderr, "tandem sweep: out of memory\n");
         goto out_all;
@@ -162,7 +161,6 @@ int tdm_cmd_sweep(int argc, char **argv)
         tt99[g] = res.sum.ttft.p99 * 1e3;
         att[g] = res.sum.attainment;
         tdm_sim_result_free(&res);
-        done++;
     }
     for (size_t i = 0; i < total; i++) {
         front[i] = 1;
@@ -216,7 +214,6 @@ out_all:
     free(att);
     free(front);
     tdm_sim_config_free(&base);
-    (void)done;
 out_cli:
     tdm_sim_cli_free(&c);
 out_axes:

@@ -390,6 +390,63 @@ static void mooncake__prefix_cache_sees_the_trace_sharing(void **state)
     tdm_sim_trace_free(&t);
 }
 
+/* Randomized invariants: random scheduler configs (budget, sequences, chunk cap, a tight KV
+ * pool, mode, policy) on random deployments (1-3 colocated instances or a P/D pair with
+ * 1-2 + 1-2 instances, any router) and random workloads: no request is lost, every request
+ * finishes with exactly its output tokens, time only moves forward. */
+static void sim_run__randomized_configs_lose_no_request(void **state)
+{
+    (void)state;
+    tdm_sim_rng rng;
+    tdm_sim_rng_seed(&rng, 2024);
+    static const char *const R[] = {"round_robin", "least_load", "kv_aware"};
+    for (int it = 0; it < 48; it++) {
+        tdm_sim_trace t;
+        builtin(&t, 60 + tdm_sim_rng_next(&rng) % 80, 5 + tdm_sim_rng_uniform(&rng) * 60,
+                tdm_sim_rng_next(&rng));
+        uint32_t need = 0;
+        for (size_t i = 0; i < t.n; i++) {
+            uint32_t b = (t.reqs[i].prompt_len + t.reqs[i].output_len + 15) / 16;
+            if (b > need) need = b;
+        }
+        char sched[256], js[768];
+        snprintf(sched, sizeof sched,
+                 "{\"max_num_batched_tokens\": %u, \"max_num_seqs\": %u, "
+                 "\"long_prefill_token_threshold\": %u, \"num_blocks\": %u, \"mode\": \"%s\", "
+                 "\"policy\": \"%s\"%s}",
+                 (unsigned)(64 << (tdm_sim_rng_next(&rng) % 6)),
+                 (unsigned)(1 + tdm_sim_rng_next(&rng) % 64),
+                 (unsigned)(tdm_sim_rng_next(&rng) % 2 ? 0 : 128),
+                 need + 2 + (unsigned)(tdm_sim_rng_next(&rng) % 600),
+                 tdm_sim_rng_next(&rng) % 2 ? "vllm" : "decode_first",
+                 tdm_sim_rng_next(&rng) % 2 ? "fcfs" : "priority",
+                 tdm_sim_rng_next(&rng) % 2 ? ", \"tbt_target_ms\": 30" : "");
+        int disagg = tdm_sim_rng_next(&rng) % 3 == 0;
+        if (disagg)
+            snprintf(js, sizeof js,
+                     "{\"scheduler\": %s, \"deployment\": {\"mode\": \"disaggregated\", \"router\": \"%s\","
+                     " \"prefill\": {\"instances\": %u}, \"decode\": {\"instances\": %u}}}",
+                     sched, R[tdm_sim_rng_next(&rng) % 3], (unsigned)(1 + tdm_sim_rng_next(&rng) % 2),
+                     (unsigned)(1 + tdm_sim_rng_next(&rng) % 2));
+        else
+            snprintf(js, sizeof js,
+                     "{\"scheduler\": %s, \"deployment\": {\"instances\": %u, \"router\": \"%s\"}}",
+                     sched, (unsigned)(1 + tdm_sim_rng_next(&rng) % 3), R[tdm_sim_rng_next(&rng) % 3]);
+        tdm_sim_config c;
+        config(js, &c);
+        tdm_sim_result r;
+        char err[TDM_SIM_ERRLEN];
+        if (tdm_sim_run(&t, &c, NULL, &r, err, sizeof err) != 0) fail_msg("%s: %s", js, err);
+        if (r.sum.completed != t.n) fail_msg("%s: %zu of %zu finished", js, r.sum.completed, t.n);
+        check_all_finished(&t, &r);
+        for (size_t i = 0; i < t.n; i++) assert_true(r.reqs[i].finish <= r.sum.duration_s);
+        if (disagg) assert_int_equal(r.sum.kv_transfers, t.n);
+        tdm_sim_result_free(&r);
+        tdm_sim_config_free(&c);
+        tdm_sim_trace_free(&t);
+    }
+}
+
 static void config_parse__wrapper_bare_and_errors(void **state)
 {
     (void)state;
@@ -441,6 +498,7 @@ int main(void)
         cmocka_unit_test(ab__identical_configs_give_ratios_of_one),
         cmocka_unit_test(ab_command__identical_configs_give_ratios_of_one),
         cmocka_unit_test(mooncake__prefix_cache_sees_the_trace_sharing),
+        cmocka_unit_test(sim_run__randomized_configs_lose_no_request),
         cmocka_unit_test(config_parse__wrapper_bare_and_errors),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
