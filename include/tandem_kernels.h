@@ -234,7 +234,8 @@ TDM_API float tdm_bf16_to_float(uint16_t v);
 /* The kernel calls are asynchronous on the stream: they validate everything on the host  */
 /* first (same rules and errors as the CPU functions), copy the host arrays (layer bases, */
 /* block ids, scales) into a stream-ordered device scratch allocation (cudaMallocAsync,   */
-/* freed with cudaFreeAsync after the kernel), and launch ONE kernel. The host arrays may */
+/* freed with cudaFreeAsync after the kernel; on a device without memory pools the call   */
+/* uses cudaMalloc and waits for the kernel), and launch ONE kernel. The host arrays may  */
 /* be reused as soon as the call returns; the data is ready after the stream syncs.       */
 /* ------------------------------------------------------------------------------------ */
 
@@ -256,6 +257,9 @@ TDM_API int tdm_cuda_free(void *ptr);   /* NULL is a no-op */
 TDM_API int tdm_cuda_memcpy(void *dst, const void *src, size_t size, tdm_cuda_copy_kind kind);
 TDM_API int tdm_cuda_memset(void *dst, int value, size_t size);
 TDM_API int tdm_cuda_stream_sync(void *stream);
+/* cudaMemcpyAsync on the stream (for host memory, pinned memory makes it truly async). */
+TDM_API int tdm_cuda_memcpy_async(void *dst, const void *src, size_t size,
+                                  tdm_cuda_copy_kind kind, void *stream);
 
 /* The CUDA versions of pack, unpack and the converting calls: same arguments and rules as
  * the CPU functions, with layer bases and dst/src device pointers (the arrays of bases, ids

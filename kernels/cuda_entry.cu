@@ -53,6 +53,21 @@ static int dev_memcpy(void *dst, const void *src, size_t size, int kind, char *m
     TDM_CU_CATCH
 }
 
+static int dev_memcpy_async(void *dst, const void *src, size_t size, int kind, void *stream,
+                            char *msg, size_t msg_len)
+{
+    TDM_CU_TRY
+    static const cudaMemcpyKind kinds[] = {cudaMemcpyDefault, cudaMemcpyHostToDevice,
+                                           cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+    if (kind < 0 || kind > 3) {
+        snprintf(msg, msg_len, "unknown copy kind %d", kind);
+        return TDM_E_INVAL;
+    }
+    TDM_CU_CHECK(cudaMemcpyAsync(dst, src, size, kinds[kind], (cudaStream_t)stream));
+    return TDM_OK;
+    TDM_CU_CATCH
+}
+
 static int dev_memset(void *dst, int value, size_t size, char *msg, size_t msg_len)
 {
     TDM_CU_TRY
@@ -85,6 +100,7 @@ extern "C" __attribute__((visibility("default"))) const tdm__cuda_table *tdm_cud
         stream_sync,
         tdm__cu_kv_run,
         tdm__cu_profile,
+        dev_memcpy_async,
     };
     return &table;
 }

@@ -36,6 +36,8 @@ typedef struct tdm__cuda_table {
                   char *msg, size_t msg_len);
     int (*profile)(const tdm_profile_spec *spec, char *json, size_t json_size, size_t *json_len,
                    char *msg, size_t msg_len);
+    int (*dev_memcpy_async)(void *dst, const void *src, size_t size, int kind, void *stream,
+                            char *msg, size_t msg_len);
 } tdm__cuda_table;
 
 typedef const tdm__cuda_table *(*tdm__cuda_get_table_fn)(void);

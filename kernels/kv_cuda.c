@@ -159,6 +159,19 @@ int tdm_cuda_memcpy(void *dst, const void *src, size_t size, tdm_cuda_copy_kind 
     return rc ? cuda_fail(rc, "tdm_cuda_memcpy", msg) : TDM_OK;
 }
 
+int tdm_cuda_memcpy_async(void *dst, const void *src, size_t size, tdm_cuda_copy_kind kind,
+                          void *stream)
+{
+    if ((size && (!dst || !src)) || (unsigned)kind > TDM_CUDA_COPY_DEVICE_TO_DEVICE)
+        return tdm__kv_fail(TDM_E_INVAL, "tdm_cuda_memcpy_async: NULL pointer or unknown kind %d",
+                            (int)kind);
+    GET_TABLE(t);
+    if (!size) return TDM_OK;
+    char msg[TDM_ERRMSG_LEN] = "";
+    int rc = t->dev_memcpy_async(dst, src, size, (int)kind, stream, msg, sizeof msg);
+    return rc ? cuda_fail(rc, "tdm_cuda_memcpy_async", msg) : TDM_OK;
+}
+
 int tdm_cuda_memset(void *dst, int value, size_t size)
 {
     if (size && !dst) return tdm__kv_fail(TDM_E_INVAL, "tdm_cuda_memset: dst is NULL");

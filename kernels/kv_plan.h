@@ -86,12 +86,23 @@ TDM_HD char *tdm__kv_side_ptr(const tdm__kv_side *s, uint32_t li, uint32_t kv, u
 
 TDM_HD void tdm__kv_locate(const tdm__kv_plan *p, uint64_t r, tdm__kv_run *out)
 {
-    uint32_t hs = (uint32_t)(r % p->head_segs);
-    r /= p->head_segs;
-    uint32_t ts = (uint32_t)(r % p->token_segs);
-    r /= p->token_segs;
-    uint32_t kv = (uint32_t)(r & 1u);
-    uint32_t li = (uint32_t)(r >> 1);
+    uint32_t hs, ts, kv, li;
+    if (r <= 0xFFFFFFFFu) {          /* 32-bit divisions: much cheaper on the GPU */
+        uint32_t q = (uint32_t)r;
+        hs = q % p->head_segs;
+        q /= p->head_segs;
+        ts = q % p->token_segs;
+        q /= p->token_segs;
+        kv = q & 1u;
+        li = q >> 1;
+    } else {
+        hs = (uint32_t)(r % p->head_segs);
+        r /= p->head_segs;
+        ts = (uint32_t)(r % p->token_segs);
+        r /= p->token_segs;
+        kv = (uint32_t)(r & 1u);
+        li = (uint32_t)(r >> 1);
+    }
     uint32_t t0 = ts * p->run_tokens;
     uint32_t nt = p->num_tokens - t0 < p->run_tokens ? p->num_tokens - t0 : p->run_tokens;
     uint32_t h = hs * p->run_heads;

@@ -143,7 +143,9 @@ tdm__req *tdm__waiting_peek(const tdm_sched *s)
 static inline bool heap_less(const tdm_sched *s, const tdm__req *a, const tdm__req *b)
 {
     int c = tdm__policy_compare(s, a, b);
-    return c < 0 || (c == 0 && a->seq < b->seq);
+    if (c) return c < 0;
+    if (a->arrival != b->arrival) return a->arrival < b->arrival; /* ties: arrival, then add order */
+    return a->seq < b->seq;
 }
 
 static void heap_set(tdm_sched *s, uint32_t i, tdm__req *r)
@@ -231,6 +233,30 @@ int tdm__waiting_requeue(tdm_sched *s, tdm__req *r)
 {
     if (tdm__waiting_uses_heap(s)) return heap_push(s, r);
     tdm__list_push_front(&s->waiting, r);
+    return TDM_OK;
+}
+
+/* A request whose remote KV arrived (or failed and will be recomputed). In vLLM it never left
+ * the waiting queue: skipped while receiving, it is prepended back each step, so received
+ * requests sit at the front in their original order. Here: after the received requests at the
+ * front that were added before it. The heap orders it by its key. */
+int tdm__waiting_requeue_received(tdm_sched *s, tdm__req *r)
+{
+    if (tdm__waiting_uses_heap(s)) return heap_push(s, r);
+    tdm__req *after = NULL;
+    for (tdm__req *x = s->waiting.head; x && x->remote_done && x->num_blocks && x->seq < r->seq;
+         x = x->link.next)
+        after = x;
+    if (!after) {
+        tdm__list_push_front(&s->waiting, r);
+        return TDM_OK;
+    }
+    r->link.prev = after;
+    r->link.next = after->link.next;
+    if (after->link.next) after->link.next->link.prev = r;
+    else s->waiting.tail = r;
+    after->link.next = r;
+    s->waiting.len++;
     return TDM_OK;
 }
 

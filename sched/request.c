@@ -90,7 +90,7 @@ void tdm__preempt(tdm_sched *s, tdm__req *r)
     tdm__req_free_blocks(s, r);
     r->num_computed = 0;
     r->num_spec = 0;
-    r->num_spec_sched = 0;
+    /* num_spec_sched stays: a late output of the step in flight may still report drafts. */
     r->num_preemptions++;
     r->state = TDM_STATE_PREEMPTED;
     s->preemptions++;
@@ -163,6 +163,9 @@ void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid)
         return;
     }
     if (s->prm.remote_kv_failure == TDM_REMOTE_KV_FAIL) {
+        /* The receive is over (reported or timed out): the blocks can be freed at once. */
+        tdm__list_remove(&s->remote, r);
+        r->state = TDM_STATE_FINISHED; /* in no container: tdm__finish detaches nothing */
         tdm__finish(s, r, TDM_FINISH_ERROR, s->now);
         return;
     }
@@ -177,7 +180,7 @@ void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid)
     r->num_remote = 0;
     r->remote_done = true;
     r->state = r->ever_admitted ? TDM_STATE_PREEMPTED : TDM_STATE_WAITING;
-    (void)tdm__waiting_requeue(s, r);
+    (void)tdm__waiting_requeue_received(s, r);
 }
 
 /* Free the blocks of a FINISHED_HELD request. If its finish was already reported it is

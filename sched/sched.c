@@ -113,6 +113,7 @@ void tdm_sched_destroy(tdm_sched *s)
     tdm__vec_free(&s->upd_new);
     tdm__vec_free(&s->upd_reason);
     tdm__vec_free(&s->upd_stop);
+    tdm__vec_free(&s->upd_reqs);
     if (s->pool_ready) tdm__pool_free(&s->pool);
     tdm__free(s);
     tdm__handle_release();
@@ -348,7 +349,7 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
         if (full > r->num_cached_blocks) r->num_cached_blocks = full;
     }
     r->state = TDM_STATE_WAITING;
-    (void)tdm__waiting_requeue(s, r);
+    (void)tdm__waiting_requeue_received(s, r);
     return TDM_OK;
 }
 

@@ -190,6 +190,7 @@ struct tdm_sched {
     tdm__vec upd_new;          /* uint32_t */
     tdm__vec upd_reason;       /* uint8_t */
     tdm__vec upd_stop;         /* int32_t */
+    tdm__vec upd_reqs;         /* tdm__req *: the records found while validating */
 
     char *config_json;         /* last tdm_sched_get_config text (owned) */
 
@@ -225,7 +226,8 @@ uint32_t tdm__waiting_len(const tdm_sched *s);
 tdm__req *tdm__waiting_peek(const tdm_sched *s);
 void tdm__waiting_pop(tdm_sched *s);
 int tdm__waiting_push(tdm_sched *s, tdm__req *r);    /* a new request */
-int tdm__waiting_requeue(tdm_sched *s, tdm__req *r); /* preempted / back from remote: front */
+int tdm__waiting_requeue(tdm_sched *s, tdm__req *r); /* preempted: front */
+int tdm__waiting_requeue_received(tdm_sched *s, tdm__req *r); /* back from a remote receive */
 void tdm__waiting_remove(tdm_sched *s, tdm__req *r);
 int tdm__waiting_reserve(tdm_sched *s, uint32_t n);
 

@@ -75,7 +75,10 @@ static uint32_t tbt_fit(const tdm_sched *s, const tdm_step_shape *sh, uint32_t c
 static void cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
 {
     if (!s->prm.enable_prefix_caching) return;
-    uint32_t full = TDM_MIN(upto_tokens, r->num_tokens) / (uint32_t)s->prm.block_size;
+    upto_tokens = TDM_MIN(upto_tokens, r->num_tokens);
+    /* Most steps complete no block: decide that without a division. */
+    if (upto_tokens < (uint64_t)(r->num_cached_blocks + 1) * (uint32_t)s->prm.block_size) return;
+    uint32_t full = upto_tokens / (uint32_t)s->prm.block_size;
     if (full <= r->num_cached_blocks) return;
     tdm__req_hash_blocks(s, r);
     for (uint32_t i = r->num_cached_blocks; i < full; i++)
@@ -93,6 +96,10 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     uint32_t bs = (uint32_t)s->prm.block_size;
     uint64_t computed = (uint64_t)r->num_computed + (uint64_t)nhit * bs;
     uint64_t total = TDM_MIN(computed + ext + n + look, (uint64_t)s->prm.max_model_len);
+    if (!nhit && total <= (uint64_t)r->num_blocks * bs) { /* the common decode step: room already */
+        if (!delay_cache) cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
+        return true;
+    }
     uint32_t need = tdm__cdiv(total, bs);
     uint32_t have = r->num_blocks + nhit;
     uint32_t fresh = need > have ? need - have : 0;
@@ -138,8 +145,9 @@ typedef struct step_ctx {
     double now;
     uint32_t budget;
     bool preempted;
-    tdm_step_shape shape;
+    tdm_step_shape shape;      /* tracked only in decode-first mode */
     bool tbt;
+    bool decode_first;
     uint32_t partial_prefills; /* prefills in this step (decode-first limit) */
     uint64_t out_blocks_bound; /* upper bound of the block ids the batch will list */
 } step_ctx;
@@ -149,7 +157,8 @@ typedef struct step_ctx {
 static bool reserve_blocks_for(step_ctx *c, const tdm__req *r)
 {
     uint64_t need = c->out_blocks_bound + r->cap_blocks;
-    if (need > UINT32_MAX || tdm__vec_reserve(&c->s->out_blocks, (uint32_t)need, sizeof(uint32_t))) {
+    if (need > c->s->out_blocks.cap &&
+        (need > UINT32_MAX || tdm__vec_reserve(&c->s->out_blocks, (uint32_t)need, sizeof(uint32_t)))) {
         tdm__fail(&c->s->err, TDM_E_NOMEM, "step: out of memory for the batch's block list");
         return false;
     }
@@ -171,8 +180,10 @@ static void add_entry(step_ctx *c, tdm__req *r, uint32_t n, uint32_t computed, u
     r->entry = s->num_entries++;
     r->sched_step = s->step_no;
     c->budget -= n;
-    shape_add(&c->shape, r, computed, n, +1);
-    if (!is_decode_req(r, computed)) c->partial_prefills++;
+    if (c->decode_first) {
+        shape_add(&c->shape, r, computed, n, +1);
+        if (!is_decode_req(r, computed)) c->partial_prefills++;
+    }
 }
 
 /* Undo the entry of a request scheduled earlier in this step that is being preempted. */
@@ -182,8 +193,10 @@ static void remove_entry(step_ctx *c, tdm__req *r)
     uint32_t i = r->entry;
     tdm__entry *e = &s->entries[i];
     c->budget += e->num_tokens;
-    shape_add(&c->shape, r, e->num_computed, e->num_tokens, -1);
-    if (!is_decode_req(r, e->num_computed)) c->partial_prefills--;
+    if (c->decode_first) {
+        shape_add(&c->shape, r, e->num_computed, e->num_tokens, -1);
+        if (!is_decode_req(r, e->num_computed)) c->partial_prefills--;
+    }
     memmove(e, e + 1, (size_t)(s->num_entries - i - 1) * sizeof(*e));
     s->num_entries--;
     for (uint32_t k = i; k < s->num_entries; k++) s->entries[k].req->entry = k;
@@ -428,7 +441,8 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     c.s = s;
     c.now = s->now;
     c.budget = (uint32_t)s->prm.max_num_batched_tokens;
-    c.tbt = s->prm.mode == TDM_MODE_DECODE_FIRST && s->prm.tbt_target_us > 0;
+    c.decode_first = s->prm.mode == TDM_MODE_DECODE_FIRST;
+    c.tbt = c.decode_first && s->prm.tbt_target_us > 0;
     s->num_entries = 0;
     s->out_preempted.len = 0;
     s->out_recv_ready.len = 0;

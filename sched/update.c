@@ -16,6 +16,7 @@ static bool takes_output(const tdm__req *r)
     return r && r->tokens && (r->state == TDM_STATE_RUNNING || r->state == TDM_STATE_PREEMPTED);
 }
 
+/* Validate the whole report; remember each request record (or NULL) in upd_reqs. */
 static int validate(tdm_sched *s, const tdm_step_output *o)
 {
     if (!TDM_STRUCT_OK(o, sizeof(tdm_step_output)))
@@ -28,6 +29,9 @@ static int validate(tdm_sched *s, const tdm_step_output *o)
         return tdm__fail(&s->err, TDM_E_INVAL, "update: token_offsets[0] must be 0");
     if (o->token_offsets[o->num_reqs] && !o->tokens)
         return tdm__fail(&s->err, TDM_E_INVAL, "update: tokens is NULL");
+    if (tdm__vec_reserve(&s->upd_reqs, o->num_reqs, sizeof(tdm__req *)))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "update: out of memory");
+    tdm__req **found = s->upd_reqs.data;
     uint64_t stamp = ++s->update_no;
     for (uint32_t i = 0; i < o->num_reqs; i++) {
         uint32_t a = o->token_offsets[i], b = o->token_offsets[i + 1];
@@ -38,7 +42,8 @@ static int validate(tdm_sched *s, const tdm_step_output *o)
                 return tdm__fail(&s->err, TDM_E_INVAL, "update: request %llu token %u is negative (%d)",
                                  (unsigned long long)o->req_ids[i], k - a, o->tokens[k]);
         tdm__req *r = tdm__map_get(s, o->req_ids[i]);
-        if (!takes_output(r)) continue; /* unknown or finished: skipped, as in vLLM */
+        found[i] = takes_output(r) ? r : NULL;
+        if (!found[i]) continue; /* unknown or finished: skipped, as in vLLM */
         if (r->update_stamp == stamp)
             return tdm__fail(&s->err, TDM_E_INVAL, "update: request %llu is reported twice",
                              (unsigned long long)r->id);
@@ -93,8 +98,10 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
     double now = o->now;
     uint32_t m = 0;
     s->in_update = true;
+    tdm__req **found = s->upd_reqs.data;
     for (uint32_t i = 0; i < n; i++) {
-        tdm__req *r = tdm__map_get(s, o->req_ids[i]);
+        tdm__req *r = found[i];
+        /* Checked again: finishing an earlier entry cannot touch r, but stay defensive. */
         if (!takes_output(r)) continue;
         uint32_t a = o->token_offsets[i], k = o->token_offsets[i + 1] - a;
         if (k && r->num_spec_sched && r->state == TDM_STATE_RUNNING) {

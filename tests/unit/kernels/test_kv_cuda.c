@@ -53,6 +53,7 @@ static int wrappers_all_return(int want, const char *needle)
     if (tdm_cuda_malloc(&p, 64) != want || p) return 16;
     if (tdm_cuda_memcpy(buf, buf + 8, 8, TDM_CUDA_COPY_DEFAULT) != want) return 17;
     if (tdm_cuda_memset(buf, 0, 8) != want) return 18;
+    if (tdm_cuda_memcpy_async(buf, buf + 8, 8, TDM_CUDA_COPY_DEFAULT, NULL) != want) return 25;
     if (tdm_cuda_stream_sync(NULL) != want) return 19;
     if (tdm_cuda_free(buf) != want) return 20;
     if (tdm_cuda_profile(&spec, buf, sizeof buf, &len) != want || len) return 21;

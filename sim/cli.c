@@ -1,0 +1,202 @@
+/*
+ * cli.c -- option parsing shared by the simulator's subcommands (see cli.h), and the
+ * common setup: the model and hardware presets or JSON files, and the trace with its
+ * arrival, scaling, window, cap and clip options.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+const char tdm_sim_cli_common_usage[] =
+    "workload:\n"
+    "  --trace PATH          trace file (Azure CSV, Mooncake JSONL, length CSV, Tandem JSONL);\n"
+    "                        default: the embedded chat workload ('builtin')\n"
+    "  --format F            azure | mooncake | lengths | tandem (default: detected)\n"
+    "  --arrival A           trace | poisson | gamma (length-only files: poisson)\n"
+    "  --rate R              req/s of synthetic arrivals (builtin: 20)\n"
+    "  --cv X                Gamma arrivals: coefficient of variation (burstiness)\n"
+    "  --rate-scale X        multiply the arrival rate by X\n"
+    "  --window A:B          keep arrivals in [A, B) seconds from the first\n"
+    "  --max-requests N      keep the first N requests\n"
+    "  --seed S              seed of every random choice (default 42)\n"
+    "  --jitter-ms J         spread each arrival over [t, t+J) (Mooncake default 3000)\n"
+    "  --max-len N           clip prompt+output to N tokens (default: the model's context)\n"
+    "  --no-clip             do not clip (over-long requests are rejected and count as misses)\n"
+    "model and hardware:\n"
+    "  --model M             preset or JSON file (default llama-3-8b)\n"
+    "  --hw H                a100-80g | h100-sxm | h200 or a hardware JSON (default h100-sxm)\n"
+    "  --tp N                tensor-parallel degree (default 1)\n"
+    "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
+    "metrics and output:\n"
+    "  --slo-ttft-ms X       TTFT SLO (default 500)\n"
+    "  --slo-tpot-ms X       TPOT SLO (default 50)\n"
+    "  --goodput             search the highest rate with >= target attainment of both SLOs\n"
+    "  --goodput-target F    attainment needed for goodput (default 0.9)\n"
+    "  --json FILE           write the summary as JSON\n"
+    "  --requests-csv FILE   one row per request\n"
+    "  --quiet               no progress bar\n";
+
+static int need(int i, int argc, char **argv)
+{
+    if (i + 1 >= argc) {
+        fprintf(stderr, "tandem %s: %s needs a value\n", argv[0], argv[i]);
+        return -1;
+    }
+    return 0;
+}
+
+static int num(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "tandem: %s: bad value '%s' (expected a number in [%g, %g])\n", opt, s,
+                lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
+{
+    memset(c, 0, sizeof *c);
+    c->prog = argv[0];
+    tdm_sim_trace_opts_init(&c->topts);
+    tdm_sim_run_opts_init(&c->ropts);
+    c->model = "llama-3-8b";
+    c->hw = "h100-sxm";
+    c->tp = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        double v;
+#define VAL (need(i, argc, argv) ? -1 : 0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s\n%s", usage, tdm_sim_cli_common_usage);
+            c->help = 1;
+            return 1;
+        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) c->quiet = 1;
+        else if (!strcmp(a, "--goodput")) c->goodput = 1;
+        else if (!strcmp(a, "--no-clip")) c->no_clip = 1;
+        else if (a[0] != '-' || !strcmp(a, "-")) {
+            if (c->npos == TDM_SIM_CLI_MAXPOS) {
+                fprintf(stderr, "tandem %s: too many arguments\n", argv[0]);
+                return -1;
+            }
+            c->pos[c->npos++] = a;
+        } else {
+            if (VAL) return -1;
+            const char *s = argv[++i];
+            if (!strcmp(a, "--trace")) c->trace = s;
+            else if (!strcmp(a, "--format")) {
+                if (!strcmp(s, "azure")) c->topts.fmt = TDM_SIM_FMT_AZURE;
+                else if (!strcmp(s, "mooncake")) c->topts.fmt = TDM_SIM_FMT_MOONCAKE;
+                else if (!strcmp(s, "lengths")) c->topts.fmt = TDM_SIM_FMT_LENGTHS;
+                else if (!strcmp(s, "tandem")) c->topts.fmt = TDM_SIM_FMT_TANDEM;
+                else {
+                    fprintf(stderr, "tandem: --format: azure, mooncake, lengths or tandem\n");
+                    return -1;
+                }
+            } else if (!strcmp(a, "--arrival")) {
+                if (!strcmp(s, "trace")) c->topts.arrival = TDM_SIM_ARRIVAL_TRACE;
+                else if (!strcmp(s, "poisson")) c->topts.arrival = TDM_SIM_ARRIVAL_POISSON;
+                else if (!strcmp(s, "gamma")) c->topts.arrival = TDM_SIM_ARRIVAL_GAMMA;
+                else {
+                    fprintf(stderr, "tandem: --arrival: trace, poisson or gamma\n");
+                    return -1;
+                }
+            } else if (!strcmp(a, "--rate")) {
+                if (num(a, s, 1e-6, 1e6, &c->topts.rate)) return -1;
+            } else if (!strcmp(a, "--cv")) {
+                if (num(a, s, 1e-3, 100, &c->topts.cv)) return -1;
+            } else if (!strcmp(a, "--rate-scale")) {
+                if (num(a, s, 1e-6, 1e6, &c->topts.rate_scale)) return -1;
+            } else if (!strcmp(a, "--window")) {
+                char *end;
+                c->topts.window_start = strtod(s, &end);
+                if (*end != ':' || c->topts.window_start < 0) {
+                    fprintf(stderr, "tandem: --window: expected START:END seconds\n");
+                    return -1;
+                }
+                c->topts.window_end = end[1] ? strtod(end + 1, NULL) : 0;
+                if (c->topts.window_end && c->topts.window_end <= c->topts.window_start) {
+                    fprintf(stderr, "tandem: --window: END must be after START\n");
+                    return -1;
+                }
+            } else if (!strcmp(a, "--max-requests")) {
+                if (num(a, s, 1, 1e9, &v)) return -1;
+                c->topts.max_requests = (size_t)v;
+            } else if (!strcmp(a, "--seed")) {
+                if (num(a, s, 0, 1.8e19, &v)) return -1;
+                c->topts.seed = (uint64_t)v;
+            } else if (!strcmp(a, "--jitter-ms")) {
+                if (num(a, s, 0, 1e9, &v)) return -1;
+                c->topts.jitter_s = v * 1e-3;
+            } else if (!strcmp(a, "--max-len")) {
+                if (num(a, s, 2, 1e8, &v)) return -1;
+                c->topts.max_len = (uint32_t)v;
+            } else if (!strcmp(a, "--model")) c->model = s;
+            else if (!strcmp(a, "--hw")) c->hw = s;
+            else if (!strcmp(a, "--tp")) {
+                if (num(a, s, 1, 64, &v)) return -1;
+                c->tp = (uint32_t)v;
+            } else if (!strcmp(a, "--mem-util")) {
+                if (num(a, s, 0.05, 1, &c->ropts.mem_util)) return -1;
+            } else if (!strcmp(a, "--slo-ttft-ms")) {
+                if (num(a, s, 1e-3, 1e9, &v)) return -1;
+                c->ropts.slo_ttft_s = v * 1e-3;
+            } else if (!strcmp(a, "--slo-tpot-ms")) {
+                if (num(a, s, 1e-3, 1e9, &v)) return -1;
+                c->ropts.slo_tpot_s = v * 1e-3;
+            } else if (!strcmp(a, "--goodput-target")) {
+                if (num(a, s, 0.01, 1, &c->ropts.goodput_target)) return -1;
+            } else if (!strcmp(a, "--json")) c->json = s;
+            else if (!strcmp(a, "--requests-csv")) c->csv = s;
+            else if (!strcmp(a, "--plot")) c->plot = s;
+            else if (!strcmp(a, "--config")) c->config = s;
+            else if (!strcmp(a, "--budget")) c->g_budget = s;
+            else if (!strcmp(a, "--max-seqs")) c->g_seqs = s;
+            else if (!strcmp(a, "--long-prefill")) c->g_long = s;
+            else if (!strcmp(a, "--policy")) c->g_policy = s;
+            else if (!strcmp(a, "--mode")) c->g_mode = s;
+            else if (!strcmp(a, "--tbt-ms")) c->g_tbt = s;
+            else {
+                fprintf(stderr, "tandem %s: unknown option %s (see --help)\n", argv[0], a);
+                return -1;
+            }
+        }
+#undef VAL
+    }
+    c->ropts.progress = !c->quiet && isatty(2);
+    return 0;
+}
+
+int tdm_sim_cli_setup(tdm_sim_cli *c)
+{
+    char err[TDM_SIM_ERRLEN];
+    if (tdm_sim_model_load(c->model, &c->m, err, sizeof err) != 0 ||
+        tdm_sim_hw_load(c->hw, &c->h, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem %s: %s\n", c->prog, err);
+        return -1;
+    }
+    c->m.tp = c->tp;
+    if (!c->no_clip && !c->topts.max_len) c->topts.max_len = c->m.max_len;
+    if (c->no_clip) c->topts.max_len = 0;
+    if (tdm_sim_trace_load(c->trace, &c->topts, &c->t, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem %s: %s\n", c->prog, err);
+        return -1;
+    }
+    return 0;
+}
+
+void tdm_sim_cli_free(tdm_sim_cli *c) { tdm_sim_trace_free(&c->t); }
+
+void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c)
+{
+    double span = tdm_sim_trace_span(&c->t);
+    fprintf(f, "workload: %s, %zu requests over %.1f s (%.2f req/s); model %s (tp %u) on %s\n",
+            c->t.name, c->t.n, span, span > 0 ? (double)c->t.n / span : 0.0, c->m.name,
+            c->m.tp, c->h.name);
+}

@@ -1,0 +1,119 @@
+/*
+ * cost.c -- the step-cost model: the predicted time of one model step from the batch's
+ * shape, as a roofline per operator group plus a fixed overhead.
+ *   linear layers   max(2 * params * tokens / (eff_c * peak), weight bytes / (eff_m * bw))
+ *                   + the element-wise kernels (norms, activation, rope, residual adds),
+ *                   memory-bound at ELEM_PASSES activations per token per layer, plus a
+ *                   per-layer kernel floor (TDM_SIM_LAYER_FLOOR_US: launch and tail latency)
+ *   prefill attn    max(4 * L * heads * head_dim * sum chunk*(ctx + chunk/2) FLOPs,
+ *                       KV bytes of (ctx + chunk) tokens)
+ *   decode attn     max(4 * L * heads * head_dim * sum ctx FLOPs, sum ctx * KV bytes/token)
+ *   tensor parallel every term above on 1/tp of the work, plus 2 all-reduces per layer of
+ *                   tokens * hidden * 2 bytes (ring: alpha + 2 (tp-1)/tp * bytes / link bw)
+ *   overhead        hw.step_overhead_us per step (launches, sampling, host work)
+ * docs/cost_model.md explains the calibration against ../shared/profiles.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "sim.h"
+
+/* Element-wise traffic per token per layer, in units of (hidden + ffn/tp) activations: fitted
+ * to the norm/act/rope/add rows of Vidur's H100 and A100 tables (about 8 passes). */
+#define ELEM_PASSES 8.0
+#define ACT_BYTES 2.0
+
+void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h)
+{
+    memset(c, 0, sizeof *c);
+    c->model = *m;
+    c->hw = *h;
+    double tp = m->tp ? m->tp : 1;
+    double layer = tdm_sim_model_layer_params(m);
+    double lm = (double)m->vocab * m->hidden;
+    c->flop_rate = h->peak_tflops * 1e12 * h->eff_compute;
+    c->byte_rate = h->hbm_gbps * 1e9 * h->eff_memory;
+    c->lin_flops_per_token = 2.0 * layer * m->layers / tp;
+    c->lm_flops_per_seq = 2.0 * lm / tp;
+    c->weight_bytes = (layer * m->layers + lm) * m->bytes_per_param / tp;
+    c->attn_flops_per_unit = 4.0 * m->layers * m->heads * (double)m->head_dim / tp;
+    c->kv_bytes_per_token = tdm_sim_model_kv_bytes_per_token(m) / tp;
+    c->ar_count = tp > 1 ? 2.0 * m->layers : 0;
+    c->ar_bytes_per_token = tp > 1 ? 2.0 * m->layers * m->hidden * ACT_BYTES : 0;
+    c->ar_alpha_s = TDM_SIM_ALLREDUCE_ALPHA_S;
+    /* ring all-reduce moves 2 (tp-1)/tp of the payload over each rank's link */
+    /* 0 = unknown (a profile of one GPU cannot measure the link): assume NVLink3's 300 GB/s */
+    double link = h->interconnect_gbps > 0 ? h->interconnect_gbps : TDM_SIM_DEFAULT_LINK_GBPS;
+    c->ar_bw = tp > 1 ? link * 1e9 / (2.0 * (tp - 1) / tp) : 1;
+}
+
+double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t)
+{
+    const tdm_sim_model *m = &c->model;
+    double tokens = (double)s->prefill_tokens + s->decode_reqs;
+    double tp = m->tp ? m->tp : 1;
+    if (tokens <= 0) {
+        if (t) memset(t, 0, sizeof *t);
+        return 0;
+    }
+    double lc = (c->lin_flops_per_token * tokens + c->lm_flops_per_seq * s->emit_seqs) /
+                c->flop_rate;
+    double lm = c->weight_bytes / c->byte_rate;
+    double elem = ELEM_PASSES * (m->hidden + m->ffn / tp) * ACT_BYTES * m->layers * tokens /
+                  c->byte_rate;
+    double lin = (lc > lm ? lc : lm) + elem + TDM_SIM_LAYER_FLOOR_US * 1e-6 * m->layers;
+    double pc = c->attn_flops_per_unit * s->prefill_attn / c->flop_rate;
+    double pm = c->kv_bytes_per_token * (double)s->prefill_kv_read / c->byte_rate;
+    double dc = c->attn_flops_per_unit * (double)s->decode_ctx / c->flop_rate;
+    double dm = c->kv_bytes_per_token * (double)s->decode_ctx / c->byte_rate;
+    double ap = pc > pm ? pc : pm, ad = dc > dm ? dc : dm;
+    double ar = c->ar_count > 0 ? c->ar_count * c->ar_alpha_s +
+                                      c->ar_bytes_per_token * tokens / c->ar_bw
+                                : 0;
+    double ov = c->hw.step_overhead_us * 1e-6;
+    double total = lin + ap + ad + ar + ov;
+    if (t) {
+        t->total_s = total;
+        t->linear_s = lin;
+        t->linear_compute_s = lc;
+        t->linear_memory_s = lm;
+        t->linear_compute_bound = lc > lm;
+        t->attn_prefill_s = ap;
+        t->attn_decode_s = ad;
+        t->attn_compute_s = pc + dc;
+        t->attn_memory_s = pm + dm;
+        t->allreduce_s = ar;
+        t->overhead_s = ov;
+    }
+    return total;
+}
+
+double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *sh)
+{
+    const tdm_sim_cost *c = ctx;
+    if (!c || !sh) return 0;
+    tdm_sim_shape s;
+    memset(&s, 0, sizeof s);
+    s.prefill_tokens = sh->num_prefill_tokens;
+    s.prefill_reqs = sh->num_prefill_reqs;
+    s.decode_reqs = sh->num_decode_tokens > sh->num_decode_reqs ? sh->num_decode_tokens
+                                                                : sh->num_decode_reqs;
+    s.emit_seqs = sh->num_decode_reqs + sh->num_prefill_reqs;
+    s.decode_ctx = sh->decode_context_tokens;
+    s.prefill_attn = (double)sh->prefill_attn_work;
+    s.prefill_kv_read = 0;
+    return tdm_sim_cost_step(c, &s, NULL);
+}
+
+uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util)
+{
+    const tdm_sim_model *m = &c->model;
+    if (c->hw.mem_gib <= 0 || block_size == 0) return 0;
+    double tp = m->tp ? m->tp : 1;
+    double weights = tdm_sim_model_params(m) * m->bytes_per_param / tp;
+    double avail = c->hw.mem_gib * 1073741824.0 * mem_util - weights - 1073741824.0;
+    if (avail <= 0) return 0;
+    double blocks = floor(avail / (c->kv_bytes_per_token * block_size));
+    if (blocks > 4e9) blocks = 4e9;
+    return (uint32_t)blocks;
+}

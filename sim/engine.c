@@ -1,0 +1,593 @@
+/*
+ * engine.c -- the simulator's event loop: a host that drives real libtandem schedulers
+ * through the public ABI, with the cost model in place of a GPU. Each instance (a
+ * colocated engine, or a prefill or decode engine of a disaggregated deployment) is a
+ * tdm_sched; at each event time the loop delivers arrivals, completes the steps that end
+ * (tdm_sched_update with one sampled token per request that reached the end of its
+ * tokens), completes KV transfers (tdm_sched_remote_kv_done on the decode side,
+ * tdm_sched_release on the prefill side) and starts a step on every idle instance
+ * (tdm_sched_step; the step lasts the cost model's estimate). Work per step is O(batch);
+ * nothing is allocated per step once the buffers reach their high-water mark.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+typedef struct rstate {
+    uint32_t total;        /* tokens the current scheduler holds (prompt + outputs) */
+    uint32_t generated;    /* outputs counted for the user (decode side) */
+    double last_token;
+    int32_t inst;          /* instance holding it now */
+    uint8_t phase;         /* 0 colocated/decode, 1 prefill side */
+} rstate;
+
+typedef struct xfer {
+    double end;
+    uint64_t id;
+    uint32_t pre, dec;
+} xfer;
+
+typedef struct eng {
+    const tdm_sim_trace *t;
+    const tdm_sim_config *c;
+    const tdm_sim_run_opts *o;
+    tdm_sim_result *res;
+    tdm_sim_inst *in;
+    size_t ninst, npre;        /* disagg: [0, npre) prefill, [npre, ninst) decode */
+    rstate *rs;
+    tdm_token *toks;
+    uint32_t max_prompt;
+    xfer *heap;
+    size_t nheap, capheap;
+    uint32_t rr_pre, rr_dec;
+    double kv_gbps;
+    size_t done;
+    char *err;
+    size_t errlen;
+} eng;
+
+static int heap_push(eng *e, xfer x)
+{
+    if (e->nheap == e->capheap) {
+        size_t nc = e->capheap ? e->capheap * 2 : 256;
+        xfer *p = realloc(e->heap, nc * sizeof *p);
+        if (!p) return -1;
+        e->heap = p;
+        e->capheap = nc;
+    }
+    size_t i = e->nheap++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (e->heap[p].end <= x.end) break;
+        e->heap[i] = e->heap[p];
+        i = p;
+    }
+    e->heap[i] = x;
+    return 0;
+}
+
+static xfer heap_pop(eng *e)
+{
+    xfer top = e->heap[0], last = e->heap[--e->nheap];
+    size_t i = 0, n = e->nheap;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        double mv = last.end;
+        if (l < n && e->heap[l].end < mv) m = l, mv = e->heap[l].end;
+        if (r < n && e->heap[r].end < mv) m = r;
+        if (m == i) break;
+        e->heap[i] = e->heap[m];
+        i = m;
+    }
+    if (n) e->heap[i] = last;
+    return top;
+}
+
+static int push_id(uint64_t **a, size_t *n, size_t *cap, uint64_t id)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        uint64_t *p = realloc(*a, nc * sizeof *p);
+        if (!p) return -1;
+        *a = p;
+        *cap = nc;
+    }
+    (*a)[(*n)++] = id;
+    return 0;
+}
+
+static int fail(eng *e, const char *what, tdm_sched *s, int rc)
+{
+    snprintf(e->err, e->errlen, "%s: %s (%s)", what, s ? tdm_sched_errmsg(s) : "",
+             tdm_strerror(rc));
+    return -1;
+}
+
+/* Does the user's scheduler JSON set this key? */
+static int json_has(const char *json, const char *key)
+{
+    if (!json) return 0;
+    json_t *o = json_loads(json, 0, NULL);
+    int has = o && json_object_get(o, key) != NULL;
+    json_decref(o);
+    return has;
+}
+
+static int inst_init(eng *e, tdm_sim_inst *in, const tdm_sim_pool *p, int role, int pool)
+{
+    memset(in, 0, sizeof *in);
+    in->role = role;
+    in->pool = pool;
+    tdm_sim_cost_init(&in->cost, &p->model, &p->hw);
+    int rc = tdm_sched_create(&in->s);
+    if (rc != TDM_OK) return fail(e, "tdm_sched_create", NULL, rc);
+    if (!json_has(p->sched_json, "max_model_len")) {
+        uint32_t ml = p->model.max_len;
+        for (size_t i = 0; i < e->t->n; i++) {
+            uint32_t need = e->t->reqs[i].prompt_len + e->t->reqs[i].output_len;
+            if (need > ml) ml = need;
+        }
+        rc = tdm_sched_set_param(in->s, TDM_SCHED_MAX_MODEL_LEN, ml);
+        if (rc != TDM_OK) return fail(e, "max_model_len", in->s, rc);
+    }
+    if (p->sched_json && (rc = tdm_sched_configure(in->s, p->sched_json)) != TDM_OK)
+        return fail(e, "scheduler config", in->s, rc);
+    int64_t bs = 16, nb = 0;
+    tdm_sched_get_param(in->s, TDM_SCHED_BLOCK_SIZE, &bs);
+    in->block_size = (uint32_t)bs;
+    if (!json_has(p->sched_json, "num_blocks")) {
+        uint32_t blocks = tdm_sim_cost_num_blocks(&in->cost, (uint32_t)bs, e->o->mem_util);
+        if (blocks > 1 && (rc = tdm_sched_set_param(in->s, TDM_SCHED_NUM_BLOCKS, blocks + 1)) != TDM_OK)
+            return fail(e, "num_blocks", in->s, rc);
+    }
+    tdm_sched_get_param(in->s, TDM_SCHED_NUM_BLOCKS, &nb);
+    if (role != TDM_ROLE_BOTH && (rc = tdm_sched_set_param(in->s, TDM_SCHED_ROLE, role)) != TDM_OK)
+        return fail(e, "role", in->s, rc);
+    in->cm.version = TDM_COST_MODEL_VERSION;
+    in->cm.ctx = &in->cost;
+    in->cm.estimate = tdm_sim_cost_estimate_cb;
+    if ((rc = tdm_sched_set_cost_model(in->s, &in->cm)) != TDM_OK)
+        return fail(e, "tdm_sched_set_cost_model", in->s, rc);
+    tdm_batch_init(&in->batch);
+    if (e->c->router == TDM_SIM_ROUTER_KV_AWARE &&
+        tdm_sim_blockset_init(&in->blocks, (size_t)(nb > 0 ? nb : 1024)) != 0) {
+        snprintf(e->err, e->errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static void inst_free(tdm_sim_inst *in)
+{
+    tdm_sched_destroy(in->s);
+    free(in->out_ids);
+    free(in->out_offs);
+    free(in->out_toks);
+    free(in->pend_add);
+    free(in->pend_done);
+    tdm_sim_blockset_free(&in->blocks);
+}
+
+/* Route request id to an instance of the first pool (arrival) or the decode pool. */
+static int route(eng *e, uint64_t id, int to_decode)
+{
+    const tdm_sim_req *r = &e->t->reqs[id];
+    size_t first = to_decode ? e->npre : 0;
+    size_t count = to_decode ? e->ninst - e->npre : (e->c->disagg ? e->npre : e->ninst);
+    tdm_sim_router router = to_decode ? TDM_SIM_ROUTER_LEAST_LOAD : e->c->router;
+    int kv = router == TDM_SIM_ROUTER_KV_AWARE;
+    if (kv) tdm_sim_trace_tokens(e->t, id, e->toks);
+    int k = tdm_sim_route(e->in, first, count, router, e->c->overlap_weight,
+                          to_decode ? &e->rr_dec : &e->rr_pre, kv ? e->toks : NULL,
+                          r->prompt_len, kv);
+    tdm_sim_inst *in = &e->in[k];
+    if (push_id(&in->pend_add, &in->n_add, &in->cap_add, id) != 0) {
+        snprintf(e->err, e->errlen, "out of memory");
+        return -1;
+    }
+    in->outstanding++;
+    in->outstanding_tokens += r->prompt_len + (to_decode || !e->c->disagg ? r->output_len : 0);
+    e->rs[id].inst = k;
+    return 0;
+}
+
+static void finish_req(eng *e, tdm_sim_inst *in, uint64_t id, double t, uint8_t status)
+{
+    const tdm_sim_req *r = &e->t->reqs[id];
+    tdm_sim_req_out *o = &e->res->reqs[id];
+    o->finish = t;
+    o->status = status;
+    in->outstanding--;
+    in->outstanding_tokens -= r->prompt_len + r->output_len;
+    e->done++;
+}
+
+/* Add the requests queued for this instance (before its next step). */
+static int flush_pending(eng *e, tdm_sim_inst *in, double t)
+{
+    for (size_t i = 0; i < in->n_done; i++) {
+        int rc = tdm_sched_remote_kv_done(in->s, in->pend_done[i], 1, 0);
+        if (rc != TDM_OK) return fail(e, "tdm_sched_remote_kv_done", in->s, rc);
+    }
+    in->n_done = 0;
+    for (size_t i = 0; i < in->n_add; i++) {
+        uint64_t id = in->pend_add[i];
+        const tdm_sim_req *r = &e->t->reqs[id];
+        tdm_sim_trace_tokens(e->t, id, e->toks);
+        tdm_request_desc d;
+        tdm_request_desc_init(&d);
+        d.id = id;
+        d.prompt = e->toks;
+        d.num_prompt_tokens = r->prompt_len;
+        d.max_tokens = r->output_len;
+        d.eos_token_id = -1;
+        d.priority = r->priority;
+        d.arrival_time = r->arrival;
+        d.ttft_slo = e->o->slo_ttft_s;
+        d.tpot_slo = e->o->slo_tpot_s;
+        if (in->role == TDM_ROLE_PREFILL) {
+            d.flags |= TDM_REQ_REMOTE_DECODE;
+            d.max_tokens = 1;
+        } else if (in->role == TDM_ROLE_DECODE) {
+            d.flags |= TDM_REQ_REMOTE_PREFILL;
+        }
+        int rc = tdm_sched_add(in->s, &d);
+        if (rc != TDM_OK) {
+            /* too long for max_model_len or the pool: rejected, an SLO miss */
+            tdm_sim_req_out *o = &e->res->reqs[id];
+            if (in->role == TDM_ROLE_DECODE && o->prefill_instance >= 0)
+                tdm_sched_release(e->in[o->prefill_instance].s, id);
+            if (in->role == TDM_ROLE_PREFILL) {
+                in->outstanding_tokens += r->output_len; /* finish_req subtracts the full */
+            }
+            finish_req(e, in, id, t, 2);
+            o->finish = -1;
+            continue;
+        }
+        e->rs[id].total = r->prompt_len;
+        e->rs[id].phase = in->role == TDM_ROLE_PREFILL;
+        if (in->role != TDM_ROLE_PREFILL) e->res->reqs[id].instance = (int32_t)(in - e->in);
+        else e->res->reqs[id].prefill_instance = (int32_t)(in - e->in);
+    }
+    in->n_add = 0;
+    return 0;
+}
+
+static int start_transfers(eng *e, tdm_sim_inst *dec, double t)
+{
+    for (uint32_t i = 0; i < dec->batch.num_recv_ready; i++) {
+        uint64_t id = dec->batch.recv_ready_ids[i];
+        int32_t p = e->res->reqs[id].prefill_instance;
+        if (p < 0) continue;
+        tdm_sim_inst *pre = &e->in[p];
+        double bytes = tdm_sim_model_kv_bytes_per_token(&pre->cost.model) *
+                       e->t->reqs[id].prompt_len;
+        double start = t > pre->link_free ? t : pre->link_free;
+        double end = start + e->c->kv_latency_s + bytes / (e->kv_gbps * 1e9);
+        pre->link_free = end;
+        xfer x = {end, id, (uint32_t)p, (uint32_t)(dec - e->in)};
+        if (heap_push(e, x) != 0) {
+            snprintf(e->err, e->errlen, "out of memory");
+            return -1;
+        }
+        e->res->sum.kv_transfers++;
+        e->res->sum.kv_transfer_bytes += bytes;
+        e->res->sum.kv_transfer_mean_s += end - t;
+    }
+    return 0;
+}
+
+static int try_step(eng *e, tdm_sim_inst *in, double t)
+{
+    if (flush_pending(e, in, t) != 0) return -1;
+    int rc = tdm_sched_step(in->s, t, &in->batch);
+    if (rc != TDM_OK) return fail(e, "tdm_sched_step", in->s, rc);
+    const tdm_batch *b = &in->batch;
+    if (b->num_recv_ready && start_transfers(e, in, t) != 0) return -1;
+    for (uint32_t i = 0; i < b->num_preempted; i++) {
+        uint64_t id = b->preempted_ids[i];
+        if (id < e->t->n) e->res->reqs[id].preemptions++;
+    }
+    if (b->num_reqs == 0) return 0;
+    tdm_sim_shape sh;
+    memset(&sh, 0, sizeof sh);
+    for (uint32_t i = 0; i < b->num_reqs; i++) {
+        uint64_t id = b->req_ids[i];
+        const rstate *r = &e->rs[id];
+        uint32_t n = b->num_tokens[i], c = b->num_computed[i];
+        int emits = c + n >= r->total;
+        if (n == 1 && emits && r->total > e->t->reqs[id].prompt_len) {
+            sh.decode_reqs++;
+            sh.decode_ctx += c + 1;
+        } else {
+            sh.prefill_tokens += n;
+            sh.prefill_reqs++;
+            sh.prefill_attn += n * ((double)c + n / 2.0);
+            sh.prefill_kv_read += c + n;
+        }
+        sh.emit_seqs += emits;
+    }
+    double dt = tdm_sim_cost_step(&in->cost, &sh, NULL);
+    in->busy = 1;
+    in->step_start = t;
+    in->step_end = t + dt;
+    in->steps++;
+    in->tokens += b->total_tokens;
+    in->req_steps += b->num_reqs;
+    return 0;
+}
+
+static int complete_step(eng *e, tdm_sim_inst *in)
+{
+    const tdm_batch *b = &in->batch;
+    double t = in->step_end;
+    in->busy = 0;
+    uint32_t n = b->num_reqs;
+    if (n > in->out_cap) {
+        size_t nc = n * 2;
+        uint64_t *a = realloc(in->out_ids, nc * sizeof *a);
+        if (a) in->out_ids = a;
+        uint32_t *o = realloc(in->out_offs, (nc + 1) * sizeof *o);
+        if (o) in->out_offs = o;
+        tdm_token *k = realloc(in->out_toks, nc * sizeof *k);
+        if (k) in->out_toks = k;
+        if (!a || !o || !k) {
+            snprintf(e->err, e->errlen, "out of memory");
+            return -1;
+        }
+        in->out_cap = nc;
+    }
+    uint32_t nt = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t id = b->req_ids[i];
+        in->out_ids[i] = id;
+        in->out_offs[i] = nt;
+        if (b->num_computed[i] + b->num_tokens[i] >= e->rs[id].total)
+            in->out_toks[nt++] = (tdm_token)(1 + tdm_sim_mix64(id * 131 + e->rs[id].total) % 32000);
+    }
+    in->out_offs[n] = nt;
+    tdm_step_output so;
+    tdm_step_output_init(&so);
+    so.num_reqs = n;
+    so.req_ids = in->out_ids;
+    so.token_offsets = in->out_offs;
+    so.tokens = in->out_toks;
+    so.now = t;
+    tdm_update_result ur;
+    tdm_update_result_init(&ur);
+    int rc = tdm_sched_update(in->s, &so, &ur);
+    if (rc != TDM_OK) return fail(e, "tdm_sched_update", in->s, rc);
+    for (uint32_t j = 0; j < ur.num_reqs; j++) {
+        uint64_t id = ur.req_ids[j];
+        if (id >= e->t->n) continue;
+        rstate *r = &e->rs[id];
+        uint32_t nn = ur.num_new_tokens[j];
+        r->total += nn;
+        if (r->phase == 1) {
+            /* prefill side of a disaggregated pair: hand the request to a decode instance */
+            if (ur.finish_reasons[j] != TDM_FINISH_NONE) {
+                const tdm_sim_req *q = &e->t->reqs[id];
+                in->outstanding--;
+                in->outstanding_tokens -= q->prompt_len;
+                if (route(e, id, 1) != 0) return -1;
+            }
+            continue;
+        }
+        if (nn) {
+            tdm_sim_req_out *o = &e->res->reqs[id];
+            if (r->generated == 0) {
+                o->first_token = t;
+            } else if (e->res->n_gaps < e->res->cap_gaps) {
+                e->res->gaps[e->res->n_gaps++] = (float)(t - r->last_token);
+            }
+            /* several tokens in one step (speculative decoding) share one gap */
+            for (uint32_t k = 1; k < nn && e->res->n_gaps < e->res->cap_gaps; k++)
+                e->res->gaps[e->res->n_gaps++] = 0.0f;
+            r->generated += nn;
+            r->last_token = t;
+            o->generated = r->generated;
+        }
+        if (ur.finish_reasons[j] != TDM_FINISH_NONE)
+            finish_req(e, in, id, t, ur.finish_reasons[j] == TDM_FINISH_ERROR ? 0 : 1);
+    }
+    tdm_sched_stats st;
+    tdm_sched_stats_init(&st);
+    if (tdm_sched_get_stats(in->s, &st) == TDM_OK) {
+        in->kv_sum += st.kv_usage;
+        if (st.kv_usage > in->kv_max) in->kv_max = st.kv_usage;
+    }
+    return 0;
+}
+
+static int complete_xfer(eng *e, const xfer *x)
+{
+    tdm_sim_inst *pre = &e->in[x->pre], *dec = &e->in[x->dec];
+    int rc = tdm_sched_release(pre->s, x->id);
+    /* NOT_FOUND / STATE: the delayed-free timeout already freed the held blocks */
+    if (rc != TDM_OK && rc != TDM_E_NOT_FOUND && rc != TDM_E_STATE)
+        return fail(e, "tdm_sched_release", pre->s, rc);
+    if (push_id(&dec->pend_done, &dec->n_done, &dec->cap_done, x->id) != 0) {
+        snprintf(e->err, e->errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static int loop(eng *e)
+{
+    const tdm_sim_trace *t = e->t;
+    size_t next = 0;
+    double now = 0;
+    uint64_t events = 0;
+    tdm_sim_progress pg;
+    tdm_sim_progress_begin(&pg, e->o->progress, e->o->label);
+    for (;;) {
+        while (next < t->n && t->reqs[next].arrival <= now) {
+            if (route(e, next, 0) != 0) goto out;
+            next++;
+        }
+        for (size_t i = 0; i < e->ninst; i++)
+            if (e->in[i].busy && e->in[i].step_end <= now && complete_step(e, &e->in[i]) != 0)
+                goto out;
+        while (e->nheap && e->heap[0].end <= now) {
+            xfer x = heap_pop(e);
+            if (complete_xfer(e, &x) != 0) goto out;
+        }
+        for (size_t i = 0; i < e->ninst; i++)
+            if (!e->in[i].busy && try_step(e, &e->in[i], now) != 0) goto out;
+        double tn = INFINITY;
+        if (next < t->n) tn = t->reqs[next].arrival;
+        for (size_t i = 0; i < e->ninst; i++)
+            if (e->in[i].busy && e->in[i].step_end < tn) tn = e->in[i].step_end;
+        if (e->nheap && e->heap[0].end < tn) tn = e->heap[0].end;
+        int pending = 0;
+        for (size_t i = 0; i < e->ninst; i++) pending |= e->in[i].n_add || e->in[i].n_done;
+        if (tn == INFINITY && !pending) break;
+        if (tn == INFINITY) tn = now; /* queued work for idle instances: one more round */
+        if (tn < now) tn = now;
+        now = tn;
+        if ((++events & 4095) == 0) {
+            tdm_sim_progress_update(&pg, (double)e->done / (double)t->n, e->done, t->n, now);
+            uint64_t steps = 0;
+            for (size_t i = 0; i < e->ninst; i++) steps += e->in[i].steps;
+            if (e->o->max_steps && steps >= e->o->max_steps) break;
+        }
+    }
+    tdm_sim_progress_end(&pg);
+    e->res->sum.duration_s = now;
+    return 0;
+out:
+    tdm_sim_progress_end(&pg);
+    return -1;
+}
+
+void tdm_sim_result_free(tdm_sim_result *r)
+{
+    if (!r) return;
+    free(r->reqs);
+    free(r->gaps);
+    memset(r, 0, sizeof *r);
+}
+
+int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_run_opts *o,
+                tdm_sim_result *res, char *err, size_t errlen)
+{
+    tdm_sim_run_opts defo;
+    if (!o) {
+        tdm_sim_run_opts_init(&defo);
+        o = &defo;
+    }
+    double w0 = tdm_sim_wall();
+    memset(res, 0, sizeof *res);
+    snprintf(res->name, sizeof res->name, "%s", c->name);
+    eng e;
+    memset(&e, 0, sizeof e);
+    e.t = t;
+    e.c = c;
+    e.o = o;
+    e.res = res;
+    e.err = err;
+    e.errlen = errlen;
+    int rc = -1;
+    uint64_t out_total = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        out_total += t->reqs[i].output_len;
+        if (t->reqs[i].prompt_len > e.max_prompt) e.max_prompt = t->reqs[i].prompt_len;
+    }
+    res->n = t->n;
+    res->reqs = calloc(t->n ? t->n : 1, sizeof *res->reqs);
+    res->cap_gaps = out_total;
+    res->gaps = malloc((out_total ? out_total : 1) * sizeof *res->gaps);
+    e.rs = calloc(t->n ? t->n : 1, sizeof *e.rs);
+    e.toks = malloc(((size_t)e.max_prompt + 1) * sizeof *e.toks);
+    e.npre = c->disagg ? c->pools[0].instances : 0;
+    e.ninst = c->pools[0].instances + (c->disagg ? c->pools[1].instances : 0);
+    e.in = calloc(e.ninst ? e.ninst : 1, sizeof *e.in);
+    if (!res->reqs || !res->gaps || !e.rs || !e.toks || !e.in) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    if (e.ninst == 0 || (c->disagg && c->pools[1].instances == 0)) {
+        snprintf(err, errlen, "%s: a pool has no instances", c->name);
+        goto done;
+    }
+    for (size_t i = 0; i < t->n; i++) {
+        tdm_sim_req_out *q = &res->reqs[i];
+        q->arrival = t->reqs[i].arrival;
+        q->first_token = q->finish = -1;
+        q->prompt_len = t->reqs[i].prompt_len;
+        q->output_len = t->reqs[i].output_len;
+        q->instance = q->prefill_instance = -1;
+    }
+    e.kv_gbps = c->kv_gbps;
+    if (c->disagg && e.kv_gbps <= 0) {
+        double a = c->pools[0].hw.interconnect_gbps, b = c->pools[1].hw.interconnect_gbps;
+        if (a <= 0) a = b; /* 0 = unknown */
+        if (b <= 0) b = a;
+        e.kv_gbps = a < b ? a : b;
+        if (e.kv_gbps <= 0) e.kv_gbps = TDM_SIM_DEFAULT_LINK_GBPS;
+    }
+    size_t k = 0;
+    for (int p = 0; p < (c->disagg ? 2 : 1); p++) {
+        int role = c->disagg ? (p == 0 ? TDM_ROLE_PREFILL : TDM_ROLE_DECODE) : TDM_ROLE_BOTH;
+        for (uint32_t i = 0; i < c->pools[p].instances; i++, k++)
+            if (inst_init(&e, &e.in[k], &c->pools[p], role, p) != 0) {
+                e.ninst = k + 1;
+                goto done;
+            }
+    }
+    if (loop(&e) != 0) goto done;
+    /* scheduler counters */
+    uint64_t q = 0, h = 0;
+    double kvs = 0;
+    uint64_t steps = 0, toks = 0;
+    for (size_t i = 0; i < e.ninst; i++) {
+        tdm_sched_stats st;
+        tdm_sched_stats_init(&st);
+        if (tdm_sched_get_stats(e.in[i].s, &st) == TDM_OK) {
+            res->sum.preemptions += st.preemptions;
+            q += st.prefix_queries;
+            h += st.prefix_hits;
+        }
+        steps += e.in[i].steps;
+        toks += e.in[i].tokens;
+        res->sum.request_steps += e.in[i].req_steps;
+        kvs += e.in[i].steps ? e.in[i].kv_sum / (double)e.in[i].steps : 0;
+        if (e.in[i].kv_max > res->sum.kv_usage_max) res->sum.kv_usage_max = e.in[i].kv_max;
+    }
+    res->sum.prefix_hit_rate = q ? (double)h / (double)q : 0;
+    res->sum.kv_usage_mean = kvs / (double)e.ninst;
+    res->sum.steps = steps;
+    res->sum.batched_tokens = toks;
+    res->sum.mean_batch_tokens = steps ? (double)toks / (double)steps : 0;
+    if (res->sum.kv_transfers) res->sum.kv_transfer_mean_s /= (double)res->sum.kv_transfers;
+    res->sum.gpus = tdm_sim_config_gpus(c);
+    if (tdm_sim_summarize(res, o->slo_ttft_s, o->slo_tpot_s) != 0) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    res->sum.goodput_req_s = -1;
+    rc = 0;
+done:
+    for (size_t i = 0; i < e.ninst; i++) inst_free(&e.in[i]);
+    free(e.in);
+    free(e.rs);
+    free(e.toks);
+    free(e.heap);
+    if (rc != 0) tdm_sim_result_free(res);
+    else res->sum.wall_s = tdm_sim_wall() - w0;
+    return rc;
+}
+
+void tdm_sim_run_opts_init(tdm_sim_run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->slo_ttft_s = 0.5;
+    o->slo_tpot_s = 0.05;
+    o->goodput_target = 0.9;
+    o->mem_util = 0.9;
+    o->label = "sim";
+}

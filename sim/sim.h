@@ -1,0 +1,362 @@
+/*
+ * sim.h -- the simulator library (build/libtandem_sim.a) behind `tandem sim`, `ab`, `sweep`,
+ * `cost` and `demo`: workload traces and their readers, model and hardware descriptions, the
+ * roofline step-cost model, the engine that drives real libtandem schedulers through the
+ * public ABI (colocated pools and disaggregated prefill/decode pools with a router), and
+ * the metrics (TTFT, TPOT, ITL, E2E, SLO attainment, goodput) with their table, JSON and CSV
+ * writers. None of this is part of libtandem's ABI; the simulator is a host like any other.
+ * Functions that can fail return 0 or -1 and write a message into a caller's buffer.
+ */
+#ifndef TANDEM_SIM_H
+#define TANDEM_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tandem.h"
+
+#define TDM_SIM_ERRLEN 512
+
+/* ---------------------------------------------------------------------------------------- */
+/* Random numbers (splitmix64 seeding a xoshiro256**): deterministic on every platform.       */
+/* ---------------------------------------------------------------------------------------- */
+typedef struct tdm_sim_rng {
+    uint64_t s[4];
+} tdm_sim_rng;
+
+void tdm_sim_rng_seed(tdm_sim_rng *r, uint64_t seed);
+uint64_t tdm_sim_rng_next(tdm_sim_rng *r);
+double tdm_sim_rng_uniform(tdm_sim_rng *r);          /* [0, 1) */
+double tdm_sim_rng_exp(tdm_sim_rng *r, double mean);
+double tdm_sim_rng_normal(tdm_sim_rng *r);
+double tdm_sim_rng_gamma(tdm_sim_rng *r, double shape, double scale);
+uint64_t tdm_sim_mix64(uint64_t x);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Traces                                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+typedef struct tdm_sim_req {
+    double arrival;          /* seconds from the start of the trace */
+    uint32_t prompt_len;     /* tokens */
+    uint32_t output_len;     /* tokens (>= 1) */
+    uint32_t hash_off;       /* first of this request's prefix hash ids in trace->hash_ids */
+    uint32_t num_hash;       /* prefix blocks of trace->hash_block tokens each */
+    int32_t priority;
+    uint32_t reserved;
+} tdm_sim_req;
+
+typedef struct tdm_sim_trace {
+    tdm_sim_req *reqs;
+    size_t n, cap;
+    uint64_t *hash_ids;
+    size_t n_hash, cap_hash;
+    uint32_t hash_block;     /* tokens per hash id (512 for Mooncake); 0 = no prefix ids */
+    char name[96];
+} tdm_sim_trace;
+
+typedef enum tdm_sim_fmt {
+    TDM_SIM_FMT_AUTO = 0,
+    TDM_SIM_FMT_AZURE,       /* TIMESTAMP,ContextTokens,GeneratedTokens */
+    TDM_SIM_FMT_MOONCAKE,    /* {"timestamp" ms, "input_length", "output_length", "hash_ids"} */
+    TDM_SIM_FMT_LENGTHS,     /* num_prefill_tokens,num_decode_tokens[,...] with synthetic arrivals */
+    TDM_SIM_FMT_TANDEM,      /* {"arrival_s", "input_tokens", "output_tokens", ...} */
+    TDM_SIM_FMT_BUILTIN      /* the embedded synthetic chat workload */
+} tdm_sim_fmt;
+
+typedef enum tdm_sim_arrival {
+    TDM_SIM_ARRIVAL_TRACE = 0,  /* timestamps from the file (Poisson for length-only files) */
+    TDM_SIM_ARRIVAL_POISSON,
+    TDM_SIM_ARRIVAL_GAMMA
+} tdm_sim_arrival;
+
+typedef struct tdm_sim_trace_opts {
+    tdm_sim_fmt fmt;
+    tdm_sim_arrival arrival;
+    double rate;             /* req/s for synthetic arrivals (0 = the format's default) */
+    double cv;               /* Gamma coefficient of variation (burstiness), > 0 */
+    double rate_scale;       /* multiplies the arrival rate (divides timestamps); 0 = 1 */
+    double window_start;     /* seconds from the first arrival; requests outside are dropped */
+    double window_end;       /* 0 = no end */
+    size_t max_requests;     /* 0 = all */
+    uint64_t seed;
+    double jitter_s;         /* spread each arrival uniformly over [t, t + jitter); < 0 = default */
+    uint32_t max_len;        /* clip prompt + output to this (0 = no clip) */
+} tdm_sim_trace_opts;
+
+void tdm_sim_trace_opts_init(tdm_sim_trace_opts *o);
+void tdm_sim_trace_free(tdm_sim_trace *t);
+/* Load a trace. path "builtin" (or "builtin:chat", NULL) gives the embedded chat workload.
+ * Errors "path:line:column: what" into err. */
+int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_trace *t,
+                       char *err, size_t errlen);
+/* Parsers on a memory buffer (used by the loader, the tests and the fuzz harness). The
+ * result is in file order with raw times (seconds); tdm_sim_trace_finish() applies opts. */
+int tdm_sim_parse_azure(const char *buf, size_t len, const char *name, tdm_sim_trace *t,
+                        char *err, size_t errlen);
+int tdm_sim_parse_lengths(const char *buf, size_t len, const char *name, tdm_sim_trace *t,
+                          char *err, size_t errlen);
+int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_fmt fmt,
+                        tdm_sim_trace *t, char *err, size_t errlen);
+int tdm_sim_trace_builtin(tdm_sim_trace *t, const tdm_sim_trace_opts *o);
+/* Sort by arrival, apply synthetic arrivals, jitter, scale, window, cap and clip. */
+int tdm_sim_trace_finish(tdm_sim_trace *t, const tdm_sim_trace_opts *o, int has_times,
+                         char *err, size_t errlen);
+/* Internal: append one request (and its hash ids); -1 on allocation failure. */
+int tdm_sim_trace_push(tdm_sim_trace *t, const tdm_sim_req *r, const uint64_t *hash, uint32_t nh);
+/* The token ids of request i (prompt_len of them) into out: equal hash ids give equal
+ * blocks of tokens, everything else is unique to the request. */
+void tdm_sim_trace_tokens(const tdm_sim_trace *t, size_t i, tdm_token *out);
+double tdm_sim_trace_span(const tdm_sim_trace *t);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Models, hardware and the cost model                                                        */
+/* ---------------------------------------------------------------------------------------- */
+typedef struct tdm_sim_model {
+    char name[64];
+    uint32_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
+    uint32_t gated;            /* 1: SwiGLU (3 FFN matrices), 0: 2 matrices (OPT) */
+    uint32_t tp;               /* tensor-parallel degree */
+    uint32_t max_len;          /* context limit */
+    double bytes_per_param, bytes_per_kv;
+} tdm_sim_model;
+
+typedef struct tdm_sim_hw {
+    char name[64];
+    double peak_tflops;        /* dense bf16 TFLOP/s */
+    double hbm_gbps;           /* GB/s */
+    double eff_compute, eff_memory;
+    double step_overhead_us;
+    double interconnect_gbps;  /* GPU-GPU link per direction, GB/s */
+    double mem_gib;            /* 0 = unknown */
+} tdm_sim_hw;
+
+int tdm_sim_model_preset(const char *name, tdm_sim_model *m);
+int tdm_sim_hw_preset(const char *name, tdm_sim_hw *h);
+/* A preset name or a path to a JSON file. */
+int tdm_sim_model_load(const char *name_or_path, tdm_sim_model *m, char *err, size_t errlen);
+int tdm_sim_hw_load(const char *name_or_path, tdm_sim_hw *h, char *err, size_t errlen);
+int tdm_sim_model_from_json(const char *json, tdm_sim_model *m, char *err, size_t errlen);
+int tdm_sim_hw_from_json(const char *json, tdm_sim_hw *h, char *err, size_t errlen);
+const char *tdm_sim_model_names(void);
+const char *tdm_sim_hw_names(void);
+double tdm_sim_model_params(const tdm_sim_model *m);        /* total parameters */
+double tdm_sim_model_layer_params(const tdm_sim_model *m);  /* per decoder layer */
+double tdm_sim_model_kv_bytes_per_token(const tdm_sim_model *m); /* whole model, all ranks */
+
+/* The shape of one step as the simulator sees it. */
+typedef struct tdm_sim_shape {
+    uint64_t prefill_tokens;     /* tokens of prompt (or recompute) chunks */
+    uint32_t prefill_reqs;
+    uint32_t decode_reqs;        /* one token each */
+    uint32_t emit_seqs;          /* sequences that sample a token (LM head rows) */
+    uint64_t decode_ctx;         /* sum of decode context lengths (tokens read from KV) */
+    double prefill_attn;         /* sum of chunk * (context + chunk / 2) */
+    uint64_t prefill_kv_read;    /* sum of (context + chunk) over prefill chunks */
+} tdm_sim_shape;
+
+typedef struct tdm_sim_cost_terms {
+    double total_s;
+    double linear_s, linear_compute_s, linear_memory_s;
+    double attn_prefill_s, attn_decode_s;
+    double attn_compute_s, attn_memory_s;
+    double allreduce_s, overhead_s;
+    int linear_compute_bound;    /* 1 when the GEMM compute term binds */
+} tdm_sim_cost_terms;
+
+typedef struct tdm_sim_cost {
+    tdm_sim_model model;
+    tdm_sim_hw hw;
+    /* derived, per step */
+    double flop_rate, byte_rate;     /* effective FLOP/s and B/s of one rank */
+    double lin_flops_per_token;      /* per rank */
+    double lm_flops_per_seq;
+    double weight_bytes;             /* per rank */
+    double attn_flops_per_unit;      /* per rank, times chunk*(ctx+chunk/2) or decode ctx */
+    double kv_bytes_per_token;       /* per rank */
+    double ar_bytes_per_token;       /* all-reduce payload per token per step (all layers) */
+    double ar_count;                 /* all-reduces per step */
+    double ar_alpha_s, ar_bw;        /* latency and bus bandwidth (B/s) */
+} tdm_sim_cost;
+
+/* Per-layer kernel floor of the linear/element-wise kernels (launch and tail latency of the
+ * ~9 kernels of a layer), fitted to Vidur's per-operator tables (docs/cost_model.md). */
+#define TDM_SIM_LAYER_FLOOR_US 30.0
+/* GPU-GPU link bandwidth (GB/s) assumed when a hardware JSON says 0 (unknown). */
+#define TDM_SIM_DEFAULT_LINK_GBPS 300.0
+/* Per-all-reduce latency (seconds), fitted to Vidur's H100 DGX all-reduce table. */
+#define TDM_SIM_ALLREDUCE_ALPHA_S 12e-6
+
+void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
+double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);
+/* The adapter installed with tdm_sched_set_cost_model(): ctx is a tdm_sim_cost. */
+double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *shape);
+/* KV blocks a pool of this model fits on this hardware (0 when mem_gib is unknown). */
+uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util);
+
+/* Calibration against ../shared/profiles: writes a report to f (may be NULL) and the mean
+ * absolute percentage error of each table into errs (Vidur linear layers, DistServe prefill,
+ * DistServe decode, Splitwise prompt, Splitwise token). Returns the number of tables read. */
+typedef struct tdm_sim_calib {
+    double vidur_linear_mape;   size_t vidur_n;
+    double ds_prefill_mape;     size_t ds_prefill_n;
+    double ds_decode_mape;      size_t ds_decode_n;
+    double sw_prompt_mape;      size_t sw_prompt_n;
+    double sw_token_mape;       size_t sw_token_n;
+    double sw_refit_overhead_ms, sw_refit_prompt_mape, sw_refit_token_mape; /* H100 rows */
+} tdm_sim_calib;
+int tdm_sim_calibrate(const char *shared_dir, FILE *f, tdm_sim_calib *out);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Deployments and the engine                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+typedef enum tdm_sim_router {
+    TDM_SIM_ROUTER_ROUND_ROBIN = 0,
+    TDM_SIM_ROUTER_LEAST_LOAD,
+    TDM_SIM_ROUTER_KV_AWARE
+} tdm_sim_router;
+
+typedef struct tdm_sim_pool {
+    uint32_t instances;
+    tdm_sim_model model;       /* model.tp is the pool's TP degree */
+    tdm_sim_hw hw;
+    char *sched_json;          /* owned; NULL = library defaults */
+} tdm_sim_pool;
+
+typedef struct tdm_sim_config {
+    char name[64];
+    int disagg;                /* 0: pools[0] colocated; 1: pools[0] prefill, pools[1] decode */
+    tdm_sim_pool pools[2];
+    tdm_sim_router router;
+    double kv_gbps;            /* KV transfer bandwidth between pools; 0 = min interconnect */
+    double kv_latency_s;       /* fixed per-transfer latency */
+    double overlap_weight;     /* KV-aware router: weight of prefill blocks vs load */
+} tdm_sim_config;
+
+void tdm_sim_config_init(tdm_sim_config *c, const tdm_sim_model *m, const tdm_sim_hw *h);
+void tdm_sim_config_free(tdm_sim_config *c);
+int tdm_sim_config_copy(tdm_sim_config *dst, const tdm_sim_config *src);
+/* Parse an A/B config: {"name", "scheduler": {...}, "deployment": {...}} or a bare scheduler
+ * JSON. model/hw are the defaults for pools that do not name their own. */
+int tdm_sim_config_parse(const char *json, const char *default_name, const tdm_sim_model *m,
+                         const tdm_sim_hw *h, tdm_sim_config *c, char *err, size_t errlen);
+int tdm_sim_config_load(const char *path, const tdm_sim_model *m, const tdm_sim_hw *h,
+                        tdm_sim_config *c, char *err, size_t errlen);
+uint32_t tdm_sim_config_gpus(const tdm_sim_config *c);
+
+typedef struct tdm_sim_run_opts {
+    double slo_ttft_s, slo_tpot_s;   /* SLOs for attainment */
+    double goodput_target;           /* attainment needed for goodput (0.9) */
+    int progress;                    /* draw a progress bar on stderr (tty checked by caller) */
+    double mem_util;                 /* fraction of GPU memory for weights + KV (0.9) */
+    uint64_t max_steps;              /* safety stop (0 = none) */
+    const char *label;               /* shown in the progress bar */
+} tdm_sim_run_opts;
+
+void tdm_sim_run_opts_init(tdm_sim_run_opts *o);
+
+/* Per-request outcome. Times in seconds from the trace start; -1 when it never happened. */
+typedef struct tdm_sim_req_out {
+    double arrival, first_token, finish;
+    uint32_t prompt_len, output_len, generated;
+    uint32_t preemptions;
+    uint32_t cached_tokens;
+    int32_t instance;                /* colocated/decode instance; -1 if never admitted */
+    int32_t prefill_instance;        /* disaggregated: the prefill instance */
+    uint8_t status;                  /* 0 unfinished, 1 finished, 2 rejected */
+} tdm_sim_req_out;
+
+typedef struct tdm_sim_stat {
+    double mean, p50, p90, p99, max;
+    size_t n;
+} tdm_sim_stat;
+
+typedef struct tdm_sim_summary {
+    size_t requests, completed, rejected;
+    double duration_s;
+    double request_throughput, output_throughput_tok_s, total_throughput_tok_s;
+    tdm_sim_stat ttft, tpot, itl, e2e;
+    double slo_ttft_s, slo_tpot_s;
+    double attain_ttft, attain_tpot, attainment;
+    double goodput_req_s;            /* < 0 when not searched */
+    double goodput_scale;
+    uint64_t preemptions;
+    double prefix_hit_rate;
+    double kv_usage_mean, kv_usage_max;
+    uint64_t steps;
+    uint64_t batched_tokens;
+    uint64_t request_steps;          /* sum over steps of the requests in the batch */
+    double mean_batch_tokens;
+    uint64_t kv_transfers;
+    double kv_transfer_bytes, kv_transfer_mean_s;
+    uint32_t gpus;
+    double wall_s;
+} tdm_sim_summary;
+
+typedef struct tdm_sim_result {
+    tdm_sim_req_out *reqs;
+    size_t n;
+    float *gaps;                     /* every inter-token gap (ITL samples), seconds */
+    size_t n_gaps, cap_gaps;
+    tdm_sim_summary sum;
+    char name[64];
+} tdm_sim_result;
+
+void tdm_sim_result_free(tdm_sim_result *r);
+/* Run the trace through the deployment. The result owns its arrays. */
+int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_run_opts *o,
+                tdm_sim_result *res, char *err, size_t errlen);
+/* Goodput: search the arrival-rate scale for the highest one with attainment >= target.
+ * Fills res->sum.goodput_req_s and goodput_scale of the base run. */
+int tdm_sim_goodput(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_run_opts *o,
+                    double *goodput_req_s, double *scale, int *runs, char *err, size_t errlen);
+/* Scale a trace's arrival times by 1/scale into dst (allocates). */
+int tdm_sim_trace_scaled(const tdm_sim_trace *src, double scale, tdm_sim_trace *dst);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Metrics and outputs                                                                        */
+/* ---------------------------------------------------------------------------------------- */
+/* Percentile with linear interpolation between closest ranks (numpy's default); sorts v. */
+double tdm_sim_percentile_sorted(const double *v, size_t n, double q);
+void tdm_sim_stat_compute(double *v, size_t n, tdm_sim_stat *s);  /* sorts v in place */
+/* Fill res->sum from res->reqs and res->gaps (the scheduler counters are set by the run). */
+int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s);
+/* Per-request derived values: TPOT = (finish - first_token) / (generated - 1). */
+double tdm_sim_req_tpot(const tdm_sim_req_out *r);
+
+void tdm_sim_print_table(FILE *f, const tdm_sim_result *r);
+int tdm_sim_write_json(const char *path, const tdm_sim_result *r, const char *extra_json);
+int tdm_sim_write_json_f(FILE *f, const tdm_sim_result *r);
+int tdm_sim_write_requests_csv(const char *path, const tdm_sim_result *r);
+/* Side-by-side table of several results with ratios to the first. */
+void tdm_sim_print_ab(FILE *f, const tdm_sim_result *const *rs, size_t n);
+/* A metric by name ("ttft_p99", "tpot_p50", "request_throughput", ...) for tables and tests. */
+typedef struct tdm_sim_metric_def {
+    const char *key, *label;
+    int higher_better;
+} tdm_sim_metric_def;
+extern const tdm_sim_metric_def tdm_sim_ab_metrics[];
+extern const size_t tdm_sim_ab_num_metrics;
+double tdm_sim_metric(const tdm_sim_summary *s, const char *key);
+
+/* Plots (gnuplot): TTFT and TPOT CDFs and throughput bars of each result into a PNG; the
+ * sweep's Pareto plot. Returns 0, or -1 with a message (gnuplot missing, ...). */
+int tdm_sim_plot_ab(const char *png, const tdm_sim_result *const *rs, size_t n, char *err,
+                    size_t errlen);
+int tdm_sim_plot_pareto(const char *png, const double *thr, const double *tpot99,
+                        const int *frontier, const char *const *labels, size_t n, char *err,
+                        size_t errlen);
+
+/* Progress bar on stderr. */
+typedef struct tdm_sim_progress {
+    int enabled, drawn;
+    double start_wall, last_draw;
+    const char *label;
+} tdm_sim_progress;
+void tdm_sim_progress_begin(tdm_sim_progress *p, int enabled, const char *label);
+void tdm_sim_progress_update(tdm_sim_progress *p, double frac, size_t done, size_t total,
+                             double sim_t);
+void tdm_sim_progress_end(tdm_sim_progress *p);
+double tdm_sim_wall(void);
+
+#endif /* TANDEM_SIM_H */

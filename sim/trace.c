@@ -1,0 +1,341 @@
+/*
+ * trace.c -- the simulator's workload: a list of requests (arrival, prompt and output
+ * lengths, optional prefix hash ids of fixed-size token blocks), the loader that picks a
+ * reader by content (Azure CSV, length-only CSV, Mooncake JSONL, Tandem JSONL; readers live
+ * in trace_csv.c and trace_jsonl.c), the embedded synthetic chat workload, the options
+ * applied after reading (synthetic Poisson/Gamma arrivals, jitter, rate scale, time window,
+ * request cap, length clip) and the token ids each request's prompt is made of.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "sim.h"
+
+void tdm_sim_trace_opts_init(tdm_sim_trace_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->fmt = TDM_SIM_FMT_AUTO;
+    o->arrival = TDM_SIM_ARRIVAL_TRACE;
+    o->cv = 1.0;
+    o->rate_scale = 1.0;
+    o->seed = 42;
+    o->jitter_s = -1.0;
+}
+
+void tdm_sim_trace_free(tdm_sim_trace *t)
+{
+    if (!t) return;
+    free(t->reqs);
+    free(t->hash_ids);
+    memset(t, 0, sizeof *t);
+}
+
+int tdm_sim_trace_push(tdm_sim_trace *t, const tdm_sim_req *r, const uint64_t *hash, uint32_t nh)
+{
+    if (t->n == t->cap) {
+        size_t nc = t->cap ? t->cap * 2 : 1024;
+        tdm_sim_req *p = realloc(t->reqs, nc * sizeof *p);
+        if (!p) return -1;
+        t->reqs = p;
+        t->cap = nc;
+    }
+    tdm_sim_req q = *r;
+    q.hash_off = (uint32_t)t->n_hash;
+    q.num_hash = nh;
+    if (nh) {
+        if (t->n_hash + nh > t->cap_hash) {
+            size_t nc = t->cap_hash ? t->cap_hash : 4096;
+            while (nc < t->n_hash + nh) nc *= 2;
+            uint64_t *p = realloc(t->hash_ids, nc * sizeof *p);
+            if (!p) return -1;
+            t->hash_ids = p;
+            t->cap_hash = nc;
+        }
+        memcpy(t->hash_ids + t->n_hash, hash, nh * sizeof *hash);
+        t->n_hash += nh;
+    }
+    t->reqs[t->n++] = q;
+    return 0;
+}
+
+void tdm_sim_trace_tokens(const tdm_sim_trace *t, size_t i, tdm_token *out)
+{
+    const tdm_sim_req *r = &t->reqs[i];
+    uint32_t hb = t->hash_block;
+    uint64_t uniq = tdm_sim_mix64(((uint64_t)i + 1) * 0x100000001b3ull ^ 0x5eedull);
+    for (uint32_t k = 0; k < r->prompt_len; k++) {
+        uint64_t x;
+        uint32_t b = hb ? k / hb : 0;
+        if (hb && b < r->num_hash)
+            x = tdm_sim_mix64(t->hash_ids[r->hash_off + b] * 0x9e3779b97f4a7c15ull + k % hb);
+        else
+            x = tdm_sim_mix64(uniq + k);
+        out[k] = (tdm_token)(1 + x % 32000);
+    }
+}
+
+double tdm_sim_trace_span(const tdm_sim_trace *t)
+{
+    if (t->n < 2) return 0;
+    return t->reqs[t->n - 1].arrival - t->reqs[0].arrival;
+}
+
+static int cmp_arrival(const void *a, const void *b)
+{
+    const tdm_sim_req *x = a, *y = b;
+    if (x->arrival < y->arrival) return -1;
+    if (x->arrival > y->arrival) return 1;
+    /* stable by insertion order (hash_off grows with it; reserved holds the index) */
+    return (x->reserved > y->reserved) - (x->reserved < y->reserved);
+}
+
+int tdm_sim_trace_finish(tdm_sim_trace *t, const tdm_sim_trace_opts *o, int has_times,
+                         char *err, size_t errlen)
+{
+    tdm_sim_rng rng;
+    tdm_sim_rng_seed(&rng, o->seed);
+    if (t->n == 0) {
+        snprintf(err, errlen, "%s: the trace has no requests", t->name);
+        return -1;
+    }
+    if (o->rate_scale <= 0 || !isfinite(o->rate_scale)) {
+        snprintf(err, errlen, "rate scale must be > 0");
+        return -1;
+    }
+    tdm_sim_arrival arr = o->arrival;
+    if (arr == TDM_SIM_ARRIVAL_TRACE && !has_times) arr = TDM_SIM_ARRIVAL_POISSON;
+    if (arr != TDM_SIM_ARRIVAL_TRACE) {
+        double rate = o->rate > 0 ? o->rate : 1.0;
+        double cv = o->cv > 0 ? o->cv : 1.0;
+        double now = 0;
+        for (size_t i = 0; i < t->n; i++) {
+            t->reqs[i].arrival = now;
+            double gap = arr == TDM_SIM_ARRIVAL_POISSON
+                             ? tdm_sim_rng_exp(&rng, 1.0 / rate)
+                             : tdm_sim_rng_gamma(&rng, 1.0 / (cv * cv), cv * cv / rate);
+            now += gap;
+        }
+    } else if (o->jitter_s > 0) {
+        for (size_t i = 0; i < t->n; i++)
+            t->reqs[i].arrival += tdm_sim_rng_uniform(&rng) * o->jitter_s;
+    }
+    for (size_t i = 0; i < t->n; i++) t->reqs[i].reserved = (uint32_t)i;
+    qsort(t->reqs, t->n, sizeof *t->reqs, cmp_arrival);
+    double t0 = t->reqs[0].arrival;
+    size_t w = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        tdm_sim_req r = t->reqs[i];
+        r.arrival -= t0;
+        if (r.arrival < o->window_start) continue;
+        if (o->window_end > 0 && r.arrival >= o->window_end) continue;
+        if (o->max_requests && w >= o->max_requests) break;
+        r.arrival = (r.arrival - o->window_start) / o->rate_scale;
+        r.reserved = 0;
+        if (o->max_len) {
+            if (o->max_len < 2) {
+                snprintf(err, errlen, "max length must be >= 2");
+                return -1;
+            }
+            if (r.output_len >= o->max_len) r.output_len = o->max_len - 1;
+            if ((uint64_t)r.prompt_len + r.output_len > o->max_len)
+                r.prompt_len = o->max_len - r.output_len;
+        }
+        t->reqs[w++] = r;
+    }
+    t->n = w;
+    if (w == 0) {
+        snprintf(err, errlen, "%s: no request left after the window and cap", t->name);
+        return -1;
+    }
+    if (w > 0) {
+        double s = t->reqs[0].arrival;
+        for (size_t i = 0; i < w; i++) t->reqs[i].arrival -= s;
+    }
+    return 0;
+}
+
+/* The embedded default: a chat workload with log-normal prompt and output lengths (medians
+ * 700 and 160 tokens) and 40% of the requests opening with one of 8 shared 512-token system
+ * prompts, arriving as a Poisson process (20 req/s unless --rate says otherwise). */
+int tdm_sim_trace_builtin(tdm_sim_trace *t, const tdm_sim_trace_opts *o)
+{
+    tdm_sim_rng rng;
+    tdm_sim_rng_seed(&rng, o->seed ^ 0xc4a7ull);
+    size_t n = o->max_requests ? o->max_requests : 1200;
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "builtin:chat");
+    t->hash_block = 512;
+    for (size_t i = 0; i < n; i++) {
+        tdm_sim_req r = {0};
+        double p = exp(log(700.0) + 0.9 * tdm_sim_rng_normal(&rng));
+        double q = exp(log(160.0) + 0.8 * tdm_sim_rng_normal(&rng));
+        p = p < 16 ? 16 : p > 7000 ? 7000 : p;
+        q = q < 4 ? 4 : q > 1000 ? 1000 : q;
+        r.prompt_len = (uint32_t)p;
+        r.output_len = (uint32_t)q;
+        uint64_t h = 0;
+        uint32_t nh = 0;
+        if (tdm_sim_rng_uniform(&rng) < 0.4) {
+            h = 1000 + tdm_sim_rng_next(&rng) % 8;
+            nh = 1;
+            r.prompt_len += 512;
+        }
+        if (tdm_sim_trace_push(t, &r, &h, nh) != 0) return -1;
+    }
+    return 0;
+}
+
+static int read_file(const char *path, char **buf, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 1 << 20, n = 0;
+    char *b = malloc(cap + 1);
+    if (!b) {
+        fclose(f);
+        snprintf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    for (;;) {
+        if (n == cap) {
+            char *nb = realloc(b, cap * 2 + 1);
+            if (!nb) {
+                free(b);
+                fclose(f);
+                snprintf(err, errlen, "%s: out of memory", path);
+                return -1;
+            }
+            b = nb;
+            cap *= 2;
+        }
+        size_t r = fread(b + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(b);
+        snprintf(err, errlen, "%s: read error", path);
+        return -1;
+    }
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+static tdm_sim_fmt detect(const char *buf, size_t len)
+{
+    size_t i = 0;
+    while (i < len && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\r' || buf[i] == '\n')) i++;
+    size_t e = i;
+    while (e < len && buf[e] != '\n') e++;
+    char line[512];
+    size_t m = e - i < sizeof line - 1 ? e - i : sizeof line - 1;
+    memcpy(line, buf + i, m);
+    line[m] = '\0';
+    if (line[0] == '{') {
+        if (strstr(line, "\"arrival_s\"") || strstr(line, "\"input_tokens\"") ||
+            strstr(line, "\"output_tokens\""))
+            return TDM_SIM_FMT_TANDEM;
+        return TDM_SIM_FMT_MOONCAKE;
+    }
+    if (strcasestr(line, "timestamp")) return TDM_SIM_FMT_AZURE;
+    if (strstr(line, "num_prefill_tokens")) return TDM_SIM_FMT_LENGTHS;
+    return TDM_SIM_FMT_AUTO;
+}
+
+int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_trace *t,
+                       char *err, size_t errlen)
+{
+    tdm_sim_trace_opts def;
+    if (!o) {
+        tdm_sim_trace_opts_init(&def);
+        o = &def;
+    }
+    memset(t, 0, sizeof *t);
+    if (!path || !strcmp(path, "builtin") || !strcmp(path, "builtin:chat") ||
+        o->fmt == TDM_SIM_FMT_BUILTIN) {
+        tdm_sim_trace_opts b = *o;
+        if (b.rate <= 0) b.rate = 20.0;
+        if (b.arrival == TDM_SIM_ARRIVAL_TRACE) b.arrival = TDM_SIM_ARRIVAL_POISSON;
+        if (tdm_sim_trace_builtin(t, &b) != 0) {
+            snprintf(err, errlen, "builtin: out of memory");
+            tdm_sim_trace_free(t);
+            return -1;
+        }
+        b.max_requests = 0; /* already applied */
+        if (tdm_sim_trace_finish(t, &b, 0, err, errlen) != 0) {
+            tdm_sim_trace_free(t);
+            return -1;
+        }
+        return 0;
+    }
+    char *buf;
+    size_t len;
+    if (read_file(path, &buf, &len, err, errlen) != 0) return -1;
+    tdm_sim_fmt fmt = o->fmt != TDM_SIM_FMT_AUTO ? o->fmt : detect(buf, len);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    int rc = -1, has_times = 1;
+    tdm_sim_trace_opts eff = *o;
+    switch (fmt) {
+    case TDM_SIM_FMT_AZURE:
+        rc = tdm_sim_parse_azure(buf, len, path, t, err, errlen);
+        break;
+    case TDM_SIM_FMT_LENGTHS:
+        rc = tdm_sim_parse_lengths(buf, len, path, t, err, errlen);
+        has_times = 0;
+        break;
+    case TDM_SIM_FMT_MOONCAKE:
+        rc = tdm_sim_parse_jsonl(buf, len, path, fmt, t, err, errlen);
+        /* Mooncake timestamps are quantized to ~3 s bins: spread each bin by default. */
+        if (eff.jitter_s < 0) eff.jitter_s = 3.0;
+        break;
+    case TDM_SIM_FMT_TANDEM:
+        rc = tdm_sim_parse_jsonl(buf, len, path, fmt, t, err, errlen);
+        break;
+    default:
+        snprintf(err, errlen, "%s:1:1: unknown trace format (expected an Azure CSV header "
+                              "TIMESTAMP,..., a length CSV with num_prefill_tokens, or JSONL)",
+                 path);
+        break;
+    }
+    free(buf);
+    if (rc != 0) {
+        tdm_sim_trace_free(t);
+        return -1;
+    }
+    snprintf(t->name, sizeof t->name, "%s", base);
+    if (tdm_sim_trace_finish(t, &eff, has_times, err, errlen) != 0) {
+        tdm_sim_trace_free(t);
+        return -1;
+    }
+    return 0;
+}
+
+int tdm_sim_trace_scaled(const tdm_sim_trace *src, double scale, tdm_sim_trace *dst)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->reqs = malloc((src->n ? src->n : 1) * sizeof *dst->reqs);
+    dst->hash_ids = malloc((src->n_hash ? src->n_hash : 1) * sizeof *dst->hash_ids);
+    if (!dst->reqs || !dst->hash_ids) {
+        tdm_sim_trace_free(dst);
+        return -1;
+    }
+    memcpy(dst->reqs, src->reqs, src->n * sizeof *dst->reqs);
+    if (src->n_hash) memcpy(dst->hash_ids, src->hash_ids, src->n_hash * sizeof *dst->hash_ids);
+    dst->n = dst->cap = src->n;
+    dst->n_hash = dst->cap_hash = src->n_hash;
+    dst->hash_block = src->hash_block;
+    memcpy(dst->name, src->name, sizeof dst->name);
+    for (size_t i = 0; i < dst->n; i++) dst->reqs[i].arrival /= scale;
+    return 0;
+}

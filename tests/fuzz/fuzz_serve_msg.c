@@ -1,0 +1,118 @@
+/*
+ * fuzz_serve_msg.c -- fuzz harness for the request decoder of `tandem serve`: each input is
+ * one request message handled against a fresh service state holding instance "s" (a small
+ * pool and one running request). Properties: a reply is always produced and is a msgpack map
+ * with a boolean "ok"; an error reply leaves the instance's stats and request unchanged.
+ * The service sources are compiled in directly (they live in tools/, not in the library).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../tools/serve_msg.c"
+#include "../../tools/serve_ops.c"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static int run(tdm__serve_state *st, const char *msg, size_t len, int *ok)
+{
+    msgpack_sbuffer out;
+    msgpack_sbuffer_init(&out);
+    if (tdm__serve_handle(st, msg, len, &out) != 0) abort();
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    if (msgpack_unpack_next(&up, out.data, out.size, &off) != MSGPACK_UNPACK_SUCCESS ||
+        off != out.size)
+        abort();
+    const msgpack_object *o = tdm__serve_field(&up.data, "ok");
+    if (!o || o->type != MSGPACK_OBJECT_BOOLEAN) abort();
+    *ok = o->via.boolean;
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&out);
+    return 0;
+}
+
+static void pack_call(msgpack_sbuffer *sb, const char *op, int with_req)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, with_req ? 4 : 3);
+    tdm__serve_kv_str(&pk, "op", op);
+    tdm__serve_kv_str(&pk, "name", "s");
+    if (!strcmp(op, "create")) {
+        tdm__serve_kv_str(&pk, "config", "{\"block_size\":4,\"num_blocks\":64,"
+                                         "\"max_num_batched_tokens\":64,\"max_num_seqs\":8}");
+    } else {
+        tdm__serve_kv_double(&pk, "now", 1.0);
+    }
+    if (with_req) tdm__serve_kv_u64(&pk, "id", 1);
+}
+
+static void setup(tdm__serve_state *st)
+{
+    tdm__serve_init(st);
+    st->max_msg_bytes = 1 << 20;
+    int ok = 0;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    pack_call(&sb, "create", 0);
+    run(st, sb.data, sb.size, &ok);
+    if (!ok) abort();
+    msgpack_sbuffer_clear(&sb);
+    /* add request 1 with prompt [1..5] */
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 5);
+    tdm__serve_kv_str(&pk, "op", "add");
+    tdm__serve_kv_str(&pk, "name", "s");
+    tdm__serve_kv_u64(&pk, "id", 1);
+    tdm__serve_kv_u64(&pk, "max_tokens", 4);
+    static const int32_t prompt[] = {1, 2, 3, 4, 5};
+    tdm__serve_kv_i32s(&pk, "prompt", prompt, 5);
+    run(st, sb.data, sb.size, &ok);
+    if (!ok) abort();
+    msgpack_sbuffer_clear(&sb);
+    pack_call(&sb, "step", 0);
+    run(st, sb.data, sb.size, &ok);
+    if (!ok) abort();
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static void snapshot(tdm__serve_state *st, tdm_sched_stats *s, tdm_request_info *i,
+                     uint32_t *ntok)
+{
+    tdm__serve_instance *in = find(st, "s");
+    memset(s, 0, sizeof *s);
+    memset(i, 0, sizeof *i);
+    *ntok = 0;
+    if (!in) return;
+    tdm_sched_stats_init(s);
+    tdm_sched_get_stats(in->sched, s);
+    tdm_request_info_init(i);
+    tdm_sched_request_info(in->sched, 1, i);
+    const tdm_token *t;
+    if (tdm_sched_request_tokens(in->sched, 1, &t, ntok)) *ntok = 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    tdm__serve_state st;
+    setup(&st);
+    tdm_sched_stats s0, s1;
+    tdm_request_info i0, i1;
+    uint32_t n0, n1;
+    snapshot(&st, &s0, &i0, &n0);
+    int ok = 0;
+    run(&st, (const char *)data, size, &ok);
+    if (!ok) {
+        snapshot(&st, &s1, &i1, &n1);
+        if (memcmp(&s0, &s1, sizeof s0) || memcmp(&i0, &i1, sizeof i0) || n0 != n1) {
+            fprintf(stderr, "fuzz_serve_msg: an error reply changed the instance's state\n");
+            abort();
+        }
+    }
+    tdm__serve_free(&st);
+    return 0;
+}

@@ -1,0 +1,447 @@
+/*
+ * test_sched_stop.c -- stop conditions and speculative decoding, ported from vLLM's
+ * test_stop_via_update_from_output and test_check_stop_min_tokens: EOS, stop token ids (with
+ * the stop reason), max_tokens and max_model_len (LENGTH), ignore_eos, min_tokens, trimming of
+ * the tokens after a stop, drafts set with tdm_sched_set_draft_tokens (scheduled with the
+ * request, truncated to the budget, used once), num_computed_tokens corrected for rejected
+ * drafts, and a late output with drafts for a request preempted in flight.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched_driver.h"
+
+#if TDM_HAVE_SCHED_IMPL
+
+#define EOS 2
+
+/* Two running requests after their prefill, each with one output token (100). */
+static tdm_sched *two_decoding(const tdm_request_desc *d0, const tdm_request_desc *d1,
+                               tdm_token *prompt)
+{
+    const int64_t kv[] = { TDM_SCHED_NUM_LOOKAHEAD_TOKENS, 2, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    tdm_request_desc d[2] = { *d0, *d1 };
+    for (int i = 0; i < 2; i++) {
+        d[i].id = (uint64_t)i;
+        d[i].prompt = prompt;
+        d[i].num_prompt_tokens = 4;
+        assert_int_equal(tdm_sched_add(s, &d[i]), TDM_OK);
+    }
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    tsd_update(s, &b, 100, 1.1, NULL);
+    return s;
+}
+
+static void desc_default(tdm_request_desc *d, uint32_t max_tokens)
+{
+    tdm_request_desc_init(d);
+    d->max_tokens = max_tokens;
+    d->eos_token_id = EOS;
+}
+
+/* Report explicit outputs for requests 0 and 1. */
+static void update_two(tdm_sched *s, const tdm_token *t0, uint32_t n0, const tdm_token *t1,
+                       uint32_t n1, tdm_update_result *r)
+{
+    uint64_t ids[2] = { 0, 1 };
+    uint32_t offs[3] = { 0, n0, n0 + n1 };
+    tdm_token toks[16];
+    memcpy(toks, t0, n0 * sizeof(*toks));
+    memcpy(toks + n0, t1, n1 * sizeof(*toks));
+    tdm_step_output o;
+    tdm_step_output_init(&o);
+    o.num_reqs = 2;
+    o.req_ids = ids;
+    o.token_offsets = offs;
+    o.tokens = toks;
+    o.now = 2.1;
+    tdm_update_result_init(r);
+    assert_int_equal(tdm_sched_update(s, &o, r), TDM_OK);
+}
+
+static int result_index(const tdm_update_result *r, uint64_t id)
+{
+    for (uint32_t i = 0; i < r->num_reqs; i++)
+        if (r->req_ids[i] == id) return (int)i;
+    fail_msg("id %llu not in the update result", (unsigned long long)id);
+    return -1;
+}
+
+static void finish_all(tdm_sched *s)
+{
+    for (uint64_t id = 0; id < 2; id++) {
+        tdm_request_info i;
+        tsd_info(s, id, &i);
+        if (i.state != TDM_STATE_FINISHED) assert_int_equal(tdm_sched_abort(s, id), TDM_OK);
+    }
+    tdm_batch b;
+    tsd_step(s, 9.0, &b);
+    tsd_done(s);
+}
+
+/* vLLM test_stop_via_update_from_output, EOS case with drafts [10, 42] and [13]. */
+static void update__eos_stops_and_trims_after_it(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    const tdm_token dr0[2] = { 10, 42 }, dr1[1] = { 13 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr0, 2), TDM_OK);
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr1, 1), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    assert_int_equal(b.num_tokens[0], 3);
+    assert_int_equal(b.num_spec[0], 2);
+    assert_int_equal(b.num_tokens[1], 2);
+    assert_int_equal(b.num_spec[1], 1);
+    const tdm_token o0[2] = { EOS, 10 }, o1[2] = { 10, 11 };
+    tdm_update_result r;
+    update_two(s, o0, 2, o1, 2, &r);
+    int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
+    assert_int_equal(r.num_new_tokens[i0], 1);
+    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_STOP);
+    assert_int_equal(r.num_new_tokens[i1], 2);
+    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_NONE);
+    const tdm_token e0[2] = { 100, EOS }, e1[3] = { 100, 10, 11 };
+    tsd_assert_tokens(s, 0, prompt, 4, e0, 2);
+    tsd_assert_tokens(s, 1, prompt, 4, e1, 3);
+    tdm_request_info i;
+    tsd_info(s, 0, &i);
+    assert_int_equal(i.state, TDM_STATE_FINISHED);
+    assert_int_equal(i.finish_reason, TDM_FINISH_STOP);
+    assert_int_equal(i.num_output_tokens, 2);
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_computed_tokens, 6); /* one draft, accepted: nothing rejected */
+    finish_all(s);
+}
+
+/* vLLM: custom stop token, stop_reason set, tokens after it trimmed. */
+static void update__stop_token_sets_reason_and_trims(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    const tdm_token stops[2] = { 42, 43 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    d.stop_token_ids = stops;
+    d.num_stop_token_ids = 2;
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    const tdm_token dr0[2] = { 10, 42 }, dr1[1] = { 13 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr0, 2), TDM_OK);
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr1, 1), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    const tdm_token o0[3] = { 10, 42, 12 }, o1[2] = { 13, 14 };
+    tdm_update_result r;
+    update_two(s, o0, 3, o1, 2, &r);
+    int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
+    assert_int_equal(r.num_new_tokens[i0], 2);
+    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_STOP);
+    assert_int_equal(r.stop_tokens[i0], 42);
+    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_NONE);
+    assert_int_equal(r.stop_tokens[i1], -1);
+    const tdm_token e0[3] = { 100, 10, 42 }, e1[3] = { 100, 13, 14 };
+    tsd_assert_tokens(s, 0, prompt, 4, e0, 3);
+    tsd_assert_tokens(s, 1, prompt, 4, e1, 3);
+    finish_all(s);
+}
+
+/* vLLM: max_tokens caps the output (LENGTH) and trims the extra accepted tokens. */
+static void update__max_tokens_caps_and_trims(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d0, d1;
+    desc_default(&d0, 3);
+    desc_default(&d1, 10);
+    tdm_sched *s = two_decoding(&d0, &d1, prompt);
+    const tdm_token dr0[2] = { 10, 11 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr0, 2), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    int k = tsd_find(&b, 0);
+    assert_true(k >= 0);
+    assert_int_equal(b.num_spec[k], 2); /* vLLM schedules the drafts as given */
+    const tdm_token o0[3] = { 10, 11, 12 }, o1[1] = { 13 };
+    tdm_update_result r;
+    update_two(s, o0, 3, o1, 1, &r);
+    int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
+    assert_int_equal(r.num_new_tokens[i0], 2);
+    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_LENGTH);
+    assert_int_equal(r.stop_tokens[i0], -1);
+    assert_int_equal(r.num_new_tokens[i1], 1);
+    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_NONE);
+    const tdm_token e0[3] = { 100, 10, 11 };
+    tsd_assert_tokens(s, 0, prompt, 4, e0, 3);
+    finish_all(s);
+}
+
+/* vLLM: ignore_eos keeps going through EOS until max_tokens. */
+static void update__ignore_eos_runs_to_max_tokens(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d0, d1;
+    desc_default(&d0, 3);
+    d0.flags = TDM_REQ_IGNORE_EOS;
+    desc_default(&d1, 10);
+    tdm_sched *s = two_decoding(&d0, &d1, prompt);
+    /* the prefill step already produced 100; now EOS, then EOS + drafts */
+    const tdm_token dr0[2] = { 5, 6 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr0, 2), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    const tdm_token o0[3] = { EOS, 10, 11 }, o1[1] = { 13 };
+    tdm_update_result r;
+    update_two(s, o0, 3, o1, 1, &r);
+    int i0 = result_index(&r, 0);
+    assert_int_equal(r.num_new_tokens[i0], 2);
+    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_LENGTH);
+    const tdm_token e0[3] = { 100, EOS, 10 };
+    tsd_assert_tokens(s, 0, prompt, 4, e0, 3);
+    finish_all(s);
+}
+
+/* vLLM test_check_stop_min_tokens: EOS and stop tokens do not stop before min_tokens. */
+static void update__min_tokens_defers_eos_and_stop_tokens(void **state)
+{
+    (void)state;
+    tdm_sched *s = tsd_new(NULL);
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    const tdm_token stops[1] = { 42 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    d.id = 9;
+    d.prompt = prompt;
+    d.num_prompt_tokens = 4;
+    d.min_tokens = 3;
+    d.stop_token_ids = stops;
+    d.num_stop_token_ids = 1;
+    assert_int_equal(tdm_sched_add(s, &d), TDM_OK);
+    const tdm_token outs[3] = { EOS, 42, EOS };
+    for (int k = 0; k < 3; k++) {
+        tdm_batch b;
+        tsd_step(s, 1.0 + k, &b);
+        assert_int_equal(b.num_reqs, 1);
+        tdm_update_result r;
+        assert_int_equal(tsd_update_one(s, 9, &outs[k], 1, 1.5 + k, &r), TDM_OK);
+        assert_int_equal(r.num_reqs, 1);
+        assert_int_equal(r.num_new_tokens[0], 1);
+        assert_int_equal(r.finish_reasons[0], k < 2 ? TDM_FINISH_NONE : TDM_FINISH_STOP);
+    }
+    tsd_assert_tokens(s, 9, prompt, 4, outs, 3);
+    tdm_batch b;
+    tsd_step(s, 9.0, &b);
+    tsd_done(s);
+}
+
+/* Spec decode: rejected drafts roll num_computed_tokens back (num_rejected = drafts -
+ * (sampled - 1)); the next step schedules only the new last token. */
+static void update__rejected_drafts_correct_num_computed(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    const tdm_token dr[2] = { 13, 14 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 2), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    int k = tsd_find(&b, 1);
+    assert_int_equal(b.num_computed[k], 4);
+    assert_int_equal(b.num_tokens[k], 3);
+    const tdm_token o0[1] = { 7 }, o1[1] = { 13 };
+    tdm_update_result r;
+    update_two(s, o0, 1, o1, 1, &r);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_output_tokens, 2);
+    assert_int_equal(i.num_computed_tokens, 5);
+    tsd_step(s, 3.0, &b);
+    k = tsd_find(&b, 1);
+    assert_true(k >= 0);
+    assert_int_equal(b.num_computed[k], 5);
+    assert_int_equal(b.num_tokens[k], 1);
+    assert_int_equal(b.num_spec[k], 0); /* drafts are used once */
+    tsd_update(s, &b, 7, 3.1, NULL);
+    finish_all(s);
+}
+
+/* vLLM truncates a request's drafts to what fits in the remaining token budget; drafts
+ * that were not scheduled are dropped. */
+static void step__drafts_truncated_to_budget(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 2, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 6,
+                           TDM_SCHED_NUM_LOOKAHEAD_TOKENS, 3, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 0, 2, 10), TDM_OK);
+    assert_int_equal(tsd_add(s, 1, 2, 10), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    tsd_update(s, &b, 7, 1.05, NULL);
+    const tdm_token dr[3] = { 11, 12, 13 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr, 3), TDM_OK);
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 3), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 2);
+    assert_int_equal(b.num_tokens[0], 4);
+    assert_int_equal(b.num_spec[0], 3);
+    assert_int_equal(b.num_tokens[1], 2);
+    assert_int_equal(b.num_spec[1], 1);
+    tsd_update(s, &b, 7, 1.15, NULL); /* every scheduled draft accepted */
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_output_tokens, 3);
+    assert_int_equal(i.num_computed_tokens, 4);
+    tsd_step(s, 1.2, &b);
+    int k = tsd_find(&b, 1);
+    assert_true(k >= 0);
+    assert_int_equal(b.num_spec[k], 0);
+    assert_int_equal(b.num_tokens[k], 1);
+    tsd_update(s, &b, 7, 1.25, NULL);
+    double now = 2.0;
+    tsd_run(s, 40, &now);
+    tsd_done(s);
+}
+
+static void update__max_model_len_stops_with_length(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_MAX_MODEL_LEN, 64, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 1, 64, 10), TDM_E_RANGE); /* prompt > max_model_len - 1 */
+    assert_int_equal(tsd_add(s, 1, 60, 100), TDM_OK);
+    tdm_update_result r;
+    uint32_t outs = 0;
+    for (int k = 0; k < 10; k++) {
+        tdm_batch b;
+        tsd_step(s, 1.0 + k, &b);
+        if (b.num_reqs == 0) break;
+        tsd_update(s, &b, 7, 1.5 + k, &r);
+        outs += r.num_new_tokens[0];
+        if (r.finish_reasons[0] != TDM_FINISH_NONE) {
+            assert_int_equal(r.finish_reasons[0], TDM_FINISH_LENGTH);
+            break;
+        }
+    }
+    assert_int_equal(outs, 4); /* 60 + 4 == max_model_len */
+    tdm_batch b;
+    tsd_step(s, 20.0, &b);
+    /* the longest prompt allowed is max_model_len - 1: one output token, then LENGTH */
+    assert_int_equal(tsd_add(s, 2, 63, 100), TDM_OK);
+    tsd_step(s, 21.0, &b);
+    assert_int_equal(b.num_tokens[0], 63);
+    tsd_update(s, &b, 7, 21.1, &r);
+    assert_int_equal(r.num_new_tokens[0], 1);
+    assert_int_equal(r.finish_reasons[0], TDM_FINISH_LENGTH);
+    tsd_step(s, 22.0, &b);
+    tsd_done(s);
+}
+
+/* vLLM applies a late output to a request preempted while its batch was in flight, also
+ * with drafts: the tokens are appended (no num_computed correction: it restarts from 0), and
+ * the other requests of the same output are applied too. */
+static void update__late_output_with_drafts_after_preemption_applied(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    const tdm_token dr[2] = { 11, 12 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 2), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    assert_int_equal(b.num_spec[tsd_find(&b, 1)], 2);
+    /* the host preempts everything while the batch runs */
+    assert_int_equal(tdm_sched_reset_prefix_cache(s, 1), TDM_OK);
+    assert_int_equal(tsd_state(s, 1), TDM_STATE_PREEMPTED);
+    const tdm_token o0[1] = { 20 }, o1[3] = { 11, 12, 13 };
+    uint64_t ids[2] = { 0, 1 };
+    uint32_t offs[3] = { 0, 1, 4 };
+    tdm_token toks[4] = { o0[0], o1[0], o1[1], o1[2] };
+    tdm_step_output o;
+    tdm_step_output_init(&o);
+    o.num_reqs = 2;
+    o.req_ids = ids;
+    o.token_offsets = offs;
+    o.tokens = toks;
+    o.now = 2.1;
+    tdm_update_result r;
+    tdm_update_result_init(&r);
+    int rc = tdm_sched_update(s, &o, &r);
+    if (rc != TDM_OK) fail_msg("update -> %d: %s", rc, tdm_sched_errmsg(s));
+    const tdm_token e0[2] = { 100, 20 }, e1[4] = { 100, 11, 12, 13 };
+    tsd_assert_tokens(s, 0, prompt, 4, e0, 2);
+    tsd_assert_tokens(s, 1, prompt, 4, e1, 4);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_computed_tokens, 0);
+    finish_all(s);
+}
+
+/* vLLM: a late output that stops a request preempted mid-flight finishes it and removes it
+ * from the waiting queue; it is never resumed. */
+static void update__late_stop_of_preempted_request_finishes_it(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    assert_int_equal(tdm_sched_reset_prefix_cache(s, 1), TDM_OK); /* preempts both in flight */
+    const tdm_token o0[1] = { EOS }, o1[1] = { 20 };
+    tdm_update_result r;
+    update_two(s, o0, 1, o1, 1, &r);
+    assert_int_equal(r.finish_reasons[result_index(&r, 0)], TDM_FINISH_STOP);
+    tdm_request_info i;
+    tsd_info(s, 0, &i);
+    assert_int_equal(i.state, TDM_STATE_FINISHED);
+    tdm_sched_stats st;
+    tsd_stats(s, &st);
+    assert_int_equal(st.num_waiting, 1);
+    assert_int_equal(tsd_unfinished(s), 1);
+    tsd_step(s, 2.2, &b);
+    assert_int_equal(tsd_find(&b, 0), -1);
+    assert_true(tsd_find_id(b.finished_ids, b.num_finished, 0) >= 0);
+    int k = tsd_find(&b, 1);
+    assert_true(k >= 0);
+    assert_int_equal(b.kinds[k], TDM_ENTRY_RESUMED);
+    tsd_update(s, &b, 7, 2.3, NULL);
+    double now = 3.0;
+    tsd_run(s, 20, &now);
+    tsd_done(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        TSD_TEST(update__eos_stops_and_trims_after_it),
+        TSD_TEST(update__stop_token_sets_reason_and_trims),
+        TSD_TEST(update__max_tokens_caps_and_trims),
+        TSD_TEST(update__ignore_eos_runs_to_max_tokens),
+        TSD_TEST(update__min_tokens_defers_eos_and_stop_tokens),
+        TSD_TEST(update__rejected_drafts_correct_num_computed),
+        TSD_TEST(step__drafts_truncated_to_budget),
+        TSD_TEST(update__max_model_len_stops_with_length),
+        TSD_TEST(update__late_output_with_drafts_after_preemption_applied),
+        TSD_TEST(update__late_stop_of_preempted_request_finishes_it),
+    };
+    return cmocka_run_group_tests_name("sched_stop", tests, NULL, NULL);
+}
+
+#else
+TSD_SKIP_MAIN("sched_stop")
+#endif

@@ -1,0 +1,318 @@
+/*
+ * test_trace.c -- the trace readers on the shared traces (row counts, token statistics,
+ * Mooncake prefix sharing turned into equal token blocks) and on malformed files (every
+ * error names the line and the column), the options (window, cap, rate scale, clip,
+ * synthetic arrivals and their seed) and the embedded workload.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sim.h"
+#include "sim_test_util.h"
+
+static void load_ok(const char *path, tdm_sim_trace_opts *o, tdm_sim_trace *t)
+{
+    char err[TDM_SIM_ERRLEN] = "";
+    int rc = tdm_sim_trace_load(path, o, t, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "load: %s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static void trace_load__azure_conv_all_rows(void **state)
+{
+    (void)state;
+    char p[512];
+    NEED_SHARED("traces/azure2023_conv.csv", p);
+    tdm_sim_trace t;
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    load_ok(p, &o, &t);
+    assert_int_equal(t.n, 19366);
+    double in = 0, out = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        in += t.reqs[i].prompt_len;
+        out += t.reqs[i].output_len;
+        if (i) assert_true(t.reqs[i].arrival >= t.reqs[i - 1].arrival);
+    }
+    /* papers_traces.md 3.2: mean input 1155, output 211, span 58.4 min */
+    assert_true(fabs(in / t.n - 1155) < 1.0);
+    assert_true(fabs(out / t.n - 211) < 1.0);
+    assert_true(fabs(tdm_sim_trace_span(&t) / 60 - 58.4) < 0.1);
+    assert_float_equal(t.reqs[0].arrival, 0.0, 1e-12);
+    tdm_sim_trace_free(&t);
+}
+
+static void trace_load__azure_code_all_rows(void **state)
+{
+    (void)state;
+    char p[512];
+    NEED_SHARED("traces/azure2023_code.csv", p);
+    tdm_sim_trace t;
+    load_ok(p, NULL, &t);
+    assert_int_equal(t.n, 8819);
+    /* 57.3 minutes; the first gap: 18:17:03.9799600 -> 18:17:04.0319600 = 52 ms */
+    assert_true(fabs(tdm_sim_trace_span(&t) / 60 - 57.3) < 0.1);
+    assert_float_equal(t.reqs[1].arrival, 0.052, 1e-6);
+    assert_int_equal(t.reqs[0].prompt_len, 4808);
+    assert_int_equal(t.reqs[0].output_len, 10);
+    tdm_sim_trace_free(&t);
+}
+
+static void trace_load__mooncake_hash_ids_give_equal_token_blocks(void **state)
+{
+    (void)state;
+    char p[512];
+    NEED_SHARED("traces/mooncake_fast25_conversation_trace.jsonl", p);
+    tdm_sim_trace t;
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    o.jitter_s = 0;
+    load_ok(p, &o, &t);
+    assert_int_equal(t.n, 12031);
+    assert_int_equal(t.hash_block, 512);
+    /* the first two rows share hash id 0 (block 0) and nothing else */
+    assert_int_equal(t.reqs[0].prompt_len, 6758);
+    assert_int_equal(t.reqs[0].num_hash, 14);
+    assert_int_equal(t.reqs[1].prompt_len, 7322);
+    tdm_token *a = malloc(8000 * sizeof *a), *b = malloc(8000 * sizeof *b);
+    tdm_sim_trace_tokens(&t, 0, a);
+    tdm_sim_trace_tokens(&t, 1, b);
+    assert_memory_equal(a, b, 512 * sizeof *a);
+    assert_memory_not_equal(a + 512, b + 512, 512 * sizeof *a);
+    /* every row: ceil(input / 512) hash ids */
+    for (size_t i = 0; i < t.n; i++)
+        assert_int_equal(t.reqs[i].num_hash, (t.reqs[i].prompt_len + 511) / 512);
+    free(a);
+    free(b);
+    tdm_sim_trace_free(&t);
+}
+
+static void trace_load__mooncake_default_jitter_spreads_bins(void **state)
+{
+    (void)state;
+    char p[512];
+    NEED_SHARED("traces/mooncake_fast25_synthetic_trace.jsonl", p);
+    tdm_sim_trace t;
+    load_ok(p, NULL, &t);
+    assert_int_equal(t.n, 3993);
+    size_t zero = 0;
+    for (size_t i = 1; i < t.n; i++) zero += t.reqs[i].arrival == t.reqs[i - 1].arrival;
+    assert_true(zero < 10);
+    tdm_sim_trace_free(&t);
+}
+
+static void trace_load__length_files_get_poisson_arrivals(void **state)
+{
+    (void)state;
+    char p[512], q[512];
+    NEED_SHARED("traces/sarathi_sharegpt_8k_filtered_lengths_llama2.csv", p);
+    NEED_SHARED("traces/vidur_arxiv_summarization_lengths_llama2.csv", q);
+    tdm_sim_trace t;
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    o.rate = 4.0;
+    load_ok(p, &o, &t);
+    assert_int_equal(t.n, 30731);
+    double rate = (double)(t.n - 1) / tdm_sim_trace_span(&t);
+    assert_true(fabs(rate - 4.0) < 0.1);
+    tdm_sim_trace_free(&t);
+    o.max_len = 0;
+    load_ok(q, &o, &t);
+    assert_int_equal(t.n, 28257);
+    tdm_sim_trace_free(&t);
+}
+
+static void trace_load__gamma_cv_controls_burstiness(void **state)
+{
+    (void)state;
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    o.arrival = TDM_SIM_ARRIVAL_GAMMA;
+    o.rate = 10;
+    o.max_requests = 4000;
+    double cvs[2];
+    for (int k = 0; k < 2; k++) {
+        o.cv = k ? 4.0 : 1.0;
+        tdm_sim_trace t;
+        load_ok("builtin", &o, &t);
+        double s = 0, s2 = 0;
+        size_t n = t.n - 1;
+        for (size_t i = 1; i < t.n; i++) {
+            double g = t.reqs[i].arrival - t.reqs[i - 1].arrival;
+            s += g;
+            s2 += g * g;
+        }
+        double mean = s / n, var = s2 / n - mean * mean;
+        cvs[k] = sqrt(var) / mean;
+        assert_true(fabs(mean - 0.1) < 0.03);
+        tdm_sim_trace_free(&t);
+    }
+    assert_true(fabs(cvs[0] - 1.0) < 0.15);
+    assert_true(cvs[1] > 2.5);
+}
+
+static void trace_load__same_seed_same_trace(void **state)
+{
+    (void)state;
+    tdm_sim_trace a, b, c;
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    o.seed = 7;
+    load_ok("builtin", &o, &a);
+    load_ok("builtin", &o, &b);
+    o.seed = 8;
+    load_ok("builtin", &o, &c);
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.reqs, b.reqs, a.n * sizeof *a.reqs);
+    assert_true(memcmp(a.reqs, c.reqs, a.n * sizeof *a.reqs) != 0);
+    tdm_sim_trace_free(&a);
+    tdm_sim_trace_free(&b);
+    tdm_sim_trace_free(&c);
+}
+
+static void trace_load__window_cap_scale_and_clip(void **state)
+{
+    (void)state;
+    char path[256];
+    write_tmp(path, sizeof path, "t.jsonl",
+              "{\"arrival_s\": 0, \"input_tokens\": 10, \"output_tokens\": 5}\n"
+              "{\"arrival_s\": 1, \"input_tokens\": 9000, \"output_tokens\": 100, \"priority\": 3}\n"
+              "\n"
+              "{\"arrival_s\": 2, \"input_tokens\": 30, \"output_tokens\": 5, \"hash_ids\": [4]}\n"
+              "{\"arrival_s\": 3, \"input_tokens\": 40, \"output_tokens\": 5, \"id\": \"x\"}\n");
+    tdm_sim_trace t;
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    o.window_start = 1;
+    o.window_end = 3;
+    o.rate_scale = 2;
+    o.max_len = 4096;
+    load_ok(path, &o, &t);
+    assert_int_equal(t.n, 2);
+    assert_float_equal(t.reqs[0].arrival, 0.0, 1e-12);
+    assert_float_equal(t.reqs[1].arrival, 0.5, 1e-12);
+    assert_int_equal(t.reqs[0].prompt_len + t.reqs[0].output_len, 4096);
+    assert_int_equal(t.reqs[0].output_len, 100);
+    assert_int_equal(t.reqs[0].priority, 3);
+    assert_int_equal(t.reqs[1].num_hash, 1);
+    tdm_sim_trace_free(&t);
+    o.window_start = 0;
+    o.window_end = 0;
+    o.max_requests = 3;
+    load_ok(path, &o, &t);
+    assert_int_equal(t.n, 3);
+    tdm_sim_trace_free(&t);
+    unlink(path);
+}
+
+/* A malformed file: the error must carry "name:line:col:" and mention `what`. */
+static void expect_error(const char *name, const char *text, const char *where, const char *what)
+{
+    char path[256], err[TDM_SIM_ERRLEN] = "";
+    write_tmp(path, sizeof path, name, text);
+    tdm_sim_trace t;
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    assert_int_equal(tdm_sim_trace_load(path, &o, &t, err, sizeof err), -1);
+    char want[300];
+    snprintf(want, sizeof want, "%s:%s:", path, where);
+    if (!strstr(err, want) || !strstr(err, what))
+        fail_msg("error '%s' lacks '%s' / '%s'", err, want, what);
+    assert_null(t.reqs);
+    unlink(path);
+}
+
+static void trace_load__malformed_azure_names_line_and_column(void **state)
+{
+    (void)state;
+    expect_error("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                          "2023-11-16 18:17:03.9799600,4808,10\n"
+                          "2023-11-16 18:17:04.0319600,31x0,8\n",
+                 "3:29", "prompt token count");
+    expect_error("b.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                          "2023-13-16 18:17:03.97,4808,10\n",
+                 "2:1", "bad timestamp");
+    expect_error("c.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                          "2023-11-16 18:17:03.97,4808\n",
+                 "2:24", "expected 3 columns");
+    expect_error("d.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                          "2023-11-16 18:17:03.97,4808,-1\n",
+                 "2:29", "output token count");
+    expect_error("e.csv", "TIMESTAMP,Context,GeneratedTokens\n1,2,3\n", "1:1", "header lacks");
+}
+
+static void trace_load__malformed_lengths_names_line_and_column(void **state)
+{
+    (void)state;
+    expect_error("l.csv", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+                          "74,918,992,0.08\n290,,1195,0.32\n",
+                 "3:5", "output token count");
+}
+
+static void trace_load__malformed_jsonl_names_line_and_column(void **state)
+{
+    (void)state;
+    expect_error("m.jsonl", "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n"
+                            "{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0,]}\n",
+                 "2:73", "unexpected token");
+    expect_error("n.jsonl", "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2}\n"
+                            "{\"timestamp\": 0, \"input_length\": \"ten\", \"output_length\": 2}\n",
+                 "2:18", "\"input_length\" must be a number");
+    expect_error("o.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 10}\n", "1:1",
+                 "missing key \"output_tokens\"");
+    expect_error("p.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 10, \"output_tokens\": 1, \"colour\": 1}\n",
+                 "1:58", "unknown key \"colour\"");
+    expect_error("q.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 10, \"output_tokens\": 1, \"hash_ids\": [-1]}\n",
+                 "1:58", "hash_ids");
+    expect_error("r.txt", "hello\n", "1:1", "unknown trace format");
+}
+
+static void trace_load__missing_file_is_an_error(void **state)
+{
+    (void)state;
+    char err[TDM_SIM_ERRLEN];
+    tdm_sim_trace t;
+    assert_int_equal(tdm_sim_trace_load("/nonexistent/x.csv", NULL, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "/nonexistent/x.csv"));
+}
+
+static void trace_builtin__shares_system_prompts(void **state)
+{
+    (void)state;
+    tdm_sim_trace t;
+    load_ok("builtin", NULL, &t);
+    assert_int_equal(t.n, 1200);
+    size_t shared = 0;
+    for (size_t i = 0; i < t.n; i++) shared += t.reqs[i].num_hash == 1;
+    assert_true(shared > 300 && shared < 700);
+    double rate = (double)(t.n - 1) / tdm_sim_trace_span(&t);
+    assert_true(fabs(rate - 20) < 2);
+    tdm_sim_trace_free(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(trace_load__azure_conv_all_rows),
+        cmocka_unit_test(trace_load__azure_code_all_rows),
+        cmocka_unit_test(trace_load__mooncake_hash_ids_give_equal_token_blocks),
+        cmocka_unit_test(trace_load__mooncake_default_jitter_spreads_bins),
+        cmocka_unit_test(trace_load__length_files_get_poisson_arrivals),
+        cmocka_unit_test(trace_load__gamma_cv_controls_burstiness),
+        cmocka_unit_test(trace_load__same_seed_same_trace),
+        cmocka_unit_test(trace_load__window_cap_scale_and_clip),
+        cmocka_unit_test(trace_load__malformed_azure_names_line_and_column),
+        cmocka_unit_test(trace_load__malformed_lengths_names_line_and_column),
+        cmocka_unit_test(trace_load__malformed_jsonl_names_line_and_column),
+        cmocka_unit_test(trace_load__missing_file_is_an_error),
+        cmocka_unit_test(trace_builtin__shares_system_prompts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

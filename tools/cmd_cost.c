@@ -1,0 +1,138 @@
+/*
+ * cmd_cost.c -- `tandem cost`: the cost model as a calculator. Prints the predicted time of
+ * one prefill step of P tokens and of one decode step of B requests at context C, with the
+ * compute and memory terms and which one binds; --json for machines; --calibrate prints the
+ * model's error against the measured tables in ../shared/profiles.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "../sim/sim.h"
+
+static const char USAGE[] =
+    "usage: tandem cost --model M --hw H [--tp N] --prefill P --decode-batch B --context C [--json]\n"
+    "       tandem cost --calibrate [--shared DIR]\n"
+    "  M: a preset (llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b,\n"
+    "     opt-13b, opt-66b) or a model JSON; H: a100-80g, h100-sxm, h200 or a hardware JSON.\n";
+
+static void terms_json(const char *key, const tdm_sim_cost_terms *t, const char *tail)
+{
+    printf("  \"%s\": {\"total_ms\": %.6g, \"linear_ms\": %.6g, \"linear_compute_ms\": %.6g, "
+           "\"linear_memory_ms\": %.6g, \"attention_ms\": %.6g, \"attention_compute_ms\": %.6g, "
+           "\"attention_memory_ms\": %.6g, \"allreduce_ms\": %.6g, \"overhead_ms\": %.6g, "
+           "\"bound\": \"%s\"}%s\n",
+           key, t->total_s * 1e3, t->linear_s * 1e3, t->linear_compute_s * 1e3,
+           t->linear_memory_s * 1e3, (t->attn_prefill_s + t->attn_decode_s) * 1e3,
+           t->attn_compute_s * 1e3, t->attn_memory_s * 1e3, t->allreduce_s * 1e3,
+           t->overhead_s * 1e3, t->linear_compute_bound ? "compute" : "memory", tail);
+}
+
+static void terms_text(const char *title, const tdm_sim_cost_terms *t)
+{
+    printf("%s: %.3f ms\n", title, t->total_s * 1e3);
+    printf("  linear layers   %8.3f ms  (compute %.3f ms, weights %.3f ms: %s-bound)\n",
+           t->linear_s * 1e3, t->linear_compute_s * 1e3, t->linear_memory_s * 1e3,
+           t->linear_compute_bound ? "compute" : "memory");
+    printf("  attention       %8.3f ms  (compute %.3f ms, KV reads %.3f ms: %s-bound)\n",
+           (t->attn_prefill_s + t->attn_decode_s) * 1e3, t->attn_compute_s * 1e3,
+           t->attn_memory_s * 1e3, t->attn_compute_s > t->attn_memory_s ? "compute" : "memory");
+    printf("  all-reduce      %8.3f ms\n", t->allreduce_s * 1e3);
+    printf("  overhead        %8.3f ms\n", t->overhead_s * 1e3);
+}
+
+int tdm_cmd_cost(int argc, char **argv)
+{
+    const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL;
+    long tp = 1, prefill = 2048, batch = 64, context = 2048;
+    int json = 0, calibrate = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s", USAGE);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (!strcmp(a, "--calibrate")) { calibrate = 1; continue; }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tandem cost: %s needs a value\n%s", a, USAGE);
+            return 2;
+        }
+        const char *v = argv[++i];
+        char *end;
+        long n = strtol(v, &end, 10);
+        int isnum = *v && !*end;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--hw")) hw = v;
+        else if (!strcmp(a, "--shared")) shared = v;
+        else if (!isnum || n < 0 || n > 100000000) {
+            fprintf(stderr, "tandem cost: %s: bad value '%s'\n", a, v);
+            return 2;
+        } else if (!strcmp(a, "--tp") && n >= 1 && n <= 64) tp = n;
+        else if (!strcmp(a, "--prefill")) prefill = n;
+        else if (!strcmp(a, "--decode-batch")) batch = n;
+        else if (!strcmp(a, "--context")) context = n;
+        else {
+            fprintf(stderr, "tandem cost: unknown or out-of-range option %s %s\n%s", a, v, USAGE);
+            return 2;
+        }
+    }
+    if (calibrate) {
+        if (!shared) shared = getenv("TANDEM_SHARED");
+        if (!shared) shared = "../shared";
+        tdm_sim_calib cal;
+        int n = tdm_sim_calibrate(shared, stdout, &cal);
+        if (n <= 0) {
+            fprintf(stderr, "tandem cost: no profile tables under %s/profiles\n", shared);
+            return 1;
+        }
+        return 0;
+    }
+    char err[TDM_SIM_ERRLEN];
+    tdm_sim_model m;
+    tdm_sim_hw h;
+    if (tdm_sim_model_load(model, &m, err, sizeof err) != 0 ||
+        tdm_sim_hw_load(hw, &h, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem cost: %s\n", err);
+        return 2;
+    }
+    m.tp = (uint32_t)tp;
+    tdm_sim_cost c;
+    tdm_sim_cost_init(&c, &m, &h);
+    tdm_sim_shape ps = {0}, ds = {0};
+    ps.prefill_tokens = (uint64_t)prefill;
+    ps.prefill_reqs = prefill > 0;
+    ps.emit_seqs = prefill > 0;
+    ps.prefill_attn = (double)prefill * (prefill / 2.0);
+    ps.prefill_kv_read = (uint64_t)prefill;
+    ds.decode_reqs = (uint32_t)batch;
+    ds.emit_seqs = (uint32_t)batch;
+    ds.decode_ctx = (uint64_t)batch * (uint64_t)context;
+    tdm_sim_cost_terms pt, dt;
+    tdm_sim_cost_step(&c, &ps, &pt);
+    tdm_sim_cost_step(&c, &ds, &dt);
+    double kvb = tdm_sim_model_kv_bytes_per_token(&m);
+    if (json) {
+        printf("{\n  \"model\": \"%s\", \"hw\": \"%s\", \"tp\": %ld, \"params\": %.6g, "
+               "\"kv_bytes_per_token\": %.6g,\n  \"prefill_tokens\": %ld, \"decode_batch\": %ld, "
+               "\"context\": %ld,\n",
+               m.name, h.name, tp, tdm_sim_model_params(&m), kvb, prefill, batch, context);
+        terms_json("prefill", &pt, ",");
+        terms_json("decode", &dt, "");
+        printf("}\n");
+        return 0;
+    }
+    printf("model %s (%.2f B params, %.0f KiB KV/token), tp %ld, on %s (%.0f TFLOP/s x %.2f, "
+           "%.0f GB/s x %.2f, overhead %.0f us)\n",
+           m.name, tdm_sim_model_params(&m) / 1e9, kvb / 1024, tp, h.name, h.peak_tflops,
+           h.eff_compute, h.hbm_gbps, h.eff_memory, h.step_overhead_us);
+    char title[128];
+    snprintf(title, sizeof title, "prefill step of %ld tokens", prefill);
+    terms_text(title, &pt);
+    snprintf(title, sizeof title, "decode step of %ld requests at context %ld", batch, context);
+    terms_text(title, &dt);
+    if (dt.total_s > 0)
+        printf("  -> %.1f output tokens/s per instance at this batch\n", batch / dt.total_s);
+    return 0;
+}

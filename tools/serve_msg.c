@@ -1,0 +1,490 @@
+/*
+ * serve_msg.c -- decoding and encoding helpers of `tandem serve`: typed, bounds-checked
+ * getters over a decoded msgpack map (every failure gives TDM_E_INVAL and a message naming
+ * the key and what was wrong), token arrays, the conversion of a config value (msgpack map
+ * or JSON string) to JSON text and of JSON text back to msgpack, and packing shorthands.
+ * Nothing here trusts the input: lengths, types, ranges and nesting depth are all checked.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "serve.h"
+
+int tdm__serve_fail(tdm__serve_err *e, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    /* Messages may quote client bytes: keep them printable ASCII (valid UTF-8). */
+    for (char *c = e->msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';
+    e->status = status;
+    return status;
+}
+
+static int key_is(const msgpack_object *k, const char *key)
+{
+    size_t n = strlen(key);
+    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+           memcmp(k->via.str.ptr, key, n) == 0;
+}
+
+const msgpack_object *tdm__serve_field(const msgpack_object *map, const char *key)
+{
+    if (!map || map->type != MSGPACK_OBJECT_MAP) return NULL;
+    for (uint32_t i = 0; i < map->via.map.size; i++)
+        if (key_is(&map->via.map.ptr[i].key, key)) return &map->via.map.ptr[i].val;
+    return NULL;
+}
+
+static const char *type_name(const msgpack_object *o)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: return "nil";
+    case MSGPACK_OBJECT_BOOLEAN: return "a boolean";
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: return "a positive integer";
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "a negative integer";
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: return "a float";
+    case MSGPACK_OBJECT_STR: return "a string";
+    case MSGPACK_OBJECT_ARRAY: return "an array";
+    case MSGPACK_OBJECT_MAP: return "a map";
+    case MSGPACK_OBJECT_BIN: return "binary";
+    case MSGPACK_OBJECT_EXT: return "an extension";
+    default: return "unknown";
+    }
+}
+
+static const msgpack_object *lookup(const msgpack_object *m, const char *key, int required,
+                                    tdm__serve_err *e, int *rc)
+{
+    const msgpack_object *v = tdm__serve_field(m, key);
+    *rc = 0;
+    if (!v && required) *rc = tdm__serve_fail(e, TDM_E_INVAL, "missing key \"%s\"", key);
+    return v;
+}
+
+int tdm__serve_as_u64(const msgpack_object *o, const char *what, uint64_t *out,
+                      tdm__serve_err *e)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return tdm__serve_fail(e, TDM_E_INVAL, "%s must be a non-negative integer, not %s", what,
+                               type_name(o));
+    *out = o->via.u64;
+    return 0;
+}
+
+int tdm__serve_get_u64(const msgpack_object *m, const char *key, int required, uint64_t max,
+                       uint64_t *out, tdm__serve_err *e)
+{
+    int rc;
+    const msgpack_object *v = lookup(m, key, required, e, &rc);
+    if (!v) return rc;
+    uint64_t x;
+    if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" must be a non-negative integer, not %s",
+                               key, type_name(v));
+    x = v->via.u64;
+    if (x > max)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" = %" PRIu64 " exceeds %" PRIu64, key, x, max);
+    *out = x;
+    return 0;
+}
+
+int tdm__serve_get_i64(const msgpack_object *m, const char *key, int required, int64_t min,
+                       int64_t max, int64_t *out, tdm__serve_err *e)
+{
+    int rc;
+    const msgpack_object *v = lookup(m, key, required, e, &rc);
+    if (!v) return rc;
+    int64_t x;
+    if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (v->via.u64 > (uint64_t)INT64_MAX)
+            return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" is out of range", key);
+        x = (int64_t)v->via.u64;
+    } else if (v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        x = v->via.i64;
+    } else {
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" must be an integer, not %s", key,
+                               type_name(v));
+    }
+    if (x < min || x > max)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" = %" PRId64 " is outside [%" PRId64
+                               ", %" PRId64 "]", key, x, min, max);
+    *out = x;
+    return 0;
+}
+
+int tdm__serve_get_double(const msgpack_object *m, const char *key, int required, double *out,
+                          tdm__serve_err *e)
+{
+    int rc;
+    const msgpack_object *v = lookup(m, key, required, e, &rc);
+    if (!v) return rc;
+    double x;
+    switch (v->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: x = (double)v->via.u64; break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: x = (double)v->via.i64; break;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: x = v->via.f64; break;
+    default:
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" must be a number, not %s", key,
+                               type_name(v));
+    }
+    if (!isfinite(x)) return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" must be finite", key);
+    *out = x;
+    return 0;
+}
+
+int tdm__serve_get_bool(const msgpack_object *m, const char *key, int *out, tdm__serve_err *e)
+{
+    const msgpack_object *v = tdm__serve_field(m, key);
+    if (!v) return 0;
+    if (v->type == MSGPACK_OBJECT_BOOLEAN) *out = v->via.boolean ? 1 : 0;
+    else if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= 1) *out = (int)v->via.u64;
+    else
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" must be a boolean, not %s", key,
+                               type_name(v));
+    return 0;
+}
+
+int tdm__serve_get_str(const msgpack_object *m, const char *key, int required, char *buf,
+                       size_t buf_size, tdm__serve_err *e)
+{
+    int rc;
+    const msgpack_object *v = lookup(m, key, required, e, &rc);
+    if (!v) return rc;
+    if (v->type != MSGPACK_OBJECT_STR)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" must be a string, not %s", key,
+                               type_name(v));
+    if (v->via.str.size >= buf_size)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" is longer than %zu bytes", key,
+                               buf_size - 1);
+    if (memchr(v->via.str.ptr, '\0', v->via.str.size))
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\" contains a NUL byte", key);
+    memcpy(buf, v->via.str.ptr, v->via.str.size);
+    buf[v->via.str.size] = '\0';
+    return 0;
+}
+
+int tdm__serve_tokens(const msgpack_object *arr, const char *what, int32_t **out, uint32_t *n,
+                      tdm__serve_err *e)
+{
+    if (arr->type != MSGPACK_OBJECT_ARRAY)
+        return tdm__serve_fail(e, TDM_E_INVAL, "%s must be an array of token ids, not %s",
+                               what, type_name(arr));
+    uint32_t len = arr->via.array.size;
+    if (len > TDM_SERVE_MAX_ARRAY)
+        return tdm__serve_fail(e, TDM_E_INVAL, "%s has %u elements (at most %u)", what, len,
+                               TDM_SERVE_MAX_ARRAY);
+    int32_t *t = NULL;
+    if (len) {
+        t = malloc((size_t)len * sizeof *t);
+        if (!t) return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory for %s", what);
+    }
+    for (uint32_t i = 0; i < len; i++) {
+        const msgpack_object *o = &arr->via.array.ptr[i];
+        int64_t x;
+        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX)
+            x = (int64_t)o->via.u64;
+        else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN)
+            x = o->via.i64;
+        else {
+            free(t);
+            return tdm__serve_fail(e, TDM_E_INVAL, "%s[%u] is not an int32 token id (%s)", what,
+                                   i, type_name(o));
+        }
+        t[i] = (int32_t)x;
+    }
+    *out = t;
+    *n = len;
+    return 0;
+}
+
+int tdm__serve_get_tokens(const msgpack_object *m, const char *key, int required,
+                          int32_t **out, uint32_t *n, tdm__serve_err *e)
+{
+    int rc;
+    const msgpack_object *v = lookup(m, key, required, e, &rc);
+    if (!v) {
+        *out = NULL;
+        *n = 0;
+        return rc;
+    }
+    char what[48];
+    snprintf(what, sizeof what, "\"%s\"", key);
+    return tdm__serve_tokens(v, what, out, n, e);
+}
+
+/* ---- msgpack <-> JSON ---------------------------------------------------------------------- */
+
+static json_t *to_json(const msgpack_object *o, int depth, tdm__serve_err *e)
+{
+    if (depth > TDM_SERVE_MAX_DEPTH) {
+        tdm__serve_fail(e, TDM_E_INVAL, "config nests deeper than %d levels", TDM_SERVE_MAX_DEPTH);
+        return NULL;
+    }
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: return json_null();
+    case MSGPACK_OBJECT_BOOLEAN: return json_boolean(o->via.boolean);
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        if (o->via.u64 > (uint64_t)INT64_MAX) break;
+        return json_integer((json_int_t)o->via.u64);
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return json_integer((json_int_t)o->via.i64);
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        if (!isfinite(o->via.f64)) break;
+        return json_real(o->via.f64);
+    case MSGPACK_OBJECT_STR: return json_stringn(o->via.str.ptr, o->via.str.size);
+    case MSGPACK_OBJECT_ARRAY: {
+        json_t *a = json_array();
+        for (uint32_t i = 0; a && i < o->via.array.size; i++) {
+            json_t *v = to_json(&o->via.array.ptr[i], depth + 1, e);
+            if (!v || json_array_append_new(a, v)) { json_decref(a); return NULL; }
+        }
+        return a;
+    }
+    case MSGPACK_OBJECT_MAP: {
+        json_t *m = json_object();
+        for (uint32_t i = 0; m && i < o->via.map.size; i++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR || kv->key.via.str.size > 255 ||
+                memchr(kv->key.via.str.ptr, '\0', kv->key.via.str.size)) {
+                tdm__serve_fail(e, TDM_E_INVAL, "config keys must be strings of 1..255 bytes");
+                json_decref(m);
+                return NULL;
+            }
+            char key[256];
+            memcpy(key, kv->key.via.str.ptr, kv->key.via.str.size);
+            key[kv->key.via.str.size] = '\0';
+            json_t *v = to_json(&kv->val, depth + 1, e);
+            if (!v || json_object_set_new(m, key, v)) { json_decref(m); return NULL; }
+        }
+        return m;
+    }
+    default: break;
+    }
+    tdm__serve_fail(e, TDM_E_INVAL, "config holds %s, which JSON cannot express", type_name(o));
+    return NULL;
+}
+
+int tdm__serve_config_json(const msgpack_object *o, char **json, tdm__serve_err *e)
+{
+    if (o->type == MSGPACK_OBJECT_STR) {
+        if (memchr(o->via.str.ptr, '\0', o->via.str.size))
+            return tdm__serve_fail(e, TDM_E_INVAL, "\"config\" contains a NUL byte");
+        char *s = malloc((size_t)o->via.str.size + 1);
+        if (!s) return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+        memcpy(s, o->via.str.ptr, o->via.str.size);
+        s[o->via.str.size] = '\0';
+        *json = s;
+        return 0;
+    }
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"config\" must be a map or a JSON string, not %s",
+                               type_name(o));
+    e->status = 0;
+    json_t *j = to_json(o, 0, e);
+    if (!j) return e->status ? e->status : tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    *json = s;
+    return 0;
+}
+
+static void pack_json(msgpack_packer *pk, const json_t *j)
+{
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *v;
+        msgpack_pack_map(pk, json_object_size(j));
+        json_object_foreach((json_t *)j, k, v) {
+            tdm__serve_pack_str(pk, k);
+            pack_json(pk, v);
+        }
+        break;
+    }
+    case JSON_ARRAY: {
+        size_t i;
+        json_t *v;
+        msgpack_pack_array(pk, json_array_size(j));
+        json_array_foreach(j, i, v) pack_json(pk, v);
+        break;
+    }
+    case JSON_STRING:
+        msgpack_pack_str(pk, json_string_length(j));
+        msgpack_pack_str_body(pk, json_string_value(j), json_string_length(j));
+        break;
+    case JSON_INTEGER: msgpack_pack_int64(pk, json_integer_value(j)); break;
+    case JSON_REAL: msgpack_pack_double(pk, json_real_value(j)); break;
+    case JSON_TRUE: msgpack_pack_true(pk); break;
+    case JSON_FALSE: msgpack_pack_false(pk); break;
+    default: msgpack_pack_nil(pk); break;
+    }
+}
+
+int tdm__serve_pack_json(msgpack_packer *pk, const char *json)
+{
+    json_error_t err;
+    json_t *j = json_loads(json, JSON_DECODE_ANY, &err);
+    if (!j) return -1;
+    pack_json(pk, j);
+    json_decref(j);
+    return 0;
+}
+
+/* ---- packing shorthands --------------------------------------------------------------------- */
+
+void tdm__serve_pack_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+void tdm__serve_kv_str(msgpack_packer *pk, const char *k, const char *v)
+{
+    tdm__serve_pack_str(pk, k);
+    tdm__serve_pack_str(pk, v);
+}
+
+void tdm__serve_kv_u64(msgpack_packer *pk, const char *k, uint64_t v)
+{
+    tdm__serve_pack_str(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+
+void tdm__serve_kv_i64(msgpack_packer *pk, const char *k, int64_t v)
+{
+    tdm__serve_pack_str(pk, k);
+    msgpack_pack_int64(pk, v);
+}
+
+void tdm__serve_kv_double(msgpack_packer *pk, const char *k, double v)
+{
+    tdm__serve_pack_str(pk, k);
+    msgpack_pack_double(pk, v);
+}
+
+void tdm__serve_kv_bool(msgpack_packer *pk, const char *k, int v)
+{
+    tdm__serve_pack_str(pk, k);
+    if (v) msgpack_pack_true(pk);
+    else msgpack_pack_false(pk);
+}
+
+void tdm__serve_kv_u64s(msgpack_packer *pk, const char *k, const uint64_t *v, uint32_t n)
+{
+    tdm__serve_pack_str(pk, k);
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++) msgpack_pack_uint64(pk, v[i]);
+}
+
+void tdm__serve_kv_u32s(msgpack_packer *pk, const char *k, const uint32_t *v, uint32_t n)
+{
+    tdm__serve_pack_str(pk, k);
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++) msgpack_pack_uint32(pk, v[i]);
+}
+
+void tdm__serve_kv_i32s(msgpack_packer *pk, const char *k, const int32_t *v, uint32_t n)
+{
+    tdm__serve_pack_str(pk, k);
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++) msgpack_pack_int32(pk, v[i]);
+}
+
+void tdm__serve_kv_u8s(msgpack_packer *pk, const char *k, const uint8_t *v, uint32_t n)
+{
+    tdm__serve_pack_str(pk, k);
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++) msgpack_pack_uint8(pk, v[i]);
+}
+
+/* ---- structural pre-check --------------------------------------------------------------------- */
+
+static uint64_t be(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+int tdm__serve_precheck(const char *msg, size_t len, tdm__serve_err *e)
+{
+    const unsigned char *p = (const unsigned char *)msg, *end = p + len;
+    uint64_t stack[TDM_SERVE_PRECHECK_DEPTH + 1];
+    int depth = 0;
+    stack[0] = 1; /* one top-level object */
+    while (depth >= 0) {
+        if (stack[depth] == 0) { depth--; continue; }
+        stack[depth]--;
+        if (p >= end) return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
+        unsigned b = *p++;
+        uint64_t skip = 0, items = 0;
+        int lenb = 0, container = 0;
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+            /* one byte */
+        } else if (b >= 0x80 && b <= 0x8f) { items = 2u * (b & 0x0f); container = 1; }
+        else if (b >= 0x90 && b <= 0x9f) { items = b & 0x0f; container = 1; }
+        else if (b >= 0xa0 && b <= 0xbf) { skip = b & 0x1f; }
+        else switch (b) {
+        case 0xc4: case 0xd9: lenb = 1; break;            /* bin8, str8 */
+        case 0xc5: case 0xda: lenb = 2; break;            /* bin16, str16 */
+        case 0xc6: case 0xdb: lenb = 4; break;            /* bin32, str32 */
+        case 0xc7: lenb = 1; skip = 1; break;             /* ext8: len, type */
+        case 0xc8: lenb = 2; skip = 1; break;
+        case 0xc9: lenb = 4; skip = 1; break;
+        case 0xca: skip = 4; break;
+        case 0xcb: skip = 8; break;
+        case 0xcc: case 0xd0: skip = 1; break;
+        case 0xcd: case 0xd1: skip = 2; break;
+        case 0xce: case 0xd2: skip = 4; break;
+        case 0xcf: case 0xd3: skip = 8; break;
+        case 0xd4: skip = 2; break;                       /* fixext: type + data */
+        case 0xd5: skip = 3; break;
+        case 0xd6: skip = 5; break;
+        case 0xd7: skip = 9; break;
+        case 0xd8: skip = 17; break;
+        case 0xdc: lenb = 2; container = 1; break;        /* array16 */
+        case 0xdd: lenb = 4; container = 1; break;        /* array32 */
+        case 0xde: lenb = 2; container = 2; break;        /* map16 */
+        case 0xdf: lenb = 4; container = 2; break;        /* map32 */
+        default: return tdm__serve_fail(e, TDM_E_PROTOCOL, "malformed msgpack message (byte 0x%02x)", b);
+        }
+        if (lenb) {
+            if ((size_t)(end - p) < (size_t)lenb)
+                return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
+            uint64_t n = be(p, lenb);
+            p += lenb;
+            if (container) items = container == 2 ? 2 * n : n;
+            else skip += n;
+        }
+        if ((uint64_t)(end - p) < skip)
+            return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
+        p += skip;
+        if (container && items) {
+            /* Every element takes at least one byte: a count beyond what is left is a lie. */
+            if (items > (uint64_t)(end - p))
+                return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message (a container "
+                                       "claims %llu elements)", (unsigned long long)items);
+            if (depth + 1 > TDM_SERVE_PRECHECK_DEPTH)
+                return tdm__serve_fail(e, TDM_E_PROTOCOL, "msgpack nesting deeper than %d",
+                                       TDM_SERVE_PRECHECK_DEPTH);
+            stack[++depth] = items;
+        }
+    }
+    if (p != end)
+        return tdm__serve_fail(e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
+                               (size_t)(end - p));
+    return 0;
+}

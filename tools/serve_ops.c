@@ -1,0 +1,732 @@
+/*
+ * serve_ops.c -- the operations of `tandem serve` (docs/service.md): decode one msgpack
+ * request {"op": ..., "seq": ..., ...}, validate every field, run it on the named scheduler
+ * instance and build one reply {"ok": true|false, "seq": <echo>, ...}. Each operation decodes
+ * and checks all of its input before the first library call, and the library's calls are
+ * all-or-nothing, so an error reply means that nothing changed.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve.h"
+
+/* The success part of a reply: key/value pairs packed into body, counted in pairs. */
+typedef struct reply {
+    msgpack_sbuffer body;
+    msgpack_packer pk;
+    uint32_t pairs;
+} reply;
+
+typedef int (*op_fn)(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                     reply *r, tdm__serve_err *e);
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static msgpack_packer *key(reply *r, const char *k)
+{
+    r->pairs++;
+    tdm__serve_pack_str(&r->pk, k);
+    return &r->pk;
+}
+
+/* A library failure: status and the handle's message. */
+static int lib_fail(tdm__serve_err *e, int rc, const tdm_sched *s, const char *what)
+{
+    const char *m = s ? tdm_sched_errmsg(s) : tdm_sched_errmsg(NULL);
+    return tdm__serve_fail(e, rc, "%s: %s", what, (m && *m) ? m : tdm_strerror(rc));
+}
+
+static int get_id(const msgpack_object *m, uint64_t *id, tdm__serve_err *e)
+{
+    return tdm__serve_get_u64(m, "id", 1, UINT64_MAX, id, e);
+}
+
+/* ---- instances ------------------------------------------------------------------------------ */
+
+void tdm__serve_init(tdm__serve_state *st)
+{
+    memset(st, 0, sizeof *st);
+    st->max_instances = TDM_SERVE_DEFAULT_MAX_INSTANCES;
+    st->max_msg_bytes = TDM_SERVE_DEFAULT_MAX_MSG;
+}
+
+void tdm__serve_free(tdm__serve_state *st)
+{
+    tdm__serve_instance *in = st->instances;
+    while (in) {
+        tdm__serve_instance *next = in->next;
+        tdm_sched_destroy(in->sched);
+        free(in);
+        in = next;
+    }
+    st->instances = NULL;
+    st->num_instances = 0;
+}
+
+static tdm__serve_instance *find(tdm__serve_state *st, const char *name)
+{
+    for (tdm__serve_instance *in = st->instances; in; in = in->next)
+        if (!strcmp(in->name, name)) return in;
+    return NULL;
+}
+
+static int valid_name(const char *s)
+{
+    if (!*s) return 0;
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x21 || (unsigned char)*s > 0x7e) return 0;
+    return 1;
+}
+
+static int op_ping(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                   reply *r, tdm__serve_err *e)
+{
+    tdm__serve_pack_str(key(r, "version"), tdm_version_string());
+    msgpack_pack_uint32(key(r, "abi"), tdm_abi_version());
+    msgpack_pack_uint64(key(r, "requests"), st->requests);
+    msgpack_pack_uint32(key(r, "instances"), st->num_instances);
+    return 0;
+}
+
+static int op_create(tdm__serve_state *st, tdm__serve_instance *unused, const msgpack_object *m,
+                     reply *r, tdm__serve_err *e)
+{
+    char name[TDM_SERVE_NAME_MAX + 1];
+    int rc = tdm__serve_get_str(m, "name", 1, name, sizeof name, e);
+    if (rc) return rc;
+    if (!valid_name(name))
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"name\" must be 1..%d printable ASCII characters",
+                               TDM_SERVE_NAME_MAX);
+    if (find(st, name)) return tdm__serve_fail(e, TDM_E_EXISTS, "instance \"%s\" exists", name);
+    if (st->num_instances >= st->max_instances)
+        return tdm__serve_fail(e, TDM_E_RANGE, "at most %u instances", st->max_instances);
+    char *json = NULL;
+    const msgpack_object *cfg = tdm__serve_field(m, "config");
+    if (cfg && cfg->type != MSGPACK_OBJECT_NIL && (rc = tdm__serve_config_json(cfg, &json, e)))
+        return rc;
+    tdm__serve_instance *in = calloc(1, sizeof *in);
+    if (!in) {
+        free(json);
+        return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    }
+    rc = tdm_sched_create(&in->sched);
+    if (rc) {
+        rc = lib_fail(e, rc, NULL, "tdm_sched_create");
+    } else if (json && (rc = tdm_sched_configure(in->sched, json)) != 0) {
+        rc = lib_fail(e, rc, in->sched, "config");
+        tdm_sched_destroy(in->sched);
+    }
+    free(json);
+    if (rc) {
+        free(in);
+        return rc;
+    }
+    memcpy(in->name, name, sizeof name);
+    in->next = st->instances;
+    st->instances = in;
+    st->num_instances++;
+    tdm__serve_pack_str(key(r, "name"), name);
+    return 0;
+}
+
+static int op_destroy(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                      reply *r, tdm__serve_err *e)
+{
+    for (tdm__serve_instance **p = &st->instances; *p; p = &(*p)->next) {
+        if (*p != in) continue;
+        *p = in->next;
+        tdm_sched_destroy(in->sched);
+        free(in);
+        st->num_instances--;
+        return 0;
+    }
+    return tdm__serve_fail(e, TDM_E_INTERNAL, "instance vanished");
+}
+
+static int op_list(tdm__serve_state *st, tdm__serve_instance *unused, const msgpack_object *m,
+                   reply *r, tdm__serve_err *e)
+{
+    msgpack_packer *pk = key(r, "names");
+    msgpack_pack_array(pk, st->num_instances);
+    for (tdm__serve_instance *in = st->instances; in; in = in->next) tdm__serve_pack_str(pk, in->name);
+    return 0;
+}
+
+static int op_configure(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                        reply *r, tdm__serve_err *e)
+{
+    const msgpack_object *cfg = tdm__serve_field(m, "config");
+    if (!cfg) return tdm__serve_fail(e, TDM_E_INVAL, "missing key \"config\"");
+    char *json = NULL;
+    int rc = tdm__serve_config_json(cfg, &json, e);
+    if (rc) return rc;
+    rc = tdm_sched_configure(in->sched, json);
+    free(json);
+    return rc ? lib_fail(e, rc, in->sched, "config") : 0;
+}
+
+static int op_get_config(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                         reply *r, tdm__serve_err *e)
+{
+    size_t len = 0;
+    int rc = tdm_sched_get_config(in->sched, NULL, 0, &len);
+    if (rc && rc != TDM_E_TRUNCATED) return lib_fail(e, rc, in->sched, "get_config");
+    char *buf = malloc(len + 1);
+    if (!buf) return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    rc = tdm_sched_get_config(in->sched, buf, len + 1, &len);
+    if (rc) {
+        free(buf);
+        return lib_fail(e, rc, in->sched, "get_config");
+    }
+    /* Pack into a scratch buffer first so that a bad document cannot leave half a pair. */
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    rc = tdm__serve_pack_json(&pk, buf);
+    free(buf);
+    if (rc == 0) {
+        key(r, "config");
+        if (sb.size) msgpack_sbuffer_write(&r->body, sb.data, sb.size);
+    }
+    msgpack_sbuffer_destroy(&sb);
+    return rc ? tdm__serve_fail(e, TDM_E_INTERNAL, "the library's config is not valid JSON") : 0;
+}
+
+static const char *const param_names[] = {
+    NULL, "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+    "long_prefill_token_threshold", "enable_chunked_prefill", "num_blocks", "block_size",
+    "enable_prefix_caching", "watermark_ppm", "policy", "mode", "tbt_target_us",
+    "num_lookahead_tokens", "role", "remote_kv_failure", "remote_kv_timeout_ms",
+    "delay_free_timeout_ms", "max_num_partial_prefills",
+};
+#define NUM_PARAMS ((int)(sizeof param_names / sizeof param_names[0]))
+
+static int get_param_key(const msgpack_object *m, int *out, tdm__serve_err *e)
+{
+    const msgpack_object *k = tdm__serve_field(m, "key");
+    if (!k) return tdm__serve_fail(e, TDM_E_INVAL, "missing key \"key\"");
+    if (k->type == MSGPACK_OBJECT_POSITIVE_INTEGER && k->via.u64 < 1024) {
+        *out = (int)k->via.u64;
+        return 0;
+    }
+    if (k->type == MSGPACK_OBJECT_STR) {
+        for (int i = 1; i < NUM_PARAMS; i++) {
+            size_t n = strlen(param_names[i]);
+            if (k->via.str.size == n && !memcmp(k->via.str.ptr, param_names[i], n)) {
+                *out = i;
+                return 0;
+            }
+        }
+        return tdm__serve_fail(e, TDM_E_INVAL, "unknown parameter name \"%.*s\"",
+                               (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
+    }
+    return tdm__serve_fail(e, TDM_E_INVAL, "\"key\" must be a parameter name or number");
+}
+
+static int op_set_param(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                        reply *r, tdm__serve_err *e)
+{
+    int k;
+    int64_t v = 0;
+    int rc = get_param_key(m, &k, e);
+    if (!rc) rc = tdm__serve_get_i64(m, "value", 1, INT64_MIN, INT64_MAX, &v, e);
+    if (rc) return rc;
+    rc = tdm_sched_set_param(in->sched, (tdm_sched_param)k, v);
+    return rc ? lib_fail(e, rc, in->sched, "set_param") : 0;
+}
+
+static int op_get_param(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                        reply *r, tdm__serve_err *e)
+{
+    int k;
+    int64_t v = 0;
+    int rc = get_param_key(m, &k, e);
+    if (rc) return rc;
+    rc = tdm_sched_get_param(in->sched, (tdm_sched_param)k, &v);
+    if (rc) return lib_fail(e, rc, in->sched, "get_param");
+    msgpack_pack_int64(key(r, "value"), v);
+    return 0;
+}
+
+static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                  reply *r, tdm__serve_err *e)
+{
+    tdm_request_desc d;
+    tdm_request_desc_init(&d);
+    uint64_t id = 0, max_tokens = 16, min_tokens = 0, flags = 0, remote = 0, tenant = 0;
+    int64_t eos = -1, prio = 0;
+    double arrival = now_s(), ttft = 0, tpot = 0;
+    int b_ie = 0, b_rp = 0, b_rd = 0, b_sp = 0;
+    int32_t *prompt = NULL, *stops = NULL;
+    uint32_t np = 0, ns = 0;
+    char salt[4097];
+    uint32_t salt_len = 0;
+    int rc;
+    const msgpack_object *eo = tdm__serve_field(m, "eos_token_id");
+    if ((rc = get_id(m, &id, e)) ||
+        (rc = tdm__serve_get_u64(m, "max_tokens", 0, UINT32_MAX, &max_tokens, e)) ||
+        (rc = tdm__serve_get_u64(m, "min_tokens", 0, UINT32_MAX, &min_tokens, e)) ||
+        (rc = tdm__serve_get_u64(m, "flags", 0, 0xFu, &flags, e)) ||
+        (rc = tdm__serve_get_u64(m, "num_remote_tokens", 0, UINT32_MAX, &remote, e)) ||
+        (rc = tdm__serve_get_u64(m, "tenant", 0, UINT32_MAX, &tenant, e)) ||
+        (rc = (eo && eo->type == MSGPACK_OBJECT_NIL) ? 0
+              : tdm__serve_get_i64(m, "eos_token_id", 0, -1, INT32_MAX, &eos, e)) ||
+        (rc = tdm__serve_get_i64(m, "priority", 0, INT32_MIN, INT32_MAX, &prio, e)) ||
+        (rc = tdm__serve_get_double(m, "arrival_time", 0, &arrival, e)) ||
+        (rc = tdm__serve_get_double(m, "ttft_slo", 0, &ttft, e)) ||
+        (rc = tdm__serve_get_double(m, "tpot_slo", 0, &tpot, e)) ||
+        (rc = tdm__serve_get_bool(m, "ignore_eos", &b_ie, e)) ||
+        (rc = tdm__serve_get_bool(m, "remote_prefill", &b_rp, e)) ||
+        (rc = tdm__serve_get_bool(m, "remote_decode", &b_rd, e)) ||
+        (rc = tdm__serve_get_bool(m, "skip_prefix_cache", &b_sp, e)))
+        return rc;
+    const msgpack_object *so = tdm__serve_field(m, "cache_salt");
+    if (so && so->type != MSGPACK_OBJECT_NIL) {
+        if ((so->type != MSGPACK_OBJECT_STR && so->type != MSGPACK_OBJECT_BIN) ||
+            so->via.str.size > 4096)
+            return tdm__serve_fail(e, TDM_E_INVAL, "\"cache_salt\" must be a string or bytes of "
+                                   "at most 4096 bytes");
+        salt_len = so->via.str.size; /* str and bin share the layout */
+        memcpy(salt, so->via.str.ptr, salt_len);
+    }
+    if ((rc = tdm__serve_get_tokens(m, "prompt", 1, &prompt, &np, e))) return rc;
+    if ((rc = tdm__serve_get_tokens(m, "stop_token_ids", 0, &stops, &ns, e))) {
+        free(prompt);
+        return rc;
+    }
+    d.flags = (uint32_t)flags | (b_ie ? TDM_REQ_IGNORE_EOS : 0) |
+              (b_rp ? TDM_REQ_REMOTE_PREFILL : 0) | (b_rd ? TDM_REQ_REMOTE_DECODE : 0) |
+              (b_sp ? TDM_REQ_SKIP_PREFIX_CACHE : 0);
+    d.id = id;
+    d.prompt = prompt;
+    d.num_prompt_tokens = np;
+    d.max_tokens = (uint32_t)max_tokens;
+    d.min_tokens = (uint32_t)min_tokens;
+    d.eos_token_id = (int32_t)eos;
+    d.stop_token_ids = stops;
+    d.num_stop_token_ids = ns;
+    d.priority = (int32_t)prio;
+    d.arrival_time = arrival;
+    d.ttft_slo = ttft;
+    d.tpot_slo = tpot;
+    d.cache_salt = salt_len ? salt : NULL;
+    d.cache_salt_len = salt_len;
+    d.num_remote_tokens = (uint32_t)remote;
+    d.tenant = (uint32_t)tenant;
+    rc = tdm_sched_add(in->sched, &d);
+    free(prompt);
+    free(stops);
+    if (rc) return lib_fail(e, rc, in->sched, "add");
+    msgpack_pack_uint64(key(r, "id"), id);
+    return 0;
+}
+
+static int op_abort(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                    reply *r, tdm__serve_err *e)
+{
+    uint64_t id;
+    int rc = get_id(m, &id, e);
+    if (rc) return rc;
+    rc = tdm_sched_abort(in->sched, id);
+    return rc ? lib_fail(e, rc, in->sched, "abort") : 0;
+}
+
+static int op_finish(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                     reply *r, tdm__serve_err *e)
+{
+    uint64_t id, reason = TDM_FINISH_STOP;
+    int rc = get_id(m, &id, e);
+    if (!rc) rc = tdm__serve_get_u64(m, "reason", 0, 255, &reason, e);
+    if (rc) return rc;
+    rc = tdm_sched_finish(in->sched, id, (tdm_finish_reason)reason);
+    return rc ? lib_fail(e, rc, in->sched, "finish") : 0;
+}
+
+static int op_step(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                   reply *r, tdm__serve_err *e)
+{
+    double now = now_s();
+    int rc = tdm__serve_get_double(m, "now", 0, &now, e);
+    if (rc) return rc;
+    tdm_batch b;
+    tdm_batch_init(&b);
+    rc = tdm_sched_step(in->sched, now, &b);
+    if (rc) return lib_fail(e, rc, in->sched, "step");
+    msgpack_packer *pk = key(r, "batch");
+    msgpack_pack_map(pk, 13);
+    tdm__serve_kv_u64(pk, "step", b.step);
+    tdm__serve_kv_u64(pk, "total_tokens", b.total_tokens);
+    tdm__serve_kv_u64(pk, "num_prefill_reqs", b.num_prefill_reqs);
+    tdm__serve_kv_u64s(pk, "req_ids", b.req_ids, b.num_reqs);
+    tdm__serve_kv_u32s(pk, "num_tokens", b.num_tokens, b.num_reqs);
+    tdm__serve_kv_u32s(pk, "num_computed", b.num_computed, b.num_reqs);
+    tdm__serve_kv_u8s(pk, "kinds", b.kinds, b.num_reqs);
+    tdm__serve_kv_u32s(pk, "num_spec", b.num_spec, b.num_reqs);
+    tdm__serve_kv_u32s(pk, "block_offsets", b.block_offsets, b.num_reqs ? b.num_reqs + 1 : 0);
+    tdm__serve_kv_u32s(pk, "blocks", b.blocks, b.num_reqs ? b.block_offsets[b.num_reqs] : 0);
+    tdm__serve_kv_u64s(pk, "preempted", b.preempted_ids, b.num_preempted);
+    tdm__serve_kv_u64s(pk, "finished", b.finished_ids, b.num_finished);
+    tdm__serve_kv_u64s(pk, "recv_ready", b.recv_ready_ids, b.num_recv_ready);
+    return 0;
+}
+
+/* "outputs": {id: [tokens]} or "req_ids": [ids] with "tokens": [[tokens], ...]. */
+static int op_update(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                     reply *r, tdm__serve_err *e)
+{
+    double now = now_s();
+    int rc = tdm__serve_get_double(m, "now", 0, &now, e);
+    if (rc) return rc;
+    const msgpack_object *outs = tdm__serve_field(m, "outputs");
+    const msgpack_object *ids_o = tdm__serve_field(m, "req_ids");
+    const msgpack_object *toks_o = tdm__serve_field(m, "tokens");
+    uint32_t n;
+    if (outs) {
+        if (outs->type != MSGPACK_OBJECT_MAP)
+            return tdm__serve_fail(e, TDM_E_INVAL, "\"outputs\" must be a map {id: [tokens]}");
+        n = outs->via.map.size;
+    } else if (ids_o && toks_o) {
+        if (ids_o->type != MSGPACK_OBJECT_ARRAY || toks_o->type != MSGPACK_OBJECT_ARRAY ||
+            ids_o->via.array.size != toks_o->via.array.size)
+            return tdm__serve_fail(e, TDM_E_INVAL, "\"req_ids\" and \"tokens\" must be arrays "
+                                   "of the same length");
+        n = ids_o->via.array.size;
+    } else {
+        return tdm__serve_fail(e, TDM_E_INVAL, "missing \"outputs\" (or \"req_ids\" + \"tokens\")");
+    }
+    if (n > TDM_SERVE_MAX_ARRAY) return tdm__serve_fail(e, TDM_E_INVAL, "too many outputs");
+    uint64_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
+    uint32_t *offs = malloc(((size_t)n + 1) * sizeof *offs);
+    int32_t *all = NULL;
+    size_t cap = 0, len = 0;
+    rc = (ids && offs) ? 0 : tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    offs ? (void)(offs[0] = 0) : (void)0;
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        const msgpack_object *ko = outs ? &outs->via.map.ptr[i].key : &ids_o->via.array.ptr[i];
+        const msgpack_object *vo = outs ? &outs->via.map.ptr[i].val : &toks_o->via.array.ptr[i];
+        int32_t *t = NULL;
+        uint32_t nt = 0;
+        char what[48];
+        snprintf(what, sizeof what, "the tokens of output %u", i);
+        if ((rc = tdm__serve_as_u64(ko, "an output's request id", &ids[i], e)) ||
+            (rc = tdm__serve_tokens(vo, what, &t, &nt, e)))
+            break;
+        if (len + nt > TDM_SERVE_MAX_ARRAY) {
+            free(t);
+            rc = tdm__serve_fail(e, TDM_E_INVAL, "more than %u output tokens", TDM_SERVE_MAX_ARRAY);
+            break;
+        }
+        if (len + nt > cap) {
+            size_t nc = cap ? cap * 2 : 256;
+            while (nc < len + nt) nc *= 2;
+            int32_t *na = realloc(all, nc * sizeof *na);
+            if (!na) {
+                free(t);
+                rc = tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+                break;
+            }
+            all = na;
+            cap = nc;
+        }
+        if (nt) memcpy(all + len, t, nt * sizeof *t);
+        free(t);
+        len += nt;
+        offs[i + 1] = (uint32_t)len;
+    }
+    tdm_update_result res;
+    tdm_update_result_init(&res);
+    if (!rc) {
+        tdm_step_output o;
+        tdm_step_output_init(&o);
+        o.num_reqs = n;
+        o.req_ids = ids;
+        o.token_offsets = offs;
+        o.tokens = all;
+        o.now = now;
+        rc = tdm_sched_update(in->sched, &o, &res);
+        if (rc) rc = lib_fail(e, rc, in->sched, "update");
+    }
+    free(ids);
+    free(offs);
+    free(all);
+    if (rc) return rc;
+    msgpack_packer *pk = key(r, "results");
+    msgpack_pack_map(pk, 4);
+    tdm__serve_kv_u64s(pk, "req_ids", res.req_ids, res.num_reqs);
+    tdm__serve_kv_u32s(pk, "num_new_tokens", res.num_new_tokens, res.num_reqs);
+    tdm__serve_kv_u8s(pk, "finish_reasons", res.finish_reasons, res.num_reqs);
+    tdm__serve_kv_i32s(pk, "stop_tokens", res.stop_tokens, res.num_reqs);
+    return 0;
+}
+
+static int op_draft(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                    reply *r, tdm__serve_err *e)
+{
+    uint64_t id;
+    int32_t *t = NULL;
+    uint32_t n = 0;
+    int rc = get_id(m, &id, e);
+    if (!rc) rc = tdm__serve_get_tokens(m, "tokens", 1, &t, &n, e);
+    if (rc) return rc;
+    rc = tdm_sched_set_draft_tokens(in->sched, id, t, n);
+    free(t);
+    return rc ? lib_fail(e, rc, in->sched, "draft") : 0;
+}
+
+static int op_info(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                   reply *r, tdm__serve_err *e)
+{
+    uint64_t id;
+    int want_blocks = 0, want_tokens = 0;
+    int rc = get_id(m, &id, e);
+    if (!rc) rc = tdm__serve_get_bool(m, "blocks", &want_blocks, e);
+    if (!rc) rc = tdm__serve_get_bool(m, "tokens", &want_tokens, e);
+    if (rc) return rc;
+    tdm_request_info i;
+    tdm_request_info_init(&i);
+    const uint32_t *blocks = NULL;
+    uint32_t nb = 0, nt = 0;
+    const tdm_token *toks = NULL;
+    if ((rc = tdm_sched_request_info(in->sched, id, &i)) ||
+        (want_blocks && (rc = tdm_sched_request_blocks(in->sched, id, &blocks, &nb))) ||
+        (want_tokens && (rc = tdm_sched_request_tokens(in->sched, id, &toks, &nt))))
+        return lib_fail(e, rc, in->sched, "info");
+    msgpack_packer *pk = key(r, "info");
+    msgpack_pack_map(pk, 15);
+    tdm__serve_kv_u64(pk, "state", i.state);
+    tdm__serve_kv_u64(pk, "finish_reason", i.finish_reason);
+    tdm__serve_kv_u64(pk, "num_prompt_tokens", i.num_prompt_tokens);
+    tdm__serve_kv_u64(pk, "num_output_tokens", i.num_output_tokens);
+    tdm__serve_kv_u64(pk, "num_computed_tokens", i.num_computed_tokens);
+    tdm__serve_kv_u64(pk, "num_cached_tokens", i.num_cached_tokens);
+    tdm__serve_kv_u64(pk, "num_blocks", i.num_blocks);
+    tdm__serve_kv_u64(pk, "num_preemptions", i.num_preemptions);
+    tdm__serve_kv_i64(pk, "priority", i.priority);
+    tdm__serve_kv_double(pk, "arrival_time", i.arrival_time);
+    tdm__serve_kv_double(pk, "first_scheduled_time", i.first_scheduled_time);
+    tdm__serve_kv_double(pk, "first_token_time", i.first_token_time);
+    tdm__serve_kv_double(pk, "last_token_time", i.last_token_time);
+    tdm__serve_kv_double(pk, "finish_time", i.finish_time);
+    tdm__serve_kv_double(pk, "max_token_gap", i.max_token_gap);
+    if (want_blocks) {
+        r->pairs++;
+        tdm__serve_kv_u32s(&r->pk, "blocks", blocks, nb);
+    }
+    if (want_tokens) {
+        r->pairs++;
+        tdm__serve_kv_i32s(&r->pk, "tokens", toks, nt);
+    }
+    return 0;
+}
+
+static int op_remote_kv_done(tdm__serve_state *st, tdm__serve_instance *in,
+                             const msgpack_object *m, reply *r, tdm__serve_err *e)
+{
+    uint64_t id, valid = 0;
+    int ok = 1;
+    int rc = get_id(m, &id, e);
+    if (!rc) rc = tdm__serve_get_bool(m, "ok", &ok, e);
+    if (!rc) rc = tdm__serve_get_u64(m, "num_valid_tokens", 0, UINT32_MAX, &valid, e);
+    if (rc) return rc;
+    rc = tdm_sched_remote_kv_done(in->sched, id, ok, (uint32_t)valid);
+    return rc ? lib_fail(e, rc, in->sched, "remote_kv_done") : 0;
+}
+
+static int op_release(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                      reply *r, tdm__serve_err *e)
+{
+    uint64_t id;
+    int rc = get_id(m, &id, e);
+    if (rc) return rc;
+    rc = tdm_sched_release(in->sched, id);
+    return rc ? lib_fail(e, rc, in->sched, "release") : 0;
+}
+
+static int op_reset_prefix_cache(tdm__serve_state *st, tdm__serve_instance *in,
+                                 const msgpack_object *m, reply *r, tdm__serve_err *e)
+{
+    int reset_running = 0;
+    int rc = tdm__serve_get_bool(m, "reset_running", &reset_running, e);
+    if (rc) return rc;
+    rc = tdm_sched_reset_prefix_cache(in->sched, reset_running);
+    return rc ? lib_fail(e, rc, in->sched, "reset_prefix_cache") : 0;
+}
+
+static int op_stats(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                    reply *r, tdm__serve_err *e)
+{
+    tdm_sched_stats s;
+    uint32_t unfinished = 0;
+    tdm_sched_stats_init(&s);
+    int rc = tdm_sched_get_stats(in->sched, &s);
+    if (!rc) rc = tdm_sched_num_unfinished(in->sched, &unfinished);
+    if (rc) return lib_fail(e, rc, in->sched, "stats");
+    msgpack_packer *pk = key(r, "stats");
+    msgpack_pack_map(pk, 17);
+    tdm__serve_kv_u64(pk, "num_running", s.num_running);
+    tdm__serve_kv_u64(pk, "num_waiting", s.num_waiting);
+    tdm__serve_kv_u64(pk, "num_waiting_remote_kv", s.num_waiting_remote_kv);
+    tdm__serve_kv_u64(pk, "num_held", s.num_held);
+    tdm__serve_kv_u64(pk, "num_total_blocks", s.num_total_blocks);
+    tdm__serve_kv_u64(pk, "num_free_blocks", s.num_free_blocks);
+    tdm__serve_kv_u64(pk, "num_cached_blocks", s.num_cached_blocks);
+    tdm__serve_kv_double(pk, "kv_usage", s.kv_usage);
+    tdm__serve_kv_u64(pk, "prefix_queries", s.prefix_queries);
+    tdm__serve_kv_u64(pk, "prefix_hits", s.prefix_hits);
+    tdm__serve_kv_double(pk, "prefix_hit_rate", s.prefix_hit_rate);
+    tdm__serve_kv_u64(pk, "evictions", s.evictions);
+    tdm__serve_kv_u64(pk, "preemptions", s.preemptions);
+    tdm__serve_kv_u64(pk, "steps", s.steps);
+    tdm__serve_kv_u64(pk, "scheduled_tokens", s.scheduled_tokens);
+    tdm__serve_kv_u64(pk, "finished", s.finished);
+    tdm__serve_kv_u64(pk, "num_unfinished", unfinished);
+    return 0;
+}
+
+static int op_shutdown(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
+                       reply *r, tdm__serve_err *e)
+{
+    st->shutdown = 1;
+    return 0;
+}
+
+static const struct op {
+    const char *name;
+    op_fn fn;
+    int needs_instance;
+} ops[] = {
+    {"ping", op_ping, 0},
+    {"create", op_create, 0},
+    {"destroy", op_destroy, 1},
+    {"list", op_list, 0},
+    {"configure", op_configure, 1},
+    {"get_config", op_get_config, 1},
+    {"set_param", op_set_param, 1},
+    {"get_param", op_get_param, 1},
+    {"add", op_add, 1},
+    {"abort", op_abort, 1},
+    {"finish", op_finish, 1},
+    {"step", op_step, 1},
+    {"update", op_update, 1},
+    {"draft", op_draft, 1},
+    {"info", op_info, 1},
+    {"remote_kv_done", op_remote_kv_done, 1},
+    {"release", op_release, 1},
+    {"reset_prefix_cache", op_reset_prefix_cache, 1},
+    {"stats", op_stats, 1},
+    {"shutdown", op_shutdown, 0},
+};
+
+/* Runs the request; fills r (success) or e (failure). */
+static int dispatch(tdm__serve_state *st, const msgpack_object *m, reply *r, tdm__serve_err *e)
+{
+    if (m->type != MSGPACK_OBJECT_MAP)
+        return tdm__serve_fail(e, TDM_E_PROTOCOL, "a request must be a msgpack map, not another type");
+    char opname[32];
+    int rc = tdm__serve_get_str(m, "op", 1, opname, sizeof opname, e);
+    if (rc) return rc;
+    const struct op *op = NULL;
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (!strcmp(ops[i].name, opname)) op = &ops[i];
+    if (!op) return tdm__serve_fail(e, TDM_E_INVAL, "unknown op \"%s\"", opname);
+    tdm__serve_instance *in = NULL;
+    if (op->needs_instance) {
+        char name[TDM_SERVE_NAME_MAX + 1];
+        if ((rc = tdm__serve_get_str(m, "name", 1, name, sizeof name, e))) return rc;
+        if (!(in = find(st, name)))
+            return tdm__serve_fail(e, TDM_E_NOT_FOUND, "no instance \"%s\"", name);
+    }
+    return op->fn(st, in, m, r, e);
+}
+
+/* The correlation value a client may send as "seq" is echoed back when it is a scalar. */
+static const msgpack_object *seq_of(const msgpack_object *m)
+{
+    const msgpack_object *s = tdm__serve_field(m, "seq");
+    if (!s) return NULL;
+    switch (s->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return s;
+    case MSGPACK_OBJECT_STR:
+        return s->via.str.size <= 256 ? s : NULL;
+    default:
+        return NULL;
+    }
+}
+
+int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack_sbuffer *out)
+{
+    reply r;
+    tdm__serve_err e;
+    memset(&e, 0, sizeof e);
+    msgpack_sbuffer_init(&r.body);
+    msgpack_packer_init(&r.pk, &r.body, msgpack_sbuffer_write);
+    r.pairs = 0;
+    st->requests++;
+
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    const msgpack_object *seq = NULL;
+    int rc;
+    if (len > st->max_msg_bytes) {
+        rc = tdm__serve_fail(&e, TDM_E_RANGE, "message of %zu bytes exceeds the limit of %zu",
+                             len, st->max_msg_bytes);
+    } else if (len == 0) {
+        rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "empty message");
+    } else if ((rc = tdm__serve_precheck(msg, len, &e)) != 0) {
+        /* rc and e are set */
+    } else {
+        size_t off = 0;
+        msgpack_unpack_return ur = msgpack_unpack_next(&up, msg, len, &off);
+        if (ur == MSGPACK_UNPACK_SUCCESS && off == len) {
+            seq = seq_of(&up.data);
+            rc = dispatch(st, &up.data, &r, &e);
+        } else if (ur == MSGPACK_UNPACK_SUCCESS) {
+            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
+                                 len - off);
+        } else if (ur == MSGPACK_UNPACK_CONTINUE) {
+            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "truncated msgpack message");
+        } else if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
+            rc = tdm__serve_fail(&e, TDM_E_NOMEM, "out of memory decoding the message");
+        } else {
+            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "malformed msgpack message");
+        }
+    }
+
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+    uint32_t extra = seq ? 1 : 0;
+    if (rc == 0) {
+        msgpack_pack_map(&pk, 1 + extra + r.pairs);
+        tdm__serve_kv_bool(&pk, "ok", 1);
+        if (seq) {
+            tdm__serve_pack_str(&pk, "seq");
+            msgpack_pack_object(&pk, *seq);
+        }
+        if (r.body.size) msgpack_sbuffer_write(out, r.body.data, r.body.size);
+    } else {
+        st->errors++;
+        msgpack_pack_map(&pk, 4 + extra);
+        tdm__serve_kv_bool(&pk, "ok", 0);
+        if (seq) {
+            tdm__serve_pack_str(&pk, "seq");
+            msgpack_pack_object(&pk, *seq);
+        }
+        tdm__serve_kv_i64(&pk, "status", rc);
+        tdm__serve_kv_str(&pk, "error", tdm_strerror(rc));
+        tdm__serve_kv_str(&pk, "message", e.msg);
+    }
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&r.body);
+    return out->data ? 0 : -1;
+}
