@@ -238,6 +238,18 @@ static void remote_prefill__failure_recompute_keeps_valid_tokens(void **state)
     tsd_update(s, &b, 7, 1.15, NULL);
     finish_all(s, 2.0);
 
+    /* vLLM's recompute policy truncates to the first invalid block: 20 valid tokens keep one
+     * whole block */
+    s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
+    reserve_remote(s, 1.0, 0);
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 0, 20), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_computed[0], 16);
+    assert_int_equal(b.num_tokens[0], 24);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    finish_all(s, 2.0);
+
     s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
     reserve_remote(s, 1.0, 0);
     assert_int_equal(tdm_sched_remote_kv_done(s, 1, 0, 0), TDM_OK);
