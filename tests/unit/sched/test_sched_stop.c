@@ -494,6 +494,38 @@ static void update__empty_output_for_drafted_decode_keeps_state_consistent(void 
     tsd_done(s);
 }
 
+/* Drafts set while the request's previous step is still in flight (not yet reported): the
+ * scheduler may refuse them (TDM_E_STATE) or hold them, but a batch never schedules more draft
+ * tokens than tokens (num_spec <= num_tokens), and the late output still applies cleanly. */
+static void set_draft_tokens__while_step_in_flight_keeps_batches_consistent(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    const tdm_token dr1[1] = { 11 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr1, 1), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b); /* request 1: its last token + 1 draft; not reported yet */
+    const tdm_token dr2[2] = { 21, 22 };
+    int rc = tdm_sched_set_draft_tokens(s, 1, dr2, 2);
+    assert_true(rc == TDM_OK || rc == TDM_E_STATE);
+    tdm_batch b2;
+    tsd_step(s, 2.1, &b2); /* tsd_step checks num_spec <= num_tokens for every entry */
+    /* the first step's output arrives late: 1 token + the accepted draft */
+    const tdm_token o1[2] = { 11, 30 };
+    assert_int_equal(tsd_update_one(s, 1, o1, 2, 2.15, NULL), TDM_OK);
+    const tdm_token o0[1] = { 31 };
+    assert_int_equal(tsd_update_one(s, 0, o0, 1, 2.15, NULL), TDM_OK);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_true(i.num_computed_tokens <= i.num_prompt_tokens + i.num_output_tokens);
+    double now = 3.0;
+    tsd_run(s, 40, &now);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -509,6 +541,7 @@ int main(void)
         TSD_TEST(update__late_output_with_drafts_after_preemption_applied),
         TSD_TEST(update__late_stop_of_preempted_request_finishes_it),
         TSD_TEST(update__empty_output_for_drafted_decode_keeps_state_consistent),
+        TSD_TEST(set_draft_tokens__while_step_in_flight_keeps_batches_consistent),
     };
     return cmocka_run_group_tests_name("sched_stop", tests, NULL, NULL);
 }
