@@ -45,9 +45,17 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     if (d->num_blocks == 0 || d->num_blocks > TDM__KVX_MAX_BLOCKS || !d->block_ids)
         return tdm__kvx_fail(TDM_E_INVAL, "num_blocks must be in [1, %u] with block_ids", TDM__KVX_MAX_BLOCKS);
     if (d->num_skip > d->num_blocks) return tdm__kvx_fail(TDM_E_INVAL, "num_skip %u > num_blocks %u", d->num_skip, d->num_blocks);
+    uint32_t tok = TDM_HAS_FIELD(d, tdm_kvx_recv_desc, num_tokens) ? d->num_tokens : 0;
     pthread_mutex_lock(&k->mu);
     int rc = TDM_OK;
     if (!k->registered) { rc = tdm__kvx_fail(TDM_E_STATE, "KV cache not registered"); goto out; }
+    uint64_t bs = k->layout.block_size;
+    if (tok == 0) tok = (uint32_t)TDM_MIN((uint64_t)d->num_blocks * bs, UINT32_MAX);
+    if (tok > (uint64_t)d->num_blocks * bs || tok <= (uint64_t)(d->num_blocks - 1) * bs) {
+        rc = tdm__kvx_fail(TDM_E_INVAL, "num_tokens %u does not fill exactly %u blocks of %llu", tok,
+                           d->num_blocks, (unsigned long long)bs);
+        goto out;
+    }
     if (!tdm__kvx_peer(k, d->peer)) { rc = tdm__kvx_fail(TDM_E_PEER, "peer %u unknown or dead", d->peer); goto out; }
     if (k->cfg.role == TDM_KVX_ROLE_PREFILL) { rc = tdm__kvx_fail(TDM_E_STATE, "a prefill-role engine does not receive"); goto out; }
     if (tdm__kvx_find(k, TDM_KVX_SIDE_RECV, d->peer, d->request_id, d->transfer_id)) {
@@ -77,6 +85,7 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     x->rid = d->request_id;
     x->xid = d->transfer_id;
     x->skip = d->num_skip;
+    x->tok = tok;
     x->timeout_ms = d->timeout_ms ? d->timeout_ms : k->cfg.transfer_timeout_ms;
     x->deadline = tdm__now() + x->timeout_ms / 1000.0;
     x->units_need = (uint64_t)k->layout.num_layers * (d->num_blocks - d->num_skip);
@@ -94,6 +103,7 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     m.mode = x->mode;
     m.num_blocks = x->n;
     m.num_skip = x->skip;
+    m.num_tokens = x->tok;
     if (tdm__kvx_queue_msg(k, x->peer, &m) != TDM_OK) {
         tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_NOMEM, "cannot queue the request", 0);
         rc = tdm__kvx_fail(TDM_E_NOMEM, "out of memory");
@@ -163,7 +173,7 @@ int tdm_kvx_send(tdm_kvx *k, const tdm_kvx_send_desc *d, uint64_t *handle)
     *handle = x->handle;
     kvx_pending *p = take_pending(k, x);
     if (p) {
-        tdm__kvx_bind(k, x, p->peer, p->xid, p->n, p->skip);
+        tdm__kvx_bind(k, x, p->peer, p->xid, p->n, p->skip, p->tok);
         tdm__free(p);
     }
     tdm__kvx_wake(k);
