@@ -156,9 +156,6 @@ typedef struct tdm_kvx_recv_desc {
     const uint32_t *block_ids;       /* [num_blocks] local destination block ids, distinct */
     uint32_t num_skip;               /* leading blocks already held (prefix cache): not sent */
     uint32_t timeout_ms;             /* no-progress timeout; 0 = the config's */
-    uint32_t num_tokens;             /* tokens to receive, in ((num_blocks-1)*block_size,
-                                        num_blocks*block_size]; 0 = num_blocks*block_size.
-                                        Needed when the sender's block size differs. */
 } tdm_kvx_recv_desc;
 
 TDM_API int tdm_kvx_recv_desc_init(tdm_kvx_recv_desc *d);

@@ -45,17 +45,11 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     if (d->num_blocks == 0 || d->num_blocks > TDM__KVX_MAX_BLOCKS || !d->block_ids)
         return tdm__kvx_fail(TDM_E_INVAL, "num_blocks must be in [1, %u] with block_ids", TDM__KVX_MAX_BLOCKS);
     if (d->num_skip > d->num_blocks) return tdm__kvx_fail(TDM_E_INVAL, "num_skip %u > num_blocks %u", d->num_skip, d->num_blocks);
-    uint32_t tok = TDM_HAS_FIELD(d, tdm_kvx_recv_desc, num_tokens) ? d->num_tokens : 0;
     pthread_mutex_lock(&k->mu);
     int rc = TDM_OK;
     if (!k->registered) { rc = tdm__kvx_fail(TDM_E_STATE, "KV cache not registered"); goto out; }
-    uint64_t bs = k->layout.block_size;
-    if (tok == 0) tok = (uint32_t)TDM_MIN((uint64_t)d->num_blocks * bs, UINT32_MAX);
-    if (tok > (uint64_t)d->num_blocks * bs || tok <= (uint64_t)(d->num_blocks - 1) * bs) {
-        rc = tdm__kvx_fail(TDM_E_INVAL, "num_tokens %u does not fill exactly %u blocks of %llu", tok,
-                           d->num_blocks, (unsigned long long)bs);
-        goto out;
-    }
+    /* the capacity; the sender says how many tokens it actually has (DATA.tokens) */
+    uint32_t tok = (uint32_t)((uint64_t)d->num_blocks * k->layout.block_size);
     if (!tdm__kvx_peer(k, d->peer)) { rc = tdm__kvx_fail(TDM_E_PEER, "peer %u unknown or dead", d->peer); goto out; }
     if (k->cfg.role == TDM_KVX_ROLE_PREFILL) { rc = tdm__kvx_fail(TDM_E_STATE, "a prefill-role engine does not receive"); goto out; }
     if (tdm__kvx_find(k, TDM_KVX_SIDE_RECV, d->peer, d->request_id, d->transfer_id)) {

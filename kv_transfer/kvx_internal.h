@@ -106,6 +106,7 @@ typedef struct kvx_xfer {
     uint64_t rid, xid;
     uint32_t n, skip;              /* own blocks; skip: leading ones not moved */
     uint32_t tok;                  /* tokens of the transfer */
+    int tok_known;                 /* receiver: the sender's count arrived */
     uint32_t n_eff;                /* sender: blocks to send (those holding tokens) */
     uint32_t gran;                 /* sender: chunks start at multiples of this many blocks */
     uint32_t *blocks;

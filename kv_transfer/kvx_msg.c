@@ -333,11 +333,10 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
         if (!rc) rc = rd_u32max(&r, &m->block_count, TDM__KVX_MAX_BLOCKS, "block_count");
         if (!rc) rc = rd_u64(&r, &m->nbytes);
         if (!rc) rc = rd_u32max(&r, &m->slot, UINT32_MAX, "slot");
-        if (!rc) rc = rd_u64(&r, &m->time_ms);   /* reserved: flags, must be 0 */
+        if (!rc) rc = rd_u32max(&r, &m->num_tokens, UINT32_MAX, "tokens");
         if (!rc && (m->layer_begin >= m->layer_end || m->block_count == 0 ||
-                    m->nbytes == 0 || m->nbytes > ((uint64_t)1 << 32) || m->time_ms != 0))
+                    m->nbytes == 0 || m->nbytes > ((uint64_t)1 << 32) || m->num_tokens == 0))
             rc = rd_fail(&r, "bad data chunk ranges");
-        m->time_ms = 0;
         break;
     case TDM__KVX_CREDIT:
         rc = rd_u32max(&r, &m->slot, 1u << 20, "slot");
@@ -471,7 +470,7 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
         msgpack_pack_uint32(&pk, m->block_count);
         msgpack_pack_uint64(&pk, m->nbytes);
         msgpack_pack_uint32(&pk, m->slot);
-        msgpack_pack_uint64(&pk, 0);
+        msgpack_pack_uint32(&pk, m->num_tokens);
         break;
     case TDM__KVX_CREDIT:
         msgpack_pack_uint32(&pk, m->slot);

@@ -152,9 +152,11 @@ void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_
     x->deadline = tdm__now() + x->timeout_ms / 1000.0;
     uint64_t bs = k->layout.block_size, rbs = p ? p->remote.layout.block_size : bs;
     uint64_t skip_tok = (uint64_t)skip * rbs, lcm = bs / gcd64(bs, rbs) * rbs;
+    if ((uint64_t)tok > (uint64_t)x->n * bs) tok = (uint32_t)((uint64_t)x->n * bs);
     if (!p) snprintf(why, sizeof(why), "peer gone");
-    else if ((uint64_t)tok > (uint64_t)x->n * bs || (uint64_t)tok > (uint64_t)n * rbs)
-        snprintf(why, sizeof(why), "%u tokens asked, the sender holds %llu", tok, (unsigned long long)(x->n * bs));
+    else if ((uint64_t)tok > (uint64_t)n * rbs || (uint64_t)tok <= (uint64_t)(n - 1) * rbs)
+        snprintf(why, sizeof(why), "the sender holds %u tokens, the receiver's %u blocks of %llu need more",
+                 tok, n, (unsigned long long)rbs);
     else if (skip_tok % bs)
         snprintf(why, sizeof(why), "the prefix skip (%llu tokens) is not a whole number of sender blocks", (unsigned long long)skip_tok);
     else if (lcm / bs * k->unit_bytes > k->cfg.max_chunk_bytes)
@@ -249,6 +251,18 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
     /* the chunk's sender blocks as tokens, then as our blocks [d0, d1) */
     uint64_t t0 = (uint64_t)m->block_begin * sbs, t1 = ((uint64_t)m->block_begin + m->block_count) * sbs;
     const void *bytes = NULL;
+    if (!x->tok_known) {
+        /* the sender's token count: it must reach into our last block */
+        if (m->num_tokens > (uint64_t)x->n * bs || m->num_tokens <= (uint64_t)(x->n - 1) * bs) {
+            snprintf(why, sizeof(why), "%u tokens do not fill our %u blocks", m->num_tokens, x->n);
+            goto bad;
+        }
+        x->tok = m->num_tokens;
+        x->tok_known = 1;
+    } else if (m->num_tokens != x->tok) {
+        snprintf(why, sizeof(why), "token count changed (%u, was %u)", m->num_tokens, x->tok);
+        goto bad;
+    }
     if (m->layer_end > L) { snprintf(why, sizeof(why), "layer range [%u,%u) beyond %u layers", m->layer_begin, m->layer_end, L); goto bad; }
     if (t0 < (uint64_t)x->skip * bs || t1 - sbs >= x->tok || t0 % bs || (t1 < x->tok && t1 % bs)) {
         snprintf(why, sizeof(why), "blocks [%u,+%u) outside the transfer's or not on block bounds", m->block_begin, m->block_count);
@@ -442,6 +456,7 @@ static int send_chunk(tdm_kvx *k, kvx_xfer *x, kvx_peer *p)
     m.block_count = cnt;
     m.nbytes = nbytes;
     m.slot = slot;
+    m.num_tokens = x->tok;
     zmq_msg_t frame, *fp = NULL;
     if (p->tx->make_frame) {
         if (p->tx->make_frame(p->tx_ctx, buf, nbytes, &frame) != TDM_OK) {

@@ -144,6 +144,8 @@ static void reblock(uint32_t sbs, uint32_t dbs, uint32_t tokens, uint32_t skip, 
     t_ids(dst, nd, NB, 9);
     uint8_t tail[64];
     size_t row = D * 2;
+    /* the sender moves what it holds, up to our capacity */
+    tokens = ns * sbs < nd * dbs ? ns * sbs : nd * dbs;
     uint32_t last_t = tokens % dbs;   /* first untouched slot of the last dst block, if any */
     if (last_t) memcpy(tail, t_row(&d, 0, 1, dst[nd - 1], last_t, 0), row);
     tdm_kvx_send_desc sd;
@@ -160,7 +162,6 @@ static void reblock(uint32_t sbs, uint32_t dbs, uint32_t tokens, uint32_t skip, 
     rd.request_id = 5;
     rd.num_blocks = nd;
     rd.num_skip = skip;
-    rd.num_tokens = tokens;
     rd.block_ids = dst;
     assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &hr), TDM_OK);
     if (streaming) {
@@ -225,8 +226,19 @@ static void reblock__unaligned_prefix_skip_fails_cleanly(void **state)
     assert_int_equal(ev.status, TDM_E_RANGE);
     assert_int_equal(t_wait(&p).type, TDM_KVX_EV_FAILED);
     assert_int_equal(t_stats(&d).num_reserved_blocks, 0);
-    rd.num_tokens = 28;   /* needs 7 blocks, not 8 */
-    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_E_INVAL);
+    /* 32 tokens held by the sender cannot fill 9 blocks of 4 */
+    uint32_t dst9[9] = { 1, 2, 3, 4, 5, 6, 7, 8, 9 };
+    rd.num_skip = 0;
+    rd.num_blocks = 9;
+    rd.block_ids = dst9;
+    rd.request_id = 2;
+    sd.request_id = 2;
+    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_OK);
+    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    ev = t_wait(&d);
+    assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
+    assert_non_null(strstr(ev.reason, "tokens"));
+    assert_int_equal(t_wait(&p).type, TDM_KVX_EV_FAILED);
     t_free(&d);
     t_free(&p);
 }

@@ -54,8 +54,8 @@ def pull():
             if h[1] == 10:
                 continue
             assert h[1] == 4, h
-            _, _, rid, xid, seq, l0, l1, b0, nb, nbytes, slot, flags = h
-            assert (rid, xid, slot) == (42, 1, 0xFFFFFFFF) and len(frames[1]) == nbytes == (l1 - l0) * nb * unit
+            _, _, rid, xid, seq, l0, l1, b0, nb, nbytes, slot, tokens = h
+            assert (rid, xid, slot, tokens) == (42, 1, 0xFFFFFFFF, 128) and len(frames[1]) == nbytes == (l1 - l0) * nb * unit
             for i, layer in enumerate(range(l0, l1)):
                 part = frames[1][i * nb * unit:(i + 1) * nb * unit]
                 assert part == bytes([layer]) * len(part), f"layer {layer} bytes differ"
