@@ -18,8 +18,17 @@
  *
  * Threading. A tdm_kvx runs one background I/O thread (plus a ZAP thread when CURVE is
  * configured). Every function below is thread-safe unless it says otherwise (calls are
- * serialised by the handle's lock); create/destroy are not, and destroy must not race with
- * any other call on the same handle. docs/protocol.md describes the wire protocol.
+ * serialised by the handle's lock, which the I/O thread also holds while it packs or unpacks
+ * one chunk, so a call may wait that long); create/destroy are not, and destroy must not race
+ * with any other call on the same handle. tdm_kvx_connect and tdm_kvx_poll block (up to the
+ * handshake timeout / the given timeout) without holding the lock.
+ *
+ * Conversion. The receiver converts while unpacking when the sender's dtype, head split
+ * (tensor parallelism: the receiver's heads [head_offset, +num_kv_heads) must lie within the
+ * sender's) or block size differ (tokens are re-blocked; the transfer moves
+ * min(receiver blocks * its block size, sender blocks * its block size) tokens, which must
+ * reach into the receiver's last block). num_layers and head_dim must be equal.
+ * docs/protocol.md describes the wire protocol.
  */
 #ifndef TANDEM_KVX_H
 #define TANDEM_KVX_H
