@@ -124,8 +124,11 @@ TDM_API int tdm_kvx_curve_keypair(char public_key[41], char secret_key[41]);
  * (layer_bases[num_layers], copied; the memory stays owned by the caller and must outlive
  * kvx). head_offset: the first KV head this rank holds in the model's numbering (tensor-
  * parallel slice; 0 without TP). Exactly once, before tdm_kvx_connect() and before peers
- * connect (their handshake is refused until then). mem_kind TDM_MEM_CUDA needs the CUDA
- * kernels (TDM_E_NO_CUDA here otherwise).
+ * connect (their handshake is refused until then). mem_kind TDM_MEM_CUDA needs
+ * libtandem_cuda.so and a device (TDM_E_NO_CUDA otherwise): chunks are then packed and
+ * unpacked by the CUDA kernels into a device staging buffer of max_chunk_bytes (allocated
+ * here) and staged through host memory for the ZeroMQ and shared-memory transports; peers
+ * must not use a larger max_chunk_bytes.
  * Errors: TDM_E_INVAL (bad layout, NULL base), TDM_E_STATE (already registered),
  * TDM_E_NO_CUDA. */
 TDM_API int tdm_kvx_register(tdm_kvx *kvx, const struct tdm_kv_layout *layout,

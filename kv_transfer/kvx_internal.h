@@ -172,6 +172,7 @@ struct tdm_kvx {
     uint32_t mem_kind, head_offset;
     uint32_t *owner;               /* [num_blocks] receive reservations: 0 or xfer handle slot */
     size_t unit_bytes;             /* packed bytes of one block of one layer */
+    void *dev_stage;               /* CUDA memory: device staging buffer (max_chunk_bytes) */
 
     kvx_peer *peers;
     uint32_t num_peers, cap_peers;
