@@ -128,7 +128,6 @@ static int check_peer_layout(tdm_kvx *k, const tdm__kvx_hello *r, char *why, siz
         return TDM_E_LAYOUT;
     if (we_send && tdm__kvx_compat(&k->layout, k->head_offset, &r->layout, r->head_offset, why, n) < 0)
         return TDM_E_LAYOUT;
-    if (r->mem_kind != TDM_MEM_HOST && !tdm__kvx_cuda_ipc_available() && 0) return TDM_E_NO_CUDA;
     return TDM_OK;
 }
 
