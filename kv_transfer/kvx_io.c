@@ -309,6 +309,10 @@ static void on_monitor(tdm_kvx *k, kvx_peer *p)
             hs_finish(k, p, TDM_E_AUTH, "the server refused our CURVE key");
             return;
         }
+        if (p->state == PEER_HANDSHAKE && ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+            hs_finish(k, p, TDM_E_AUTH, "ZeroMQ security handshake failed (CURVE required by one side only?)");
+            return;
+        }
     }
 }
 
