@@ -323,8 +323,10 @@ static void curve__unknown_client_is_refused_allowed_one_works(void **state)
     t_engine_cfg(&bad, &c, &l, 2);
     uint32_t peer;
     assert_int_equal(tdm_kvx_connect(bad.kvx, ep, spub, &peer), TDM_E_AUTH);
-    /* and without CURVE at all: the security handshake fails */
-    assert_int_equal(tdm_kvx_connect(bad.kvx, ep, NULL, &peer), TDM_E_AUTH);
+    /* and without CURVE at all: the security handshake fails (reported by ZeroMQ's monitor,
+     * or, on a loaded machine, noticed only by the handshake timeout) */
+    int rc = tdm_kvx_connect(bad.kvx, ep, NULL, &peer);
+    assert_true(rc == TDM_E_AUTH || rc == TDM_E_TIMEOUT);
 
     t_config(&c, "good", TDM_KVX_ROLE_DECODE, NULL);
     c.curve_secret_key = csec;
