@@ -29,16 +29,19 @@ static void usage(FILE *o)
 {
     fprintf(o,
             "usage: tandem serve [--bind ENDPOINT] [--max-msg BYTES] [--max-instances N]\n"
+            "                    [--max-kvx-bytes BYTES]\n"
             "                    [--create NAME [--config JSON|@FILE]]\n"
             "  --bind        tcp://127.0.0.1:PORT (PORT may be *) or ipc:///path;\n"
             "                default tcp://127.0.0.1:5557\n"
             "  --max-msg     largest request accepted (default %u); larger ones get an\n"
             "                error reply (beyond 4x the limit the connection is dropped)\n"
             "  --max-instances  named scheduler instances at most (default %u)\n"
+            "  --max-kvx-bytes  host KV cache one transfer engine may allocate (default %u)\n"
             "  --create      create an instance at start-up, configured by --config\n"
             "Prints 'tandem serve: listening on ENDPOINT' once bound. docs/service.md has the\n"
             "protocol.\n",
-            TDM_SERVE_DEFAULT_MAX_MSG, TDM_SERVE_DEFAULT_MAX_INSTANCES);
+            TDM_SERVE_DEFAULT_MAX_MSG, TDM_SERVE_DEFAULT_MAX_INSTANCES,
+            TDM_SERVE_DEFAULT_MAX_KVX_BYTES);
 }
 
 static char *read_config_arg(const char *arg)
@@ -171,6 +174,14 @@ int tdm_cmd_serve(int argc, char **argv)
                 return 2;
             }
             st.max_instances = (uint32_t)x; i++;
+        } else if (!strcmp(a, "--max-kvx-bytes") && v) {
+            char *end;
+            unsigned long long x = strtoull(v, &end, 10);
+            if (*end || x < 4096 || x > (1ull << 31)) {
+                fprintf(stderr, "tandem serve: --max-kvx-bytes must be 4096..2^31\n");
+                return 2;
+            }
+            st.max_kvx_bytes = (size_t)x; i++;
         } else if (!strcmp(a, "--create") && v) {
             create = v; i++;
         } else if (!strcmp(a, "--config") && v) {

@@ -21,6 +21,8 @@
 #define TDM_SERVE_DEFAULT_MAX_INSTANCES 64u
 #define TDM_SERVE_MAX_ARRAY (1u << 22)    /* longest array accepted in a request */
 #define TDM_SERVE_MAX_DEPTH 16            /* deepest config document accepted */
+#define TDM_SERVE_DEFAULT_MAX_KVX_BYTES (256u << 20)
+#define TDM_SERVE_MAX_KVXS 16
 
 typedef struct tdm__serve_instance {
     char name[TDM_SERVE_NAME_MAX + 1];
@@ -28,8 +30,13 @@ typedef struct tdm__serve_instance {
     struct tdm__serve_instance *next;
 } tdm__serve_instance;
 
+struct tdm__serve_kvx;
+
 typedef struct tdm__serve_state {
     tdm__serve_instance *instances;
+    struct tdm__serve_kvx *kvxs;  /* named transfer engines (serve_kvx.c) */
+    uint32_t num_kvxs;
+    size_t max_kvx_bytes;         /* host cache an engine may allocate */
     uint32_t num_instances;
     uint32_t max_instances;
     size_t max_msg_bytes;
@@ -45,6 +52,16 @@ void tdm__serve_free(tdm__serve_state *st);
  * *reply (which the caller initialised). Returns 0, or -1 if the reply could not be built
  * (out of memory). */
 int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack_sbuffer *reply);
+
+/* The success part of a reply: key/value pairs packed into body, counted in pairs. */
+typedef struct tdm__serve_reply {
+    msgpack_sbuffer body;
+    msgpack_packer pk;
+    uint32_t pairs;
+} tdm__serve_reply;
+
+/* Starts one key/value pair of the reply (counts it) and returns the packer for the value. */
+msgpack_packer *tdm__serve_key(tdm__serve_reply *r, const char *k);
 
 /* ---- decoding helpers (serve_msg.c) ------------------------------------------------------ */
 
@@ -104,5 +121,23 @@ void tdm__serve_kv_u64s(msgpack_packer *pk, const char *k, const uint64_t *v, ui
 void tdm__serve_kv_u32s(msgpack_packer *pk, const char *k, const uint32_t *v, uint32_t n);
 void tdm__serve_kv_i32s(msgpack_packer *pk, const char *k, const int32_t *v, uint32_t n);
 void tdm__serve_kv_u8s(msgpack_packer *pk, const char *k, const uint8_t *v, uint32_t n);
+
+/* ---- the KV transfer engine ops (serve_kvx.c) --------------------------------------------- */
+
+struct tdm__serve_err;
+#define TDM__SERVE_KVX_OP(name) \
+    int name(tdm__serve_state *st, tdm__serve_instance *unused, const msgpack_object *m, \
+             tdm__serve_reply *r, struct tdm__serve_err *e)
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_create);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_destroy);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_connect);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_recv);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_cancel);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_poll);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_write);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_read);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_stats);
+void tdm__serve_kvx_free_all(tdm__serve_state *st);
 
 #endif

@@ -13,12 +13,7 @@
 
 #include "serve.h"
 
-/* The success part of a reply: key/value pairs packed into body, counted in pairs. */
-typedef struct reply {
-    msgpack_sbuffer body;
-    msgpack_packer pk;
-    uint32_t pairs;
-} reply;
+typedef tdm__serve_reply reply;
 
 typedef int (*op_fn)(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
                      reply *r, tdm__serve_err *e);
@@ -30,12 +25,13 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static msgpack_packer *key(reply *r, const char *k)
+msgpack_packer *tdm__serve_key(tdm__serve_reply *r, const char *k)
 {
     r->pairs++;
     tdm__serve_pack_str(&r->pk, k);
     return &r->pk;
 }
+
 
 /* A library failure: status and the handle's message. */
 static int lib_fail(tdm__serve_err *e, int rc, const tdm_sched *s, const char *what)
@@ -56,10 +52,14 @@ void tdm__serve_init(tdm__serve_state *st)
     memset(st, 0, sizeof *st);
     st->max_instances = TDM_SERVE_DEFAULT_MAX_INSTANCES;
     st->max_msg_bytes = TDM_SERVE_DEFAULT_MAX_MSG;
+    st->max_kvx_bytes = TDM_SERVE_DEFAULT_MAX_KVX_BYTES;
 }
 
 void tdm__serve_free(tdm__serve_state *st)
 {
+#ifndef TDM_SERVE_NO_KVX
+    tdm__serve_kvx_free_all(st);
+#endif
     tdm__serve_instance *in = st->instances;
     while (in) {
         tdm__serve_instance *next = in->next;
@@ -89,10 +89,10 @@ static int valid_name(const char *s)
 static int op_ping(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
                    reply *r, tdm__serve_err *e)
 {
-    tdm__serve_pack_str(key(r, "version"), tdm_version_string());
-    msgpack_pack_uint32(key(r, "abi"), tdm_abi_version());
-    msgpack_pack_uint64(key(r, "requests"), st->requests);
-    msgpack_pack_uint32(key(r, "instances"), st->num_instances);
+    tdm__serve_pack_str(tdm__serve_key(r, "version"), tdm_version_string());
+    msgpack_pack_uint32(tdm__serve_key(r, "abi"), tdm_abi_version());
+    msgpack_pack_uint64(tdm__serve_key(r, "requests"), st->requests);
+    msgpack_pack_uint32(tdm__serve_key(r, "instances"), st->num_instances);
     return 0;
 }
 
@@ -133,7 +133,7 @@ static int op_create(tdm__serve_state *st, tdm__serve_instance *unused, const ms
     in->next = st->instances;
     st->instances = in;
     st->num_instances++;
-    tdm__serve_pack_str(key(r, "name"), name);
+    tdm__serve_pack_str(tdm__serve_key(r, "name"), name);
     return 0;
 }
 
@@ -154,7 +154,7 @@ static int op_destroy(tdm__serve_state *st, tdm__serve_instance *in, const msgpa
 static int op_list(tdm__serve_state *st, tdm__serve_instance *unused, const msgpack_object *m,
                    reply *r, tdm__serve_err *e)
 {
-    msgpack_packer *pk = key(r, "names");
+    msgpack_packer *pk = tdm__serve_key(r, "names");
     msgpack_pack_array(pk, st->num_instances);
     for (tdm__serve_instance *in = st->instances; in; in = in->next) tdm__serve_pack_str(pk, in->name);
     return 0;
@@ -194,7 +194,7 @@ static int op_get_config(tdm__serve_state *st, tdm__serve_instance *in, const ms
     rc = tdm__serve_pack_json(&pk, buf);
     free(buf);
     if (rc == 0) {
-        key(r, "config");
+        tdm__serve_key(r, "config");
         if (sb.size) msgpack_sbuffer_write(&r->body, sb.data, sb.size);
     }
     msgpack_sbuffer_destroy(&sb);
@@ -253,7 +253,7 @@ static int op_get_param(tdm__serve_state *st, tdm__serve_instance *in, const msg
     if (rc) return rc;
     rc = tdm_sched_get_param(in->sched, (tdm_sched_param)k, &v);
     if (rc) return lib_fail(e, rc, in->sched, "get_param");
-    msgpack_pack_int64(key(r, "value"), v);
+    msgpack_pack_int64(tdm__serve_key(r, "value"), v);
     return 0;
 }
 
@@ -326,7 +326,7 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
     free(prompt);
     free(stops);
     if (rc) return lib_fail(e, rc, in->sched, "add");
-    msgpack_pack_uint64(key(r, "id"), id);
+    msgpack_pack_uint64(tdm__serve_key(r, "id"), id);
     return 0;
 }
 
@@ -361,7 +361,7 @@ static int op_step(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_
     tdm_batch_init(&b);
     rc = tdm_sched_step(in->sched, now, &b);
     if (rc) return lib_fail(e, rc, in->sched, "step");
-    msgpack_packer *pk = key(r, "batch");
+    msgpack_packer *pk = tdm__serve_key(r, "batch");
     msgpack_pack_map(pk, 13);
     tdm__serve_kv_u64(pk, "step", b.step);
     tdm__serve_kv_u64(pk, "total_tokens", b.total_tokens);
@@ -459,7 +459,7 @@ static int op_update(tdm__serve_state *st, tdm__serve_instance *in, const msgpac
     free(offs);
     free(all);
     if (rc) return rc;
-    msgpack_packer *pk = key(r, "results");
+    msgpack_packer *pk = tdm__serve_key(r, "results");
     msgpack_pack_map(pk, 4);
     tdm__serve_kv_u64s(pk, "req_ids", res.req_ids, res.num_reqs);
     tdm__serve_kv_u32s(pk, "num_new_tokens", res.num_new_tokens, res.num_reqs);
@@ -500,7 +500,7 @@ static int op_info(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_
         (want_blocks && (rc = tdm_sched_request_blocks(in->sched, id, &blocks, &nb))) ||
         (want_tokens && (rc = tdm_sched_request_tokens(in->sched, id, &toks, &nt))))
         return lib_fail(e, rc, in->sched, "info");
-    msgpack_packer *pk = key(r, "info");
+    msgpack_packer *pk = tdm__serve_key(r, "info");
     msgpack_pack_map(pk, 15);
     tdm__serve_kv_u64(pk, "state", i.state);
     tdm__serve_kv_u64(pk, "finish_reason", i.finish_reason);
@@ -570,7 +570,7 @@ static int op_stats(tdm__serve_state *st, tdm__serve_instance *in, const msgpack
     int rc = tdm_sched_get_stats(in->sched, &s);
     if (!rc) rc = tdm_sched_num_unfinished(in->sched, &unfinished);
     if (rc) return lib_fail(e, rc, in->sched, "stats");
-    msgpack_packer *pk = key(r, "stats");
+    msgpack_packer *pk = tdm__serve_key(r, "stats");
     msgpack_pack_map(pk, 17);
     tdm__serve_kv_u64(pk, "num_running", s.num_running);
     tdm__serve_kv_u64(pk, "num_waiting", s.num_waiting);
@@ -624,6 +624,19 @@ static const struct op {
     {"reset_prefix_cache", op_reset_prefix_cache, 1},
     {"stats", op_stats, 1},
     {"shutdown", op_shutdown, 0},
+#ifndef TDM_SERVE_NO_KVX
+    /* the KV transfer engine (serve_kvx.c): named engines with service-owned host caches */
+    {"kvx_create", tdm__serve_op_kvx_create, 0},
+    {"kvx_destroy", tdm__serve_op_kvx_destroy, 0},
+    {"kvx_connect", tdm__serve_op_kvx_connect, 0},
+    {"kvx_send", tdm__serve_op_kvx_send, 0},
+    {"kvx_recv", tdm__serve_op_kvx_recv, 0},
+    {"kvx_cancel", tdm__serve_op_kvx_cancel, 0},
+    {"kvx_poll", tdm__serve_op_kvx_poll, 0},
+    {"kvx_write", tdm__serve_op_kvx_write, 0},
+    {"kvx_read", tdm__serve_op_kvx_read, 0},
+    {"kvx_stats", tdm__serve_op_kvx_stats, 0},
+#endif
 };
 
 /* Runs the request; fills r (success) or e (failure). */

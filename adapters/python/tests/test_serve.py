@@ -281,3 +281,65 @@ def test_fuzz__mutated_messages_never_crash(client, server):
 def test_shutdown__ends_the_process(server, client):
     client.ok("shutdown")
     assert server[0].wait(timeout=10) == 0
+
+
+# ---- the KV transfer engine through the service -------------------------------------------------
+
+LAYOUT = {"num_layers": 2, "num_blocks": 16, "block_size": 4, "num_kv_heads": 2, "head_dim": 8,
+          "dtype": 1, "kind": 1}
+BLOCK_HALF = 4 * 2 * 8 * 2      # bytes of K (or V) of one block in the vLLM NHD layout
+LAYER_BYTES = 2 * 16 * BLOCK_HALF
+
+
+def block_bytes(c, name, layer, block):
+    k = c.ok("kvx_read", name=name, layer=layer, offset=block * BLOCK_HALF, length=BLOCK_HALF)
+    v = c.ok("kvx_read", name=name, layer=layer, offset=LAYER_BYTES // 2 + block * BLOCK_HALF,
+             length=BLOCK_HALF)
+    return k["data"] + v["data"]
+
+
+def test_kvx__two_engines_move_blocks_through_the_service(client, tmp_path):
+    if not __import__("tandem").has_kvx():
+        pytest.skip("the library lacks the KV transfer engine")
+    r = client.ok("kvx_create", name="p", layout=LAYOUT,
+                  config={"engine_id": "svc-p", "role": "prefill",
+                          "listen": f"ipc://{tmp_path}/svc-p.sock", "heartbeat_ms": 50})
+    assert r["layer_bytes"] == LAYER_BYTES and r["endpoint"].startswith("ipc://")
+    client.ok("kvx_create", name="d", layout=LAYOUT, config={"engine_id": "svc-d", "role": "decode"})
+    rng = random.Random(5)
+    for layer in range(2):
+        client.ok("kvx_write", name="p", layer=layer, offset=0,
+                  data=bytes(rng.randrange(256) for _ in range(LAYER_BYTES)))
+    peer = client.ok("kvx_connect", name="d", endpoint=r["endpoint"])["peer"]
+    hs = client.ok("kvx_send", name="p", request_id=9, block_ids=[2, 3, 7])["handle"]
+    hr = client.ok("kvx_recv", name="d", peer=peer, request_id=9, transfer_id=1,
+                   block_ids=[10, 11, 12])["handle"]
+    got = {}
+    for _ in range(100):
+        for n in ("p", "d"):
+            for ev in client.ok("kvx_poll", name=n, timeout_ms=50)["events"]:
+                got[ev["handle"], n] = ev
+        if (hs, "p") in got and (hr, "d") in got:
+            break
+    assert got[hr, "d"]["type"] == 1 and got[hr, "d"]["num_blocks_done"] == 3, got
+    for layer in range(2):
+        for s, t in zip([2, 3, 7], [10, 11, 12]):
+            assert block_bytes(client, "d", layer, t) == block_bytes(client, "p", layer, s)
+    st = client.ok("kvx_stats", name="d")["stats"]
+    assert st["transfers_done"] == 1 and st["num_reserved_blocks"] == 0
+    # Errors change nothing and name the problem.
+    for bad in ({"name": "d", "layer": 2, "offset": 0, "length": 1},
+                {"name": "d", "layer": 0, "offset": LAYER_BYTES - 1, "length": 2},
+                {"name": "zz", "layer": 0, "offset": 0, "length": 1}):
+        r = client("kvx_read", **bad)
+        assert not r["ok"] and r["message"], r
+    r = client("kvx_recv", name="d", peer=peer + 5, request_id=1, block_ids=[1])
+    assert not r["ok"] and r["status"] == -19
+    r = client("kvx_create", name="big", layout=dict(LAYOUT, num_blocks=1 << 24),
+               config={"engine_id": "big"})
+    assert not r["ok"] and r["status"] == -6
+    r = client("kvx_create", name="p", layout=LAYOUT, config={"engine_id": "again"})
+    assert not r["ok"] and r["status"] == -4
+    assert client.ok("kvx_stats", name="d")["stats"] == st
+    client.ok("kvx_destroy", name="d")
+    client.ok("kvx_destroy", name="p")

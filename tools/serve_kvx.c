@@ -1,0 +1,395 @@
+/*
+ * serve_kvx.c -- the KV transfer engine ops of `tandem serve` (docs/service.md, "KV
+ * transfer"): named tdm_kvx engines whose paged KV caches are host memory owned by the
+ * service. A client writes and reads the cache bytes (kvx_write / kvx_read), connects engines
+ * (of this or another service), and moves requests' blocks between them (kvx_send / kvx_recv,
+ * PULL or PUSH) with completion events from kvx_poll. As everywhere in the service, each op
+ * validates all of its input before its first library call; an error reply changes nothing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve.h"
+
+typedef struct tdm__serve_kvx {
+    char name[TDM_SERVE_NAME_MAX + 1];
+    tdm_kvx *kvx;
+    tdm_kv_layout layout;
+    size_t layer_bytes;
+    uint8_t *mem;                 /* num_layers * layer_bytes */
+    struct tdm__serve_kvx *next;
+} tdm__serve_kvx;
+
+
+static tdm__serve_kvx *find_kvx(tdm__serve_state *st, const char *name)
+{
+    for (tdm__serve_kvx *k = st->kvxs; k; k = k->next)
+        if (!strcmp(k->name, name)) return k;
+    return NULL;
+}
+
+static int get_kvx(tdm__serve_state *st, const msgpack_object *m, tdm__serve_kvx **out,
+                   tdm__serve_err *e)
+{
+    char name[TDM_SERVE_NAME_MAX + 1];
+    int rc = tdm__serve_get_str(m, "name", 1, name, sizeof name, e);
+    if (rc) return rc;
+    if (!(*out = find_kvx(st, name)))
+        return tdm__serve_fail(e, TDM_E_NOT_FOUND, "no transfer engine \"%s\"", name);
+    return 0;
+}
+
+static int kvx_fail(tdm__serve_err *e, int rc, const tdm_kvx *k, const char *what)
+{
+    const char *m = tdm_kvx_errmsg(k);
+    return tdm__serve_fail(e, rc, "%s: %s", what, (m && *m) ? m : tdm_strerror(rc));
+}
+
+static void free_one(tdm__serve_kvx *k)
+{
+    tdm_kvx_destroy(k->kvx);
+    free(k->mem);
+    free(k);
+}
+
+void tdm__serve_kvx_free_all(tdm__serve_state *st)
+{
+    tdm__serve_kvx *k = st->kvxs;
+    while (k) {
+        tdm__serve_kvx *next = k->next;
+        free_one(k);
+        k = next;
+    }
+    st->kvxs = NULL;
+    st->num_kvxs = 0;
+}
+
+/* Block ids as uint32 (malloc'ed). */
+static int get_blocks(const msgpack_object *m, const char *k, uint32_t **out, uint32_t *n,
+                      tdm__serve_err *e)
+{
+    int32_t *t = NULL;
+    int rc = tdm__serve_get_tokens(m, k, 1, &t, n, e);
+    if (rc) return rc;
+    for (uint32_t i = 0; i < *n; i++)
+        if (t[i] < 0) {
+            free(t);
+            return tdm__serve_fail(e, TDM_E_INVAL, "\"%s\"[%u] is negative", k, i);
+        }
+    *out = (uint32_t *)t; /* same size, non-negative */
+    return 0;
+}
+
+/* {"op": "kvx_create", "name", "config": {tdm_kvx_create_json keys}, "layout": {num_layers,
+ *  num_blocks, block_size, num_kv_heads, head_dim, dtype (1 fp16, 2 bf16, 3 fp32, 4 fp8),
+ *  kind (1 vLLM NHD, 2 vLLM HND, 3 FlashInfer)}} -> {"endpoint": str or nil} */
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_create)
+{
+    char name[TDM_SERVE_NAME_MAX + 1];
+    int rc = tdm__serve_get_str(m, "name", 1, name, sizeof name, e);
+    if (rc) return rc;
+    if (find_kvx(st, name)) return tdm__serve_fail(e, TDM_E_EXISTS, "transfer engine \"%s\" exists", name);
+    if (st->num_kvxs >= TDM_SERVE_MAX_KVXS)
+        return tdm__serve_fail(e, TDM_E_RANGE, "at most %d transfer engines", TDM_SERVE_MAX_KVXS);
+    const msgpack_object *lo = tdm__serve_field(m, "layout");
+    if (!lo || lo->type != MSGPACK_OBJECT_MAP)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"layout\" must be a map");
+    uint64_t nl = 0, nb = 0, bs = 0, nh = 0, hd = 0, dt = TDM_DTYPE_FP16, kind = TDM_KV_LAYOUT_VLLM_NHD;
+    if ((rc = tdm__serve_get_u64(lo, "num_layers", 1, 4096, &nl, e)) ||
+        (rc = tdm__serve_get_u64(lo, "num_blocks", 1, 1u << 24, &nb, e)) ||
+        (rc = tdm__serve_get_u64(lo, "block_size", 1, 1u << 16, &bs, e)) ||
+        (rc = tdm__serve_get_u64(lo, "num_kv_heads", 1, 4096, &nh, e)) ||
+        (rc = tdm__serve_get_u64(lo, "head_dim", 1, 1u << 16, &hd, e)) ||
+        (rc = tdm__serve_get_u64(lo, "dtype", 0, 4, &dt, e)) ||
+        (rc = tdm__serve_get_u64(lo, "kind", 0, 3, &kind, e)))
+        return rc;
+    if (kind == TDM_KV_LAYOUT_CUSTOM)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"kind\" must be 1 (vLLM NHD), 2 (vLLM HND) or 3 (FlashInfer)");
+    tdm_kv_layout lay;
+    if ((rc = tdm_kv_layout_init(&lay, (tdm_kv_layout_kind)kind, (uint32_t)nl, (uint32_t)nb,
+                                 (uint32_t)bs, (uint32_t)nh, (uint32_t)hd, (tdm_dtype)dt)) != 0)
+        return tdm__serve_fail(e, rc, "bad layout");
+    /* The product of the bounded factors could overflow 64 bits: multiply one at a time and
+       compare with the cap (at most 2^31) after each step. */
+    const uint64_t cap = st->max_kvx_bytes, factors[] = {bs, nh, hd, tdm_dtype_size((tdm_dtype)dt), nl};
+    uint64_t total = 2 * nb;
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0] && total <= cap; i++) total *= factors[i];
+    if (total > cap)
+        return tdm__serve_fail(e, TDM_E_RANGE, "the cache would take more than %zu bytes",
+                               st->max_kvx_bytes);
+    const uint64_t lb = total / nl;
+    char *json = NULL;
+    const msgpack_object *cfg = tdm__serve_field(m, "config");
+    if (!cfg) return tdm__serve_fail(e, TDM_E_INVAL, "missing key \"config\" (engine_id, ...)");
+    if ((rc = tdm__serve_config_json(cfg, &json, e))) return rc;
+    tdm__serve_kvx *k = calloc(1, sizeof *k);
+    if (k) k->mem = calloc((size_t)total, 1);
+    if (!k || !k->mem) {
+        free(json);
+        if (k) free(k);
+        return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory for the cache");
+    }
+    k->layout = lay;
+    k->layer_bytes = (size_t)lb;
+    if ((rc = tdm_kvx_create_json(json, &k->kvx)) != 0) {
+        rc = kvx_fail(e, rc, NULL, "kvx_create");
+        free(json);
+        free(k->mem);
+        free(k);
+        return rc;
+    }
+    free(json);
+    void **bases = malloc(nl * sizeof *bases);
+    if (!bases) {
+        free_one(k);
+        return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    }
+    for (uint64_t l = 0; l < nl; l++) bases[l] = k->mem + l * k->layer_bytes;
+    rc = tdm_kvx_register(k->kvx, &lay, bases, TDM_MEM_HOST, 0);
+    free(bases);
+    if (rc) {
+        rc = kvx_fail(e, rc, k->kvx, "kvx_register");
+        free_one(k);
+        return rc;
+    }
+    memcpy(k->name, name, sizeof name);
+    k->next = st->kvxs;
+    st->kvxs = k;
+    st->num_kvxs++;
+    char ep[512];
+    msgpack_packer *pk = tdm__serve_key(r, "endpoint");
+    if (tdm_kvx_get_endpoint(k->kvx, ep, sizeof ep) == 0) tdm__serve_pack_str(pk, ep);
+    else msgpack_pack_nil(pk);
+    msgpack_pack_uint64(tdm__serve_key(r, "layer_bytes"), k->layer_bytes);
+    return 0;
+}
+
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_destroy)
+{
+    tdm__serve_kvx *k;
+    int rc = get_kvx(st, m, &k, e);
+    if (rc) return rc;
+    for (tdm__serve_kvx **p = &st->kvxs; *p; p = &(*p)->next)
+        if (*p == k) {
+            *p = k->next;
+            break;
+        }
+    st->num_kvxs--;
+    free_one(k);
+    return 0;
+}
+
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_connect)
+{
+    tdm__serve_kvx *k;
+    char ep[512], pub[64] = "";
+    int rc = get_kvx(st, m, &k, e);
+    if (!rc) rc = tdm__serve_get_str(m, "endpoint", 1, ep, sizeof ep, e);
+    if (!rc) rc = tdm__serve_get_str(m, "server_public_key", 0, pub, sizeof pub, e);
+    if (rc) return rc;
+    uint32_t peer = 0;
+    rc = tdm_kvx_connect(k->kvx, ep, pub[0] ? pub : NULL, &peer);
+    if (rc) return kvx_fail(e, rc, k->kvx, "kvx_connect");
+    msgpack_pack_uint32(tdm__serve_key(r, "peer"), peer);
+    return 0;
+}
+
+/* Common fields of kvx_send / kvx_recv. */
+static int xfer_fields(const msgpack_object *m, uint64_t *mode, uint64_t *peer, uint64_t *rid,
+                       uint64_t *tid, uint64_t *timeout, uint32_t **blocks, uint32_t *n,
+                       tdm__serve_err *e)
+{
+    int rc;
+    if ((rc = tdm__serve_get_u64(m, "mode", 0, 2, mode, e)) ||
+        (rc = tdm__serve_get_u64(m, "peer", 0, UINT32_MAX, peer, e)) ||
+        (rc = tdm__serve_get_u64(m, "request_id", 1, UINT64_MAX, rid, e)) ||
+        (rc = tdm__serve_get_u64(m, "transfer_id", 0, UINT64_MAX, tid, e)) ||
+        (rc = tdm__serve_get_u64(m, "timeout_ms", 0, UINT32_MAX, timeout, e)))
+        return rc;
+    return get_blocks(m, "block_ids", blocks, n, e);
+}
+
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send)
+{
+    tdm__serve_kvx *k;
+    uint64_t mode = TDM_KVX_PULL, peer = TDM_KVX_PEER_ANY, rid = 0, tid = 0, to = 0, ready;
+    uint32_t *blocks = NULL, n = 0;
+    int rc = get_kvx(st, m, &k, e);
+    if (!rc) rc = xfer_fields(m, &mode, &peer, &rid, &tid, &to, &blocks, &n, e);
+    if (rc) return rc;
+    ready = n;
+    if ((rc = tdm__serve_get_u64(m, "num_blocks_ready", 0, n, &ready, e))) {
+        free(blocks);
+        return rc;
+    }
+    tdm_kvx_send_desc d;
+    tdm_kvx_send_desc_init(&d);
+    if (mode) d.mode = (uint32_t)mode;
+    d.peer = (uint32_t)peer;
+    d.num_blocks = n;
+    d.request_id = rid;
+    d.transfer_id = tid;
+    d.block_ids = blocks;
+    d.num_blocks_ready = (uint32_t)ready;
+    d.timeout_ms = (uint32_t)to;
+    uint64_t h = 0;
+    rc = tdm_kvx_send(k->kvx, &d, &h);
+    free(blocks);
+    if (rc) return kvx_fail(e, rc, k->kvx, "kvx_send");
+    msgpack_pack_uint64(tdm__serve_key(r, "handle"), h);
+    return 0;
+}
+
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_recv)
+{
+    tdm__serve_kvx *k;
+    uint64_t mode = TDM_KVX_PULL, peer = 0, rid = 0, tid = 1, to = 0, skip = 0;
+    uint32_t *blocks = NULL, n = 0;
+    int rc = get_kvx(st, m, &k, e);
+    if (!rc) rc = xfer_fields(m, &mode, &peer, &rid, &tid, &to, &blocks, &n, e);
+    if (rc) return rc;
+    if ((rc = tdm__serve_get_u64(m, "num_skip", 0, n, &skip, e))) {
+        free(blocks);
+        return rc;
+    }
+    tdm_kvx_recv_desc d;
+    tdm_kvx_recv_desc_init(&d);
+    if (mode) d.mode = (uint32_t)mode;
+    d.peer = (uint32_t)peer;
+    d.num_blocks = n;
+    d.request_id = rid;
+    d.transfer_id = tid;
+    d.block_ids = blocks;
+    d.num_skip = (uint32_t)skip;
+    d.timeout_ms = (uint32_t)to;
+    uint64_t h = 0;
+    rc = tdm_kvx_recv(k->kvx, &d, &h);
+    free(blocks);
+    if (rc) return kvx_fail(e, rc, k->kvx, "kvx_recv");
+    msgpack_pack_uint64(tdm__serve_key(r, "handle"), h);
+    return 0;
+}
+
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_cancel)
+{
+    tdm__serve_kvx *k;
+    uint64_t h = 0;
+    int rc = get_kvx(st, m, &k, e);
+    if (!rc) rc = tdm__serve_get_u64(m, "handle", 1, UINT64_MAX, &h, e);
+    if (rc) return rc;
+    rc = tdm_kvx_cancel(k->kvx, h);
+    return rc ? kvx_fail(e, rc, k->kvx, "kvx_cancel") : 0;
+}
+
+/* {"name", "max" (default 64), "timeout_ms" (default 0, at most 10000)} -> {"events": [...]} */
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_poll)
+{
+    tdm__serve_kvx *k;
+    uint64_t max = 64, to = 0;
+    int rc = get_kvx(st, m, &k, e);
+    if (!rc) rc = tdm__serve_get_u64(m, "max", 0, 1024, &max, e);
+    if (!rc) rc = tdm__serve_get_u64(m, "timeout_ms", 0, 10000, &to, e);
+    if (rc) return rc;
+    if (max == 0) max = 1;
+    tdm_kvx_event *ev = calloc(max, sizeof *ev);
+    if (!ev) return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    tdm_kvx_event_init(&ev[0]);
+    for (uint64_t i = 1; i < max; i++) ev[i].struct_size = ev[0].struct_size;
+    uint32_t n = 0;
+    rc = tdm_kvx_poll(k->kvx, ev, (uint32_t)max, &n, (int)to);
+    if (rc) {
+        free(ev);
+        return kvx_fail(e, rc, k->kvx, "kvx_poll");
+    }
+    msgpack_packer *pk = tdm__serve_key(r, "events");
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        ev[i].reason[sizeof ev[i].reason - 1] = '\0';
+        msgpack_pack_map(pk, 10);
+        tdm__serve_kv_u64(pk, "type", ev[i].type);
+        tdm__serve_kv_u64(pk, "side", ev[i].side);
+        tdm__serve_kv_i64(pk, "status", ev[i].status);
+        tdm__serve_kv_u64(pk, "handle", ev[i].handle);
+        tdm__serve_kv_u64(pk, "request_id", ev[i].request_id);
+        tdm__serve_kv_u64(pk, "transfer_id", ev[i].transfer_id);
+        tdm__serve_kv_u64(pk, "peer", ev[i].peer);
+        tdm__serve_kv_u64(pk, "num_blocks_done", ev[i].num_blocks_done);
+        tdm__serve_kv_u64(pk, "bytes", ev[i].bytes);
+        tdm__serve_kv_str(pk, "reason", ev[i].reason);
+    }
+    free(ev);
+    return 0;
+}
+
+/* A byte range [offset, offset+len) of one layer's tensor. */
+static int get_range(tdm__serve_kvx *k, const msgpack_object *m, uint64_t len_given,
+                     uint64_t *layer, uint64_t *off, uint64_t *len, tdm__serve_err *e)
+{
+    int rc;
+    if ((rc = tdm__serve_get_u64(m, "layer", 1, k->layout.num_layers - 1, layer, e)) ||
+        (rc = tdm__serve_get_u64(m, "offset", 1, k->layer_bytes, off, e)))
+        return rc;
+    if (len_given == UINT64_MAX &&
+        (rc = tdm__serve_get_u64(m, "length", 1, TDM_SERVE_DEFAULT_MAX_MSG / 2, len, e)))
+        return rc;
+    if (len_given != UINT64_MAX) *len = len_given;
+    if (*len > k->layer_bytes - *off)
+        return tdm__serve_fail(e, TDM_E_RANGE, "bytes [%llu, %llu) are outside the layer's %zu",
+                               (unsigned long long)*off, (unsigned long long)(*off + *len),
+                               k->layer_bytes);
+    return 0;
+}
+
+/* {"name", "layer", "offset", "data": bin} writes the bytes into the cache. The host must not
+ * write blocks that a live transfer is reading or writing. */
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_write)
+{
+    tdm__serve_kvx *k;
+    int rc = get_kvx(st, m, &k, e);
+    if (rc) return rc;
+    const msgpack_object *d = tdm__serve_field(m, "data");
+    if (!d || d->type != MSGPACK_OBJECT_BIN)
+        return tdm__serve_fail(e, TDM_E_INVAL, "\"data\" must be binary");
+    uint64_t layer, off, len;
+    if ((rc = get_range(k, m, d->via.bin.size, &layer, &off, &len, e))) return rc;
+    if (len) memcpy(k->mem + layer * k->layer_bytes + off, d->via.bin.ptr, len);
+    return 0;
+}
+
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_read)
+{
+    tdm__serve_kvx *k;
+    uint64_t layer, off, len;
+    int rc = get_kvx(st, m, &k, e);
+    if (!rc) rc = get_range(k, m, UINT64_MAX, &layer, &off, &len, e);
+    if (rc) return rc;
+    msgpack_packer *pk = tdm__serve_key(r, "data");
+    msgpack_pack_bin(pk, len);
+    msgpack_pack_bin_body(pk, k->mem + layer * k->layer_bytes + off, len);
+    return 0;
+}
+
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_stats)
+{
+    tdm__serve_kvx *k;
+    int rc = get_kvx(st, m, &k, e);
+    if (rc) return rc;
+    tdm_kvx_stats s;
+    tdm_kvx_stats_init(&s);
+    if ((rc = tdm_kvx_get_stats(k->kvx, &s))) return kvx_fail(e, rc, k->kvx, "kvx_stats");
+    msgpack_packer *pk = tdm__serve_key(r, "stats");
+    msgpack_pack_map(pk, 11);
+    tdm__serve_kv_u64(pk, "num_peers", s.num_peers);
+    tdm__serve_kv_u64(pk, "num_send_active", s.num_send_active);
+    tdm__serve_kv_u64(pk, "num_recv_active", s.num_recv_active);
+    tdm__serve_kv_u64(pk, "num_reserved_blocks", s.num_reserved_blocks);
+    tdm__serve_kv_u64(pk, "num_queued_events", s.num_queued_events);
+    tdm__serve_kv_u64(pk, "bytes_sent", s.bytes_sent);
+    tdm__serve_kv_u64(pk, "bytes_received", s.bytes_received);
+    tdm__serve_kv_u64(pk, "msgs_rejected", s.msgs_rejected);
+    tdm__serve_kv_u64(pk, "transfers_done", s.transfers_done);
+    tdm__serve_kv_u64(pk, "transfers_failed", s.transfers_failed);
+    tdm__serve_kv_u64(pk, "transfers_cancelled", s.transfers_cancelled);
+    return 0;
+}
