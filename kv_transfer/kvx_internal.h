@@ -89,7 +89,7 @@ typedef struct kvx_peer {
     char ep[256];
     char srvkey[41];
     double hs_deadline;
-    int hs_done, hs_status, hs_auth_failed;
+    int hs_done, hs_status;
     int hs_waiting;                /* tdm_kvx_connect still reads this slot */
     char hs_reason[TDM__KVX_REASON_LEN];
 } kvx_peer;
@@ -120,7 +120,6 @@ typedef struct kvx_xfer {
     /* receiver */
     uint8_t *got;                  /* bitmap [layer][block] */
     uint64_t units_need, units_got;
-    int req_sent;
 } kvx_xfer;
 
 /* A transfer request that reached a sender before its tdm_kvx_send(). */
