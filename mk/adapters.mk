@@ -123,3 +123,9 @@ test-vllm: lib $(VLLM_VENV)/.tandem-installed
 	  grep -v '^W[0-9]' $(abspath $(RESULTS))/vllm.log; \
 	  $(PYTEST_COUNTS) $(abspath $(RESULTS))/vllm.log $$rc > $(abspath $(RESULTS))/vllm.counts; \
 	  $(CURDIR)/scripts/test-summary $(abspath $(RESULTS)) test-vllm; [ $$rc -eq 0 ]
+
+# Per-step cost of TandemScheduler against vLLM's own Scheduler (the baseline, same run).
+.PHONY: bench-vllm
+bench-vllm: lib $(VLLM_VENV)/.tandem-installed
+	@$(PY_ENV) HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python $(PY_PKG)/tests_vllm/bench_sched.py 2>&1 | \
+	  grep -v '^W[0-9]'

@@ -85,6 +85,9 @@ class RequestState(IntEnum):
     FINISHED = 5
 
 
+_KINDS = tuple(EntryKind)          # index by value (0, 1, 2)
+_REASONS = tuple(FinishReason)     # index by value (0..4)
+
 FLAG_IGNORE_EOS = 1 << 0
 FLAG_REMOTE_PREFILL = 1 << 1
 FLAG_REMOTE_DECODE = 1 << 2
@@ -434,7 +437,8 @@ class Scheduler:
         nspec = _ints(b.num_spec, n)
         offs = _ints(b.block_offsets, n + 1) if n else [0]
         blocks = _ints(b.blocks, offs[-1]) if n else []
-        entries = [BatchEntry(ids[i], ntok[i], ncomp[i], EntryKind(kinds[i]), nspec[i],
+        K = _KINDS
+        entries = [BatchEntry(ids[i], ntok[i], ncomp[i], K[kinds[i]], nspec[i],
                               blocks[offs[i]:offs[i + 1]]) for i in range(n)]
         return Batch(step=b.step, total_tokens=b.total_tokens,
                      num_prefill_reqs=b.num_prefill_reqs, entries=entries,
@@ -470,7 +474,8 @@ class Scheduler:
         nnew = _ints(r.num_new_tokens, m)
         fr = _ints(r.finish_reasons, m)
         st = _ints(r.stop_tokens, m)
-        return UpdateResult([UpdateEntry(rids[i], nnew[i], FinishReason(fr[i]),
+        F = _REASONS
+        return UpdateResult([UpdateEntry(rids[i], nnew[i], F[fr[i]],
                                          None if st[i] < 0 else st[i]) for i in range(m)])
 
     # ---- queries -------------------------------------------------------------------------
