@@ -219,6 +219,31 @@ class RequestInfo:
 
 
 @dataclass
+class RequestView:
+    """What a custom policy sees of a request (tdm_request_view)."""
+    state: RequestState
+    id: int
+    priority: int
+    tenant: int
+    arrival_time: float
+    ttft_slo: float
+    tpot_slo: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_computed_tokens: int
+    num_preemptions: int
+    max_tokens: int
+    admit_seq: int
+
+
+def _view(p) -> RequestView:
+    v = p.contents
+    return RequestView(RequestState(v.state), v.id, v.priority, v.tenant, v.arrival_time,
+                       v.ttft_slo, v.tpot_slo, v.num_prompt_tokens, v.num_output_tokens,
+                       v.num_computed_tokens, v.num_preemptions, v.max_tokens, v.admit_seq)
+
+
+@dataclass
 class Stats:
     num_running: int
     num_waiting: int
@@ -367,6 +392,40 @@ class Scheduler:
         v = c_int64()
         self._call("tdm_sched_get_param", _enum_value(Param, key), byref(v))
         return v.value
+
+    def set_policy(self, compare, pick_victim=None, name: str = "python"):
+        """Install a custom policy written in Python (tdm_sched_set_policy). compare(a, b)
+        gets two RequestViews and returns < 0 when a should be admitted before b, > 0 after,
+        0 if equal (then arrival order); it must be a strict weak ordering that does not
+        change while a request waits. pick_victim(running) gets the running RequestViews and
+        returns the index to preempt (None: the one compare ranks last). Exceptions raised
+        by the callbacks are swallowed (compare -> 0, pick_victim -> last). Only while the
+        waiting queue is empty."""
+        def c_compare(ctx, a, b):
+            try:
+                r = compare(_view(a), _view(b))
+                return -1 if r < 0 else (1 if r > 0 else 0)
+            except Exception:
+                return 0
+
+        def c_victim(ctx, arr, n):
+            try:
+                i = int(pick_victim([_view(arr[k]) for k in range(n)]))
+                return i if 0 <= i < n else n - 1
+            except Exception:
+                return n - 1 if n else 0
+
+        pol = _lib.PolicyC()
+        pol.version = 1
+        name_b = name.encode()
+        pol.name = name_b
+        pol.ctx = None
+        pol.compare = _lib.POLICY_COMPARE_FN(c_compare)
+        pol.pick_victim = (_lib.POLICY_VICTIM_FN(c_victim) if pick_victim is not None
+                           else ctypes.cast(None, _lib.POLICY_VICTIM_FN))
+        pol.destroy = ctypes.cast(None, _lib.POLICY_DESTROY_FN)
+        self._call("tdm_sched_set_policy", byref(pol))
+        self._policy_refs = (pol, name_b)   # the callbacks must outlive their use by C
 
     def load_policy(self, path: str, symbol: Optional[str] = None):
         self._call("tdm_sched_load_policy", path.encode(), symbol.encode() if symbol else None)

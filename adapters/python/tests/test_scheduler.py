@@ -239,3 +239,33 @@ def test_reset_prefix_cache__refused_while_running_unless_reset_running(sched):
     assert ei.value.status == Status.STATE
     sched.reset_prefix_cache(reset_running=True)
     assert sched.request_info(1).state == RequestState.PREEMPTED
+
+
+def test_set_policy__python_compare_orders_admission(needs_scheduler):
+    with tandem.Scheduler(block_size=4, num_blocks=64, max_num_seqs=1,
+                          max_num_batched_tokens=64) as s:
+        seen = []
+
+        def shortest_first(a, b):
+            seen.append((a.id, b.id))
+            return a.num_prompt_tokens - b.num_prompt_tokens
+
+        s.set_policy(shortest_first, name="sjf")
+        for rid, n in ((1, 30), (2, 10), (3, 20)):
+            s.add(id=rid, prompt=list(range(n)), max_tokens=1, arrival_time=float(rid))
+        order = []
+        for t in range(20):
+            b = s.step(now=10.0 + t)
+            order += [e.req_id for e in b if e.kind == EntryKind.NEW]
+            s.update({e.req_id: [1] for e in b})
+            if s.num_unfinished() == 0:
+                break
+        assert order == [2, 3, 1]
+        assert seen, "the Python compare was called"
+
+
+def test_set_policy__refused_while_requests_wait(sched):
+    sched.add(id=1, prompt=[1, 2, 3])
+    with pytest.raises(TandemError) as ei:
+        sched.set_policy(lambda a, b: 0)
+    assert ei.value.status == Status.STATE
