@@ -19,6 +19,7 @@ CXX        ?= c++
 PKG_CONFIG ?= pkg-config
 BUILD      ?= build
 O          ?= 2
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
 VERSION_MAJOR := $(shell sed -n 's/^\#define TDM_VERSION_MAJOR \([0-9]*\)/\1/p' include/tandem.h)
 VERSION_MINOR := $(shell sed -n 's/^\#define TDM_VERSION_MINOR \([0-9]*\)/\1/p' include/tandem.h)
@@ -185,7 +186,7 @@ TEST_SUITES := test-c
 
 test:
 	@scripts/bootstrap --check >/dev/null 2>&1 || scripts/bootstrap
-	@$(MAKE) --no-print-directory all tests
+	@$(MAKE) --no-print-directory -j$(JOBS) all tests
 	@rm -rf $(RESULTS); mkdir -p $(RESULTS)
 	@rc=0; $(MAKE) --no-print-directory -k $(TEST_SUITES) || rc=$$?; \
 	  scripts/test-summary $(RESULTS) $(TEST_SUITES) || rc=1; exit $$rc
@@ -198,7 +199,7 @@ SAN_ENV   := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 
 check:
 	@scripts/bootstrap --check >/dev/null 2>&1 || scripts/bootstrap
-	@$(SAN_MAKE) all tests
+	@$(SAN_MAKE) -j$(JOBS) all tests
 	@rm -rf $(BUILD)/san/test-results; mkdir -p $(BUILD)/san/test-results
 	@rc=0; $(SAN_ENV) $(SAN_MAKE) test-c || rc=$$?; \
 	  scripts/test-summary $(BUILD)/san/test-results test-c || rc=1; exit $$rc
@@ -215,7 +216,7 @@ bench: all $(BENCH_BINS)
 RUN_ARGS ?= demo
 run:
 	@scripts/bootstrap --check >/dev/null 2>&1 || scripts/bootstrap
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(TEST_ENV) $(TOOL) $(RUN_ARGS)
 
 # ---- install -----------------------------------------------------------------------------

@@ -96,6 +96,7 @@ typedef struct host {
     uint32_t finished_since;
     double clock;            /* the host clock passed to step/update */
     double t_lib;            /* seconds spent in step + update */
+    double t_step, t_update; /* the same, split */
 } host;
 
 static void host_init(host *h, tdm_sched *s, uint32_t cap, uint32_t max_entries)
@@ -167,6 +168,8 @@ static uint32_t host_cycle(host *h)
     CHECK(tdm_sched_update(h->s, &o, &r), h->s);
     double t3 = now_s();
     h->t_lib += (t1 - t0) + (t3 - t2);
+    h->t_step += t1 - t0;
+    h->t_update += t3 - t2;
     for (uint32_t i = 0; i < r.num_reqs; i++) {
         uint64_t id = r.req_ids[i];
         h->out_len[id] += r.num_new_tokens[i];
@@ -247,6 +250,7 @@ static double bench_decode(uint32_t n, uint64_t *allocs)
     double per[CHUNKS];
     uint64_t a0 = tdm__alloc_count(), l0 = libc_allocs();
     uint64_t sched_reqs = 0;
+    h.t_step = h.t_update = 0;
     for (int c = 0; c < CHUNKS; c++) {
         h.t_lib = 0;
         uint64_t reqs = 0;
@@ -262,8 +266,9 @@ static double bench_decode(uint32_t n, uint64_t *allocs)
     *allocs = BENCH_COUNT_LIBC ? (l1 - l0) : (a1 - a0);
     if (a1 - a0 > *allocs) *allocs = a1 - a0;
     double ns = median(per, CHUNKS);
-    printf("decode%-5u %8.1f ns/req/cycle  (median of %d runs of %d cycles [%.1f .. %.1f], %u running,"
-           " %llu tdm allocs, %llu libc allocs)\n", n, ns, CHUNKS, cycles / CHUNKS, per[0], per[CHUNKS - 1], n,
+    printf("decode%-5u %8.1f ns/req/cycle  (median of %d runs of %d cycles [%.1f .. %.1f]; step %.0f%%;"
+           " %u running, %llu tdm allocs, %llu libc allocs)\n", n, ns, CHUNKS, cycles / CHUNKS, per[0],
+           per[CHUNKS - 1], 100.0 * h.t_step / (h.t_step + h.t_update), n,
            (unsigned long long)(a1 - a0), (unsigned long long)(l1 - l0));
     host_free(&h);
     tdm_sched_destroy(s);
@@ -296,7 +301,10 @@ static double bench_mixed(void)
     uint64_t a_timed = 0;
     double per[CHUNKS];
     for (uint32_t k = 0; k < warm + cycles; k++) {
-        if (k == warm) a_timed = tdm__alloc_count();
+        if (k == warm) {
+            a_timed = tdm__alloc_count();
+            h.t_step = h.t_update = 0;
+        }
         if (k >= warm && (k - warm) % (cycles / CHUNKS) == 0) h.t_lib = 0;
         host_cycle(&h);
         if (k >= warm && (k - warm + 1) % (cycles / CHUNKS) == 0)
@@ -316,9 +324,10 @@ static double bench_mixed(void)
     tdm_sched_stats_init(&st);
     CHECK(tdm_sched_get_stats(s, &st), s);
     double us = median(per, CHUNKS);
-    printf("mixed       %8.1f us/cycle     (median of %d runs of %u cycles [%.1f .. %.1f]; now %u running, %u waiting; prefix hit rate %.2f;"
+    printf("mixed       %8.1f us/cycle     (median of %d runs of %u cycles [%.1f .. %.1f]; step %.0f%%; now %u running, %u waiting; prefix hit rate %.2f;"
            " %llu preemptions; %llu tdm allocs in the timed cycles: adds and admissions)\n",
-           us, CHUNKS, cycles / CHUNKS, per[0], per[CHUNKS - 1], st.num_running, st.num_waiting, st.prefix_hit_rate, (unsigned long long)st.preemptions,
+           us, CHUNKS, cycles / CHUNKS, per[0], per[CHUNKS - 1], 100.0 * h.t_step / (h.t_step + h.t_update),
+           st.num_running, st.num_waiting, st.prefix_hit_rate, (unsigned long long)st.preemptions,
            (unsigned long long)a_timed);
     host_free(&h);
     tdm_sched_destroy(s);
@@ -335,6 +344,11 @@ int main(void)
     printf("baseline    %8.1f ns/req/cycle  (touching 64 B per request, 4096 requests)\n",
            baseline_ns_per_req(4096, 2000));
     uint64_t al256, al1024, al4096;
+    const char *only = getenv("SCHED_BENCH_ONLY"); /* "mixed" or "decode": profile one part */
+    if (only && !strcmp(only, "mixed")) {
+        bench_mixed();
+        return 0;
+    }
     uint64_t libc_before = libc_allocs();
     double d256 = bench_decode(256, &al256);
     double d1024 = bench_decode(1024, &al1024);

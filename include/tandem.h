@@ -142,7 +142,10 @@ typedef int32_t tdm_token;
  * BLOCK_SIZE, ENABLE_PREFIX_CACHING) can only change while the scheduler holds no request. */
 typedef enum tdm_sched_param {
     TDM_SCHED_MAX_NUM_BATCHED_TOKENS = 1,  /* ["max_num_batched_tokens"] token budget per step; default 2048 */
-    TDM_SCHED_MAX_NUM_SEQS = 2,            /* ["max_num_seqs"] max running requests; default 128 */
+    TDM_SCHED_MAX_NUM_SEQS = 2,            /* ["max_num_seqs"] max running requests; default 128.
+                                              Lowered below the running count, the running
+                                              requests keep running; none is admitted until
+                                              fewer run than the cap */
     TDM_SCHED_MAX_MODEL_LEN = 3,           /* ["max_model_len"] max tokens per request; default 8192 */
     TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD = 4, /* ["long_prefill_token_threshold"] per-request chunk cap, 0 = none */
     TDM_SCHED_ENABLE_CHUNKED_PREFILL = 5,  /* ["enable_chunked_prefill"] 0/1; default 1 */

@@ -232,11 +232,13 @@ TDM_API float tdm_bf16_to_float(uint16_t v);
 /* passed as void * (NULL = the legacy default stream).                                  */
 /*                                                                                       */
 /* The kernel calls are asynchronous on the stream: they validate everything on the host  */
-/* first (same rules and errors as the CPU functions), copy the host arrays (layer bases, */
-/* block ids, scales) into a stream-ordered device scratch allocation (cudaMallocAsync,   */
-/* freed with cudaFreeAsync after the kernel; on a device without memory pools the call   */
-/* uses cudaMalloc and waits for the kernel), and launch ONE kernel. The host arrays may  */
-/* be reused as soon as the call returns; the data is ready after the stream syncs.       */
+/* first (same rules and errors as the CPU functions), pass the host arrays (layer bases, */
+/* block ids, scales) inside the kernel's parameters when they fit in 3.5 KiB (e.g. 32    */
+/* layers and 800 blocks), else through a stream-ordered device scratch allocation        */
+/* (cudaMallocAsync + cudaMemcpyAsync, cudaFreeAsync after the kernel; on a device        */
+/* without memory pools, cudaMalloc and the call waits for the kernel), and launch ONE    */
+/* kernel. The host arrays may be reused as soon as the call returns; the data is ready   */
+/* after the stream syncs.                                                                */
 /* ------------------------------------------------------------------------------------ */
 
 /* TDM_OK when libtandem_cuda.so is loaded and a device is usable; else TDM_E_NO_CUDA with

@@ -21,8 +21,8 @@ static void convert_run(const tdm__kv_plan *p, const tdm__kv_run *r)
 {
     const int src_scaled = p->src.scale_kind != TDM_KV_SCALE_NONE;
     const int dst_scaled = p->dst.scale_kind != TDM_KV_SCALE_NONE;
-    const float ss = tdm__kv_side_scale(&p->src, r->layer, r->kv, r->head);
-    const float ds = tdm__kv_side_scale(&p->dst, r->layer, r->kv, r->head);
+    const float ss = tdm__kv_side_scale(&p->src, NULL, r->layer, r->kv, r->head);
+    const float ds = tdm__kv_side_scale(&p->dst, NULL, r->layer, r->kv, r->head);
     const uint32_t sdt = p->src.dtype, ddt = p->dst.dtype;
     float buf[CHUNK];
     for (uint32_t off = 0; off < r->elems; off += CHUNK) {
@@ -102,7 +102,7 @@ void tdm__kv_exec_cpu(const tdm__kv_plan *p)
     tdm__kv_run r;
     if (!p->copy) {
         for (uint64_t i = 0; i < p->num_runs; i++) {
-            tdm__kv_locate(p, i, &r);
+            tdm__kv_locate(p, NULL, i, &r);
             convert_run(p, &r);
         }
         return;
@@ -112,7 +112,7 @@ void tdm__kv_exec_cpu(const tdm__kv_plan *p)
     const uint64_t run_bytes = (uint64_t)p->run_tokens * p->run_heads * p->head_dim * elem;
     if (run_bytes >= NT_MIN_RUN && p->num_runs * run_bytes >= NT_MIN_TOTAL) {
         for (uint64_t i = 0; i < p->num_runs; i++) {
-            tdm__kv_locate(p, i, &r);
+            tdm__kv_locate(p, NULL, i, &r);
             copy_nt(r.dst, r.src, (size_t)r.elems * elem);
         }
         _mm_sfence();
@@ -120,7 +120,7 @@ void tdm__kv_exec_cpu(const tdm__kv_plan *p)
     }
 #endif
     for (uint64_t i = 0; i < p->num_runs; i++) {
-        tdm__kv_locate(p, i, &r);
+        tdm__kv_locate(p, NULL, i, &r);
         memcpy(r.dst, r.src, (size_t)r.elems * elem);
     }
 }

@@ -54,16 +54,26 @@ static void side_meta_put(tdm__kv_side *s, uint32_t num_layers, char *blob, size
     }
 }
 
+size_t tdm__kv_meta_size(const tdm__kv_plan *p)
+{
+    return side_meta_bytes(&p->src, p->num_layers) + side_meta_bytes(&p->dst, p->num_layers);
+}
+
+void tdm__kv_meta_build(tdm__kv_plan *q, char *blob)
+{
+    size_t off = 0;
+    side_meta_put(&q->src, q->num_layers, blob, &off);
+    side_meta_put(&q->dst, q->num_layers, blob, &off);
+}
+
 static int run_plan(const tdm__cuda_table *t, const char *fn, const tdm__kv_plan *p, void *stream)
 {
     if (p->num_runs == 0) return TDM_OK;
-    size_t total = side_meta_bytes(&p->src, p->num_layers) + side_meta_bytes(&p->dst, p->num_layers);
+    size_t total = tdm__kv_meta_size(p);
     char *blob = tdm__malloc(total);
     if (!blob) return tdm__kv_fail(TDM_E_NOMEM, "%s: no memory for %zu bytes of metadata", fn, total);
     tdm__kv_plan q = *p;
-    size_t off = 0;
-    side_meta_put(&q.src, p->num_layers, blob, &off);
-    side_meta_put(&q.dst, p->num_layers, blob, &off);
+    tdm__kv_meta_build(&q, blob);
     char msg[TDM_ERRMSG_LEN] = "";
     int rc = t->kv_run(&q, blob, total, stream, msg, sizeof msg);
     tdm__free(blob);

@@ -48,6 +48,12 @@ int tdm__kv_plan_pack_convert(tdm__kv_plan *p, const char *fn, const tdm_kv_layo
                               uint32_t num_blocks, const tdm_kv_layout *packed_layout, void *dst,
                               size_t dst_size, const tdm_kv_convert_opts *opts);
 
+/* The metadata blob of a plan for the CUDA library: its size, and the blob itself written
+ * into blob (meta_size bytes) while q (a copy of the plan) gets TDM__META_REF references
+ * to it in place of its ids / bases / scale pointers. */
+size_t tdm__kv_meta_size(const tdm__kv_plan *p);
+void tdm__kv_meta_build(tdm__kv_plan *q, char *blob);
+
 /* Run a plan on the host. */
 void tdm__kv_exec_cpu(const tdm__kv_plan *p);
 

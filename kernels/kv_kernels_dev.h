@@ -20,6 +20,20 @@ namespace tdm_kv_dev {
 
 constexpr int kThreads = 256;
 
+/* Metadata up to this size (layer bases, block ids, scales) travels inside the kernel's
+ * parameters, so that a launch needs no allocation and no copy; the whole argument block
+ * stays under the classic 4 KiB parameter limit. */
+constexpr unsigned kInlineMeta = 3584;
+
+/* The kernels' one parameter. With meta_bytes != 0 the plan's ids / bases / scale fields
+ * are TDM__META_REF offsets into meta; with 0 they are device pointers. */
+struct kv_args {
+    tdm__kv_plan p;
+    uint64_t meta_bytes;
+    alignas(16) char meta[kInlineMeta];
+};
+static_assert(sizeof(kv_args) <= 4096, "kernel parameters must stay within 4 KiB");
+
 /* n elements of T from s to d by lanes lane, lane+G, ..., four in flight. */
 template <typename T, int G>
 __device__ __forceinline__ void copy_vec(char *__restrict__ dst, const char *__restrict__ src,
@@ -41,8 +55,10 @@ __device__ __forceinline__ void copy_vec(char *__restrict__ dst, const char *__r
 }
 
 template <int G>
-__global__ void __launch_bounds__(kThreads) kv_copy_kernel(const __grid_constant__ tdm__kv_plan p)
+__global__ void __launch_bounds__(kThreads) kv_copy_kernel(const __grid_constant__ kv_args a)
 {
+    const tdm__kv_plan &p = a.p;
+    const char *meta = a.meta_bytes ? a.meta : nullptr;
     const unsigned lane = threadIdx.x % G;
     const uint64_t ngroups = (uint64_t)gridDim.x * (kThreads / G);
     const size_t elem = p.src.elem;
@@ -50,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) kv_copy_kernel(const __grid_constant
     for (uint64_t r = (uint64_t)blockIdx.x * (kThreads / G) + threadIdx.x / G; r < p.num_runs;
          r += ngroups) {
         tdm__kv_run run;
-        tdm__kv_locate(&p, r, &run);
+        tdm__kv_locate(&p, meta, r, &run);
         const size_t bytes = (size_t)run.elems * elem;
         const uintptr_t mask = (uintptr_t)run.src | (uintptr_t)run.dst | (uintptr_t)bytes;
         if ((mask & 15u) == 0) copy_vec<uint4, G>(run.dst, run.src, bytes / 16, lane);
@@ -62,8 +78,10 @@ __global__ void __launch_bounds__(kThreads) kv_copy_kernel(const __grid_constant
 }
 
 template <int G>
-__global__ void __launch_bounds__(kThreads) kv_convert_kernel(const __grid_constant__ tdm__kv_plan p)
+__global__ void __launch_bounds__(kThreads) kv_convert_kernel(const __grid_constant__ kv_args a)
 {
+    const tdm__kv_plan &p = a.p;
+    const char *meta = a.meta_bytes ? a.meta : nullptr;
     const unsigned lane = threadIdx.x % G;
     const uint64_t ngroups = (uint64_t)gridDim.x * (kThreads / G);
     const bool src_scaled = p.src.scale_kind != 0, dst_scaled = p.dst.scale_kind != 0;
@@ -72,9 +90,9 @@ __global__ void __launch_bounds__(kThreads) kv_convert_kernel(const __grid_const
     for (uint64_t r = (uint64_t)blockIdx.x * (kThreads / G) + threadIdx.x / G; r < p.num_runs;
          r += ngroups) {
         tdm__kv_run run;
-        tdm__kv_locate(&p, r, &run);
-        const float ss = tdm__kv_side_scale(&p.src, run.layer, run.kv, run.head);
-        const float ds = tdm__kv_side_scale(&p.dst, run.layer, run.kv, run.head);
+        tdm__kv_locate(&p, meta, r, &run);
+        const float ss = tdm__kv_side_scale(&p.src, meta, run.layer, run.kv, run.head);
+        const float ds = tdm__kv_side_scale(&p.dst, meta, run.layer, run.kv, run.head);
 #pragma unroll 4
         for (uint32_t i = lane; i < run.elems; i += G) {
             float x = tdm__load_elem(run.src, sdt, i);

@@ -22,7 +22,8 @@
 
 /* One side of a plan. Pointers are host pointers in a CPU plan; in the copy sent to the
  * CUDA library, ids/bases/k_scale/v_scale hold TDM__META_REF offsets into the metadata
- * blob instead (base stays a device pointer). */
+ * blob instead (base stays a device pointer): the kernel resolves them against its inline
+ * copy of the blob, or the launcher replaces them with device pointers. */
 typedef struct tdm__kv_side {
     int64_t stride_kv;            /* elements */
     int64_t stride_block;
@@ -73,18 +74,29 @@ typedef struct tdm__kv_run {
     uint32_t head;                /* first head of the run, relative to the moved range */
 } tdm__kv_run;
 
-TDM_HD char *tdm__kv_side_ptr(const tdm__kv_side *s, uint32_t li, uint32_t kv, uint32_t t,
-                              uint32_t h)
+/* A metadata field: the pointer itself, or, when meta is not NULL, the TDM__META_REF
+ * offset it holds resolved against meta (the CUDA kernels' inline metadata). */
+TDM_HD const void *tdm__kv_ref(const void *field, const char *meta)
+{
+    if (!meta || !field) return field;
+    return meta + ((uintptr_t)field - 1u);
+}
+
+TDM_HD char *tdm__kv_side_ptr(const tdm__kv_side *s, const char *meta, uint32_t li, uint32_t kv,
+                              uint32_t t, uint32_t h)
 {
     uint32_t bi = t / s->block_size, tok = t - bi * s->block_size;
-    uint64_t block = s->ids ? s->ids[bi] : bi;
+    const uint32_t *ids = (const uint32_t *)tdm__kv_ref(s->ids, meta);
+    void *const *bases = (void *const *)tdm__kv_ref(s->bases, meta);
+    uint64_t block = ids ? ids[bi] : bi;
     int64_t off = (int64_t)kv * s->stride_kv + (int64_t)block * s->stride_block +
                   (int64_t)tok * s->stride_token + (int64_t)(s->head_offset + h) * s->stride_head;
-    char *base = s->bases ? (char *)s->bases[li] : s->base + (uint64_t)li * s->layer_bytes;
+    char *base = bases ? (char *)bases[li] : s->base + (uint64_t)li * s->layer_bytes;
     return base + off * (int64_t)s->elem;
 }
 
-TDM_HD void tdm__kv_locate(const tdm__kv_plan *p, uint64_t r, tdm__kv_run *out)
+/* Where run r lies (meta: NULL, or the inline metadata the plan's references point into). */
+TDM_HD void tdm__kv_locate(const tdm__kv_plan *p, const char *meta, uint64_t r, tdm__kv_run *out)
 {
     uint32_t hs, ts, kv, li;
     if (r <= 0xFFFFFFFFu) {          /* 32-bit divisions: much cheaper on the GPU */
@@ -106,8 +118,8 @@ TDM_HD void tdm__kv_locate(const tdm__kv_plan *p, uint64_t r, tdm__kv_run *out)
     uint32_t t0 = ts * p->run_tokens;
     uint32_t nt = p->num_tokens - t0 < p->run_tokens ? p->num_tokens - t0 : p->run_tokens;
     uint32_t h = hs * p->run_heads;
-    out->src = tdm__kv_side_ptr(&p->src, li, kv, t0, h);
-    out->dst = tdm__kv_side_ptr(&p->dst, li, kv, t0, h);
+    out->src = tdm__kv_side_ptr(&p->src, meta, li, kv, t0, h);
+    out->dst = tdm__kv_side_ptr(&p->dst, meta, li, kv, t0, h);
     out->elems = nt * p->run_heads * p->head_dim;
     out->layer = p->layer_begin + li;
     out->kv = kv;
@@ -115,10 +127,11 @@ TDM_HD void tdm__kv_locate(const tdm__kv_plan *p, uint64_t r, tdm__kv_run *out)
 }
 
 /* The scale of a side for run (layer, kv, head relative to the moved range); 1 if none. */
-TDM_HD float tdm__kv_side_scale(const tdm__kv_side *s, uint32_t layer, uint32_t kv, uint32_t h)
+TDM_HD float tdm__kv_side_scale(const tdm__kv_side *s, const char *meta, uint32_t layer,
+                                uint32_t kv, uint32_t h)
 {
     if (s->scale_kind == 0) return 1.0f;
-    const float *a = kv ? s->v_scale : s->k_scale;
+    const float *a = (const float *)tdm__kv_ref(kv ? s->v_scale : s->k_scale, meta);
     uint64_t i = (uint64_t)layer * s->scale_layer_stride;
     if (s->scale_kind == 2) i += s->head_offset + h;
     return a[i];

@@ -391,13 +391,15 @@ int tdm_kvx_connect(tdm_kvx *k, const char *endpoint, const char *server_key, ui
     p->hs_deadline = tdm__now() + k->cfg.handshake_timeout_ms / 1000.0;
     snprintf(p->ep, sizeof(p->ep), "%s", endpoint);
     if (server_key) memcpy(p->srvkey, server_key, 41);
-    uint32_t id = p->id;
+    p->hs_waiting = 1;
+    uint32_t id = p->id, idx = id & 0xffffu;
     tdm__kvx_wake(k);
-    while (!k->peers[id].hs_done) pthread_cond_wait(&k->cond, &k->mu);
-    p = &k->peers[id];
+    while (!k->peers[idx].hs_done) pthread_cond_wait(&k->cond, &k->mu);
+    p = &k->peers[idx];
     int rc = p->hs_status;
     char reason[TDM__KVX_REASON_LEN];
     snprintf(reason, sizeof(reason), "%s", p->hs_reason);
+    p->hs_waiting = 0;
     pthread_mutex_unlock(&k->mu);
     if (rc) return tdm__kvx_fail(rc, "connect %s: %s", endpoint, reason);
     *peer = id;
@@ -410,8 +412,9 @@ int tdm_kvx_find_peer(tdm_kvx *k, const char *engine_id, uint32_t *peer)
     pthread_mutex_lock(&k->mu);
     for (uint32_t i = 0; i < k->num_peers; i++) {
         if (k->peers[i].state == PEER_ALIVE && strcmp(k->peers[i].remote.engine_id, engine_id) == 0) {
+            uint32_t id = k->peers[i].id;
             pthread_mutex_unlock(&k->mu);
-            *peer = i;
+            *peer = id;
             return TDM_OK;
         }
     }

@@ -69,7 +69,8 @@ extern const tdm__kvx_transport tdm__kvx_cuda_ipc_transport;
 enum { PEER_FREE = 0, PEER_HANDSHAKE, PEER_ALIVE, PEER_DEAD };
 
 typedef struct kvx_peer {
-    uint32_t id;
+    uint32_t id;                   /* (generation << 16) | slot index: ids are never reused */
+    uint32_t gen;
     int state;
     int outgoing;                  /* we connected (own DEALER) */
     void *sock;                    /* DEALER when outgoing */
@@ -89,6 +90,7 @@ typedef struct kvx_peer {
     char srvkey[41];
     double hs_deadline;
     int hs_done, hs_status, hs_auth_failed;
+    int hs_waiting;                /* tdm_kvx_connect still reads this slot */
     char hs_reason[TDM__KVX_REASON_LEN];
 } kvx_peer;
 
@@ -193,6 +195,7 @@ int tdm__kvx_zap_bind(tdm_kvx *k);
 /* Queue an encoded control message to a peer (any thread, mu held). */
 int tdm__kvx_queue_msg(tdm_kvx *k, uint32_t peer, const tdm__kvx_msg *m);
 kvx_peer *tdm__kvx_peer(tdm_kvx *k, uint32_t id);   /* NULL unless ALIVE */
+kvx_peer *tdm__kvx_peer_any(tdm_kvx *k, uint32_t id); /* any state, NULL if unknown */
 kvx_peer *tdm__kvx_peer_new(tdm_kvx *k);
 
 /* kvx_xfer.c: the transfer state machines (mu held). */

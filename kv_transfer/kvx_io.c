@@ -16,18 +16,37 @@
 
 #define MAX_FRAMES 4
 
-kvx_peer *tdm__kvx_peer(tdm_kvx *k, uint32_t id)
+kvx_peer *tdm__kvx_peer_any(tdm_kvx *k, uint32_t id)
 {
-    if (id >= k->num_peers || k->peers[id].state != PEER_ALIVE) return NULL;
-    return &k->peers[id];
+    uint32_t i = id & 0xffffu;
+    if (i >= k->num_peers || k->peers[i].id != id) return NULL;
+    return &k->peers[i];
 }
 
+kvx_peer *tdm__kvx_peer(tdm_kvx *k, uint32_t id)
+{
+    kvx_peer *p = tdm__kvx_peer_any(k, id);
+    return p && p->state == PEER_ALIVE ? p : NULL;
+}
+
+/* A fresh slot: a dead one nobody refers to any more (next generation), or a new one. */
 kvx_peer *tdm__kvx_peer_new(tdm_kvx *k)
 {
-    if (k->num_peers >= k->cap_peers) return NULL;
-    kvx_peer *p = &k->peers[k->num_peers];
+    uint32_t i, gen = 0;
+    for (i = 0; i < k->num_peers; i++) {
+        kvx_peer *p = &k->peers[i];
+        if (p->state == PEER_DEAD && !p->sock && !p->mon && !p->hs_waiting) break;
+    }
+    if (i == k->num_peers) {
+        if (k->num_peers >= k->cap_peers) return NULL;
+        k->num_peers++;
+    } else {
+        gen = (k->peers[i].gen + 1) & 0x7fffu;
+    }
+    kvx_peer *p = &k->peers[i];
     memset(p, 0, sizeof(*p));
-    p->id = k->num_peers++;
+    p->gen = gen;
+    p->id = (gen << 16) | i;
     return p;
 }
 
@@ -76,7 +95,7 @@ static void flush_outbox(tdm_kvx *k)
 {
     while (k->outbox) {
         kvx_out *o = k->outbox;
-        kvx_peer *p = o->peer < k->num_peers ? &k->peers[o->peer] : NULL;
+        kvx_peer *p = tdm__kvx_peer_any(k, o->peer);
         if (p && (p->state == PEER_ALIVE || (p->state == PEER_HANDSHAKE && p->sock))) {
             if (send_raw(k, p, o->data, o->len, NULL) == TDM_E_AGAIN) return;
         }
@@ -218,7 +237,7 @@ static void on_hello_ack(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
     int other_out;
     if (m->status) { hs_finish(k, p, m->status, m->reason); return; }
     if (check_peer_layout(k, &m->hello, why, sizeof(why))) { hs_finish(k, p, TDM_E_LAYOUT, why); return; }
-    if (engine_taken(k, m->hello.engine_id, p->id, &other_out) >= 0) {
+    if (engine_taken(k, m->hello.engine_id, p->id & 0xffffu, &other_out) >= 0) {
         hs_finish(k, p, TDM_E_EXISTS, "already connected to that engine");
         return;
     }

@@ -80,6 +80,9 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
             n_run++;
             CHECK(r->run_index < s->num_running && s->running[r->run_index] == r,
                   "running request %llu is not at its running index", (unsigned long long)r->id);
+            CHECK(r->num_computed <= r->num_tokens + r->num_spec_sched,
+                  "running request %llu: %u computed > %u tokens + %u scheduled drafts", (unsigned long long)r->id,
+                  r->num_computed, r->num_tokens, r->num_spec_sched);
             CHECK((uint64_t)r->num_blocks * s->prm.block_size >= TDM_MIN(r->num_computed, (uint32_t)s->prm.max_model_len),
                   "running request %llu: %u blocks cannot hold %u computed tokens", (unsigned long long)r->id,
                   r->num_blocks, r->num_computed);

@@ -150,6 +150,7 @@ typedef struct step_ctx {
     bool decode_first;
     uint32_t partial_prefills; /* prefills in this step (decode-first limit) */
     uint64_t out_blocks_bound; /* upper bound of the block ids the batch will list */
+    bool stop_running;         /* a request preempted itself: vLLM ends the running loop */
 } step_ctx;
 
 /* Make room in the batch's block list for r's whole table before r is scheduled, so that
@@ -254,7 +255,10 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
         uint32_t v = tdm__policy_victim(s);
         bool self = s->running[v] == r;
         preempt_at(c, v);
-        if (self) return; /* r itself was preempted; running[*i] is now the next request */
+        if (self) { /* r could not be scheduled: no later running request is, this step */
+            c->stop_running = true;
+            return;
+        }
         if (v < *i) (*i)--;
     }
     uint32_t drafts = r->num_computed + (uint32_t)n > r->num_tokens ? r->num_computed + (uint32_t)n - r->num_tokens : 0;
@@ -267,7 +271,7 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
 static void run_running(step_ctx *c, int which)
 {
     uint32_t i = 0;
-    while (i < c->s->num_running && c->budget > 0) schedule_running(c, &i, which);
+    while (i < c->s->num_running && c->budget > 0 && !c->stop_running) schedule_running(c, &i, which);
 }
 
 static double deadline_after(double now, int64_t ms) { return ms > 0 ? now + (double)ms / 1000.0 : INFINITY; }
@@ -315,7 +319,9 @@ static void run_waiting(step_ctx *c)
         n = TDM_MIN(n, (uint64_t)c->budget);
         if (c->tbt) n = tbt_fit(s, &c->shape, computed, (uint32_t)n, s->num_entries == 0);
         if (n == 0) break;
-        uint32_t look = r->ever_admitted ? (uint32_t)s->prm.num_lookahead_tokens : 0;
+        /* vLLM: no lookahead while nothing is computed yet (new or preempted), which keeps the
+         * block count of a P/D pair equal; a request whose remote KV arrived gets it. */
+        uint32_t look = r->num_computed ? (uint32_t)s->prm.num_lookahead_tokens : 0;
         if (!reserve_blocks_for(c, r)) break;
         if (!allocate(s, r, (uint32_t)n, nhit, 0, look, true, false)) break;
         tdm__waiting_pop(s);

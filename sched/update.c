@@ -109,6 +109,11 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
             r->num_computed = r->num_computed > rejected ? r->num_computed - rejected : 0;
         }
         r->num_spec_sched = 0;
+        /* No sample for a step that reached the end of its tokens (a decode, or the chunk that
+         * completed the prompt): its last token must be computed again to get one; otherwise
+         * the request would never be scheduled again. */
+        if (!k && r->state == TDM_STATE_RUNNING && r->num_computed >= r->num_tokens)
+            r->num_computed = r->num_tokens - 1;
         uint32_t appended = 0, reason = TDM_FINISH_NONE;
         int32_t stop_tok = -1;
         for (uint32_t j = 0; j < k && r->num_tokens < r->cap_tokens; j++) {

@@ -9,6 +9,15 @@
 
 #include "sched_driver.h"
 
+/* The latest host time the driver passed to a scheduler since the last tsd_new: tsd_run
+ * continues from it, so that the clock never goes backwards within a scenario. */
+static double g_last_now;
+
+static void saw_now(double t)
+{
+    if (t > g_last_now) g_last_now = t;
+}
+
 #define TSD_MAX_LIVE 16
 static tdm_sched *g_live[TSD_MAX_LIVE];
 
@@ -51,6 +60,7 @@ tdm_sched *tsd_new(const char *json)
     assert_int_equal(rc, TDM_OK);
     assert_non_null(s);
     track(s);
+    g_last_now = 0.0; /* a new scenario, a new clock */
     if (json) {
         rc = tdm_sched_configure(s, json);
         if (rc != TDM_OK) fail_msg("configure(%s) -> %d: %s", json, rc, tdm_sched_errmsg(s));
@@ -199,9 +209,13 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
     tsd_limits_get(s, &l);
     memset(b, 0, sizeof(*b));
     assert_int_equal(tdm_batch_init(b), TDM_OK);
+    saw_now(now);
     int rc = tdm_sched_step(s, now, b);
     if (rc != TDM_OK) fail_msg("step -> %d: %s", rc, tdm_sched_errmsg(s));
 
+    int64_t mode = 0;
+    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_MODE, &mode), TDM_OK);
+    int last_class = 0;
     uint64_t sum = 0;
     if (b->num_reqs) {
         assert_non_null(b->req_ids);
@@ -226,6 +240,16 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
         tdm_request_info info;
         tsd_info(s, id, &info);
         assert_int_equal(info.state, TDM_STATE_RUNNING);
+        /* vLLM: nothing is admitted in a step that preempted */
+        if (b->num_preempted && b->kinds[i] != TDM_ENTRY_CONTINUING)
+            fail_msg("id %llu admitted in a step that preempted", (unsigned long long)id);
+        /* decode-first: decodes, then partial prefills, then new/resumed requests */
+        int cls = b->kinds[i] != TDM_ENTRY_CONTINUING ? 2
+                  : (uint64_t)b->num_computed[i] + 1 >= (uint64_t)info.num_prompt_tokens + info.num_output_tokens ? 0 : 1;
+        if (mode == TDM_MODE_DECODE_FIRST && cls < last_class)
+            fail_msg("decode-first batch: entry %u (id %llu, class %d) after class %d", i,
+                     (unsigned long long)id, cls, last_class);
+        last_class = cls;
         /* optimistic advance (vLLM _update_after_schedule) */
         assert_int_equal(info.num_computed_tokens, b->num_computed[i] + b->num_tokens[i]);
         const uint32_t *tbl = NULL;
@@ -310,6 +334,7 @@ void tsd_update(tdm_sched *s, const tdm_batch *b, tdm_token tok, double now,
     o.token_offsets = offs;
     o.tokens = toks;
     o.now = now;
+    saw_now(now);
     if (r) {
         memset(r, 0, sizeof(*r));
         assert_int_equal(tdm_update_result_init(r), TDM_OK);
@@ -334,6 +359,7 @@ int tsd_update_one(tdm_sched *s, uint64_t id, const tdm_token *toks, uint32_t n,
     o.token_offsets = offs;
     o.tokens = toks;
     o.now = now;
+    saw_now(now);
     if (r) {
         memset(r, 0, sizeof(*r));
         assert_int_equal(tdm_update_result_init(r), TDM_OK);
@@ -343,7 +369,8 @@ int tsd_update_one(tdm_sched *s, uint64_t id, const tdm_token *toks, uint32_t n,
 
 int tsd_run(tdm_sched *s, int max_steps, double *now)
 {
-    double t = now ? *now : 0.0;
+    double t = now ? *now : g_last_now;
+    if (t < g_last_now) t = g_last_now;
     int steps = 0;
     while (tsd_unfinished(s) > 0) {
         if (steps >= max_steps) fail_msg("still %u unfinished after %d steps", tsd_unfinished(s), steps);

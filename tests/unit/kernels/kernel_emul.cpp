@@ -4,8 +4,9 @@
  * kernels share nothing between threads: no shared memory, no barriers), and compares
  * their output byte for byte with the CPU implementation, for random plans of every kind
  * (pack, unpack, unpack_convert, pack_convert; every layout kind, dtype pair, odd sizes
- * that force the unaligned fallbacks) and every lane-group size G = 4..256 with one and
- * several CTAs. This checks the kernels' indexing and vector paths on machines without a
+ * that force the unaligned fallbacks) and every lane-group size G = 4..256 with one CTA
+ * (metadata as pointers) and three (metadata inline in the parameter block, references
+ * resolved by the kernel, as the launcher passes it). This checks the kernels' indexing and vector paths on machines without a
  * GPU; scripts/gpu-check.sh checks the real thing on a device.
  * Usage: kernel_emul [COUNTS_FILE]  (writes "passed failed skipped" for make test: one test
  * per operation, passed when all its comparisons are equal)
@@ -53,8 +54,10 @@ static int passed, failed;     /* comparisons */
 static int op_failed[4];       /* per operation: pack, unpack, unpack_convert, pack_convert */
 static int cur_op;
 
+static tdm_kv_dev::kv_args g_args;
+
 template <int G>
-static void emulate(const tdm__kv_plan &p, unsigned ctas)
+static void emulate(unsigned ctas)
 {
     gridDim = {ctas, 1, 1};
     blockDim = {256, 1, 1};
@@ -62,21 +65,30 @@ static void emulate(const tdm__kv_plan &p, unsigned ctas)
         for (unsigned t = 0; t < 256; t++) {
             blockIdx = {b, 0, 0};
             threadIdx = {t, 0, 0};
-            if (p.copy) tdm_kv_dev::kv_copy_kernel<G>(p);
-            else tdm_kv_dev::kv_convert_kernel<G>(p);
+            if (g_args.p.copy) tdm_kv_dev::kv_copy_kernel<G>(g_args);
+            else tdm_kv_dev::kv_convert_kernel<G>(g_args);
         }
 }
 
-static void emulate_g(unsigned g, const tdm__kv_plan &p, unsigned ctas)
+/* Runs plan p through the kernel with group size g on ctas CTAs; with inline_meta, the
+ * way the launcher passes small metadata (references into the parameter block). */
+static void emulate_g(unsigned g, const tdm__kv_plan &p, unsigned ctas, bool inline_meta)
 {
+    g_args.p = p;
+    g_args.meta_bytes = 0;
+    size_t n = tdm__kv_meta_size(&p);
+    if (inline_meta && n && n <= tdm_kv_dev::kInlineMeta) {
+        tdm__kv_meta_build(&g_args.p, g_args.meta);
+        g_args.meta_bytes = n;
+    }
     switch (g) {
-    case 4: emulate<4>(p, ctas); break;
-    case 8: emulate<8>(p, ctas); break;
-    case 16: emulate<16>(p, ctas); break;
-    case 32: emulate<32>(p, ctas); break;
-    case 64: emulate<64>(p, ctas); break;
-    case 128: emulate<128>(p, ctas); break;
-    default: emulate<256>(p, ctas); break;
+    case 4: emulate<4>(ctas); break;
+    case 8: emulate<8>(ctas); break;
+    case 16: emulate<16>(ctas); break;
+    case 32: emulate<32>(ctas); break;
+    case 64: emulate<64>(ctas); break;
+    case 128: emulate<128>(ctas); break;
+    default: emulate<256>(ctas); break;
     }
 }
 
@@ -206,7 +218,7 @@ static void one_case(int idx)
                     memset(b, 0xA5, bytes + 64);
                     if (op == 0) rc2 = tdm__kv_plan_copy(&pb, "pack", 0, &l, c.bases, ids, n, 0, layers, b, bytes);
                     else rc2 = tdm__kv_plan_pack_convert(&pb, "pack_convert", &l, c.bases, ids, n, &pl, b, bytes, &o);
-                    if (!rc2) emulate_g(g, pb, ctas);
+                    if (!rc2) emulate_g(g, pb, ctas, ctas > 1);
                     report(!rc2 && !memcmp(a, b, bytes + 64), what, g, ctas);
                 }
         }
@@ -271,7 +283,7 @@ static void one_case(int idx)
                 if (op == 1) rc2 = tdm__kv_plan_copy(&pb, "unpack", 1, &l, b.bases, ids, n, 0, layers, src, bytes);
                 else rc2 = tdm__kv_plan_unpack_convert(&pb, "unpack_convert", &sl, src, bytes, nsrc, ntok,
                                                        &l, b.bases, ids, ndst, &o);
-                if (!rc2) emulate_g(g, pb, ctas);
+                if (!rc2) emulate_g(g, pb, ctas, ctas > 1);
                 report(!rc2 && same_caches(a, b), what, g, ctas);
             }
     }

@@ -53,8 +53,12 @@ static void child(const char *ep, uint32_t transports, uint32_t ready, int wait_
 
 static void connect_retry(eng *d, const char *ep, uint32_t *peer)
 {
+    /* the child may not be listening (TIMEOUT) or registered (STATE) yet */
     int rc = TDM_E_TIMEOUT;
-    for (int i = 0; i < 5 && rc == TDM_E_TIMEOUT; i++) rc = tdm_kvx_connect(d->kvx, ep, NULL, peer);
+    for (int i = 0; i < 50 && (rc == TDM_E_TIMEOUT || rc == TDM_E_STATE); i++) {
+        if (i) t_sleep_ms(20);
+        rc = tdm_kvx_connect(d->kvx, ep, NULL, peer);
+    }
     if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d->kvx));
 }
 

@@ -543,6 +543,47 @@ static void api__rejects_bad_arguments(void **state)
     pair_down(&x);
 }
 
+static void peers__slots_are_reused_ids_are_not(void **state)
+{
+    (void)state;
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "churn");
+    eng p, bad;
+    tdm_kvx_config c;
+    tdm_kv_layout l;
+    t_engine(&p, "p", TDM_KVX_ROLE_PREFILL, ep, ZMQ_ONLY, 1);
+    t_config(&c, "bad", TDM_KVX_ROLE_DECODE, NULL);
+    t_layout(&l, 1, T_LAYERS + 1, 8, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    t_engine_cfg(&bad, &c, &l, 2);
+    uint32_t peer, last = 0, first = 0;
+    /* more refused handshakes than there are peer slots (256) */
+    for (int i = 0; i < 300; i++) assert_int_equal(tdm_kvx_connect(bad.kvx, ep, NULL, &peer), TDM_E_LAYOUT);
+    t_free(&bad);
+    /* and more clients that come and go than there are slots on the server */
+    for (int i = 0; i < 260; i++) {
+        eng d;
+        t_engine(&d, "churn-decode", TDM_KVX_ROLE_DECODE, NULL, ZMQ_ONLY, 3);
+        assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_OK);
+        assert_int_equal(tdm_kvx_find_peer(p.kvx, "churn-decode", &peer), TDM_OK);
+        if (i == 0) first = peer;
+        else assert_int_not_equal(peer, last);
+        last = peer;
+        t_free(&d);   /* says BYE */
+        for (int j = 0; j < 1000 && t_stats(&p).num_peers; j++) t_sleep_ms(1);
+    }
+    assert_int_not_equal(first, last);
+    /* an old id no longer names anybody */
+    uint32_t ids[1] = { 1 };
+    tdm_kvx_send_desc sd;
+    tdm_kvx_send_desc_init(&sd);
+    sd.peer = first;
+    sd.num_blocks = 1;
+    sd.block_ids = ids;
+    uint64_t h;
+    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_E_PEER);
+    t_free(&p);
+}
+
 static void create__validates_config_and_json(void **state)
 {
     (void)state;
@@ -607,6 +648,7 @@ int main(void)
         cmocka_unit_test(timeout__receiver_without_sender_fails_and_releases),
         cmocka_unit_test(recv__all_blocks_held_is_done_at_once),
         cmocka_unit_test(api__rejects_bad_arguments),
+        cmocka_unit_test(peers__slots_are_reused_ids_are_not),
         cmocka_unit_test(create__validates_config_and_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

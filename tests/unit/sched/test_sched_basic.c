@@ -146,6 +146,34 @@ static void step__concurrent_partial_prefills_400_400_224(void **state)
     tsd_done(s);
 }
 
+/* vLLM test_schedule_partial_requests (text only): without a threshold a prompt takes all the
+ * budget it can; the next one is chunked to what is left. */
+static void step__partial_prefill_fills_budget_without_threshold(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_MAX_MODEL_LEN, 2048, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 1024, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    for (uint64_t i = 0; i < 3; i++) assert_int_equal(tsd_add(s, i, 800, 2), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    assert_int_equal(b.num_tokens[0], 800);
+    assert_int_equal(b.num_tokens[1], 224);
+    assert_int_equal(tsd_state(s, 2), TDM_STATE_WAITING);
+    tsd_update(s, &b, 7, 1.1, NULL);
+    tsd_step(s, 1.2, &b);
+    assert_int_equal(b.num_reqs, 3);
+    const uint32_t want[3] = { 1, 576, 447 };
+    for (uint32_t i = 0; i < 3; i++) {
+        assert_int_equal(b.req_ids[i], i);
+        assert_int_equal(b.num_tokens[i], want[i]);
+    }
+    assert_int_equal(b.kinds[2], TDM_ENTRY_NEW);
+    tsd_update(s, &b, 7, 1.3, NULL);
+    tsd_run(s, 20, NULL);
+    tsd_done(s);
+}
+
 /* vLLM test_schedule_order: with chunked prefill off the head of the waiting queue blocks
  * shorter requests behind it; with it on, the second long prompt is chunked. */
 static void step__chunked_prefill_off_head_of_line_blocks(void **state)
@@ -330,7 +358,9 @@ static void step__watermark_blocks_admission_only_alongside_others(void **state)
 }
 
 /* Lookahead slots (num_lookahead_tokens) are reserved for running requests, not on a
- * request's first admission (vLLM: avoids a P/D block-count mismatch). */
+ * request's first admission (vLLM: avoids a P/D block-count mismatch). vLLM's rule is
+ * `0 if request.num_computed_tokens == 0 else num_lookahead_tokens` for waiting requests, so a
+ * resumed request (num_computed reset to 0 by the preemption) gets none either. */
 static void step__lookahead_slots_reserved_after_first_admission(void **state)
 {
     (void)state;
@@ -346,6 +376,21 @@ static void step__lookahead_slots_reserved_after_first_admission(void **state)
     tsd_info(s, 1, &i);
     assert_int_equal(i.num_blocks, 2);
     tsd_update(s, &b, 7, 1.15, NULL);
+    /* request 2: 47-token prompt, one output (48 tokens), preempted, resumed: 48 tokens need 3
+     * blocks; lookahead slots would make it 4 */
+    assert_int_equal(tsd_add(s, 2, 47, 10), TDM_OK);
+    tsd_step(s, 1.2, &b);
+    tsd_update(s, &b, 7, 1.25, NULL);
+    assert_int_equal(tdm_sched_reset_prefix_cache(s, 1), TDM_OK);
+    tsd_step(s, 1.3, &b);
+    int k = tsd_find(&b, 2);
+    assert_true(k >= 0);
+    assert_int_equal(b.kinds[k], TDM_ENTRY_RESUMED);
+    assert_int_equal(b.num_tokens[k], 48);
+    if (b.block_offsets[k + 1] - b.block_offsets[k] != 3)
+        fail_msg("resumed request got %u blocks for 48 tokens; vLLM allocates no lookahead when "
+                 "num_computed_tokens == 0 (3 blocks)", b.block_offsets[k + 1] - b.block_offsets[k]);
+    tsd_update(s, &b, 7, 1.35, NULL);
     double now = 2.0;
     tsd_run(s, 20, &now);
     tsd_done(s);
@@ -427,6 +472,7 @@ int main(void)
         TSD_TEST(add__duplicate_id_rejected),
         TSD_TEST(step__fifo_admits_all_prompts_in_order),
         TSD_TEST(step__concurrent_partial_prefills_400_400_224),
+        TSD_TEST(step__partial_prefill_fills_budget_without_threshold),
         TSD_TEST(step__chunked_prefill_off_head_of_line_blocks),
         TSD_TEST(preempt__late_output_of_preempted_request_applied),
         TSD_TEST(preempt__fcfs_victim_newest_no_admission_resume_front),

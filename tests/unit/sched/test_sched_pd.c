@@ -183,6 +183,31 @@ static void remote_prefill__received_requests_keep_queue_order(void **state)
     finish_all(s, 3.0);
 }
 
+/* vLLM: lookahead slots are allocated for a waiting request whose num_computed_tokens is not
+ * 0, which is the case of a request whose remote KV has arrived (its first local scheduling):
+ * 48-token prompt, 47 received tokens computed, 1 to compute + 2 lookahead = 50 slots = 4 blocks. */
+static void remote_prefill__received_request_gets_lookahead_slots(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_ROLE, TDM_ROLE_DECODE, TDM_SCHED_NUM_LOOKAHEAD_TOKENS, 2, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(add_flags(s, 1, 48, 3, TDM_REQ_REMOTE_PREFILL, 0), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_blocks, 3); /* the reservation: the prompt's blocks only */
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_computed[0], 47);
+    if (b.block_offsets[1] != 4)
+        fail_msg("received request scheduled with %u blocks; vLLM adds the lookahead slots (4 blocks)",
+                 b.block_offsets[1]);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    finish_all(s, 2.0);
+}
+
 static void remote_prefill__partial_remote_tokens_compute_the_rest(void **state)
 {
     (void)state;
@@ -411,6 +436,26 @@ static void remote_decode__release_frees_held_blocks(void **state)
     tsd_done(s);
 }
 
+/* Only a normal finish hands the KV to a remote decode: an aborted REMOTE_DECODE request
+ * frees its blocks at once. */
+static void remote_decode__abort_frees_without_holding(void **state)
+{
+    (void)state;
+    tdm_sched *s = prefill_side(120000);
+    assert_int_equal(add_flags(s, 1, 40, 5, TDM_REQ_REMOTE_DECODE, 0), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    tsd_update(s, &b, 7, 1.1, NULL);
+    assert_int_equal(tdm_sched_abort(s, 1), TDM_OK);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.state, TDM_STATE_FINISHED);
+    assert_int_equal(tdm__sched_blocks_in_use(s), 0);
+    assert_int_equal(tdm_sched_release(s, 1), TDM_E_STATE);
+    tsd_step(s, 1.2, &b);
+    tsd_done(s);
+}
+
 static void remote_decode__held_blocks_freed_after_timeout(void **state)
 {
     (void)state;
@@ -570,6 +615,7 @@ int main(void)
         TSD_TEST(remote_prefill__reserved_then_computes_last_token),
         TSD_TEST(remote_prefill__local_prefix_hit_reduces_remote_part),
         TSD_TEST(remote_prefill__received_requests_keep_queue_order),
+        TSD_TEST(remote_prefill__received_request_gets_lookahead_slots),
         TSD_TEST(remote_prefill__partial_remote_tokens_compute_the_rest),
         TSD_TEST(remote_prefill__failure_recompute_keeps_valid_tokens),
         TSD_TEST(remote_prefill__failure_fail_policy_finishes_with_error),
@@ -578,6 +624,7 @@ int main(void)
         TSD_TEST(remote_kv_done__rejects_unknown_and_local_requests),
         TSD_TEST(remote_decode__blocks_held_until_release),
         TSD_TEST(remote_decode__release_frees_held_blocks),
+        TSD_TEST(remote_decode__abort_frees_without_holding),
         TSD_TEST(remote_decode__held_blocks_freed_after_timeout),
         TSD_TEST(decode_first__decodes_then_partial_then_new),
         TSD_TEST(vllm_mode__running_list_order_then_waiting),

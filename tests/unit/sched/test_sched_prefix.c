@@ -235,6 +235,84 @@ static void prefix__running_blocks_never_evicted(void **state)
     tsd_done(s);
 }
 
+/* vLLM allocate_slots: prefix-hit blocks that are currently free count against the free
+ * blocks (touching removes them from the free list): a request whose hits are the only free
+ * blocks cannot be admitted even though "free >= new blocks needed". */
+static void prefix__touched_free_hit_blocks_count_against_free(void **state)
+{
+    (void)state;
+    tdm_sched *s = tsd_newp(kv11);
+    tdm_token a[49], x[111];
+    tsd_prompt(100, 49, a);
+    tsd_prompt(200, 111, x);
+    assert_int_equal(tsd_add_tokens(s, 1, a, 48, 1), TDM_OK);
+    double now = 1.0;
+    tsd_run(s, 10, &now); /* 3 cached blocks, free */
+    assert_int_equal(tsd_add_tokens(s, 2, x, 111, 10), TDM_OK); /* takes the 7 never-used blocks */
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    tsd_update(s, &b, 7, 2.05, NULL);
+    tdm_sched_stats st;
+    tsd_stats(s, &st);
+    assert_int_equal(st.num_free_blocks, 3);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(tsd_add_tokens(s, 3, a, 49, 3), TDM_OK); /* hits 3 free blocks, needs 1 more */
+    tsd_step(s, 2.1, &b);
+    assert_int_equal(tsd_find(&b, 3), -1);
+    assert_int_equal(tsd_state(s, 3), TDM_STATE_WAITING);
+    tsd_stats(s, &st);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(st.num_free_blocks, 3);
+    tsd_update(s, &b, 7, 2.15, NULL);
+    assert_int_equal(tdm_sched_finish(s, 2, TDM_FINISH_STOP), TDM_OK);
+    int k = step_expect(s, 2.2, &b, 3);
+    assert_int_equal(b.num_computed[k], 48);
+    assert_int_equal(b.num_tokens[k], 1);
+    tsd_update(s, &b, 7, 2.25, NULL);
+    now = 3.0;
+    tsd_run(s, 20, &now);
+    tsd_done(s);
+}
+
+/* Newer vLLM BlockPool.free_blocks: freed blocks without a hash go to the head of the free
+ * list (reused first), hashed ones to the tail, so a partial tail block is reused before any
+ * cached block is evicted. */
+static void prefix__unhashed_freed_blocks_reused_before_cached_ones(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 14, TDM_SCHED_BLOCK_SIZE, 16, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    tdm_token a[33];
+    tsd_prompt(100, 33, a);
+    assert_int_equal(tsd_add_tokens(s, 1, a, 32, 1), TDM_OK);
+    double now = 1.0;
+    tsd_run(s, 10, &now); /* a1, a2 cached and free, at the tail */
+    assert_int_equal(tsd_add(s, 2, 127, 50), TDM_OK); /* 8 never-used blocks, keeps running */
+    assert_int_equal(tsd_add(s, 3, 24, 1), TDM_OK);   /* a full (hashed) block + a partial one */
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    tsd_update(s, &b, 7, 2.05, NULL); /* 3 finishes: its partial block is freed to the head */
+    tdm_sched_stats st;
+    tsd_stats(s, &st);
+    assert_int_equal(st.num_free_blocks, 13 - 8);
+    assert_int_equal(tsd_add(s, 4, 20, 1), TDM_OK); /* 2 blocks: the partial one and a never-used one */
+    tsd_step(s, 2.1, &b);
+    assert_true(tsd_find(&b, 4) >= 0);
+    tsd_stats(s, &st);
+    assert_int_equal(st.evictions, 0);
+    tsd_update(s, &b, 7, 2.15, NULL);
+    assert_int_equal(tsd_add_tokens(s, 5, a, 33, 1), TDM_OK);
+    tsd_step(s, 2.2, &b);
+    int k = tsd_find(&b, 5);
+    assert_true(k >= 0);
+    assert_int_equal(b.num_computed[k], 32);
+    tsd_update(s, &b, 7, 2.25, NULL);
+    assert_int_equal(tdm_sched_abort(s, 2), TDM_OK);
+    now = 3.0;
+    tsd_run(s, 20, &now);
+    tsd_done(s);
+}
+
 static int add_salted(tdm_sched *s, uint64_t id, const tdm_token *p, uint32_t n,
                       const char *salt)
 {
@@ -406,6 +484,8 @@ int main(void)
         TSD_TEST(prefix__same_step_request_hits_blocks_allocated_before_it),
         TSD_TEST(prefix__eviction_lru_with_tail_blocks_first),
         TSD_TEST(prefix__running_blocks_never_evicted),
+        TSD_TEST(prefix__touched_free_hit_blocks_count_against_free),
+        TSD_TEST(prefix__unhashed_freed_blocks_reused_before_cached_ones),
         TSD_TEST(prefix__cache_salt_separates_equal_prompts),
         TSD_TEST(prefix__disabled_or_skipped_gives_no_hit),
         TSD_TEST(reset_prefix_cache__needs_reset_running_while_running),

@@ -52,6 +52,9 @@ typedef struct world {
     uint64_t next_id;
     double now;
     uint64_t ops, steps, finished, preempted, adds_refused, recv_ready, kv_done, released;
+    /* per id ever added: 1 = added, 2 = reported finished once (batch finished_ids) */
+    uint8_t *seen;
+    uint64_t seen_cap;
     /* block ownership scratch */
     uint64_t *owner;
     uint32_t *owner_pos;
@@ -101,6 +104,32 @@ static int cmp_prompt_len(void *ctx, const tdm_request_view *a, const tdm_reques
 {
     (void)ctx;
     return a->num_prompt_tokens < b->num_prompt_tokens ? -1 : a->num_prompt_tokens > b->num_prompt_tokens;
+}
+
+static void mark_added(world *w, uint64_t id)
+{
+    if (id >= w->seen_cap) {
+        uint64_t cap = w->seen_cap ? w->seen_cap : 1024;
+        while (cap <= id) cap *= 2;
+        w->seen = realloc(w->seen, cap);
+        assert_non_null(w->seen);
+        memset(w->seen + w->seen_cap, 0, cap - w->seen_cap);
+        w->seen_cap = cap;
+    }
+    assert_int_equal(w->seen[id], 0);
+    w->seen[id] = 1;
+}
+
+/* Every finished request is reported in exactly one batch's finished list. */
+static void mark_reported(world *w, const tdm_batch *b)
+{
+    for (uint32_t i = 0; i < b->num_finished; i++) {
+        uint64_t id = b->finished_ids[i];
+        if (id >= w->seen_cap || w->seen[id] == 0)
+            fail_msg("finished id %llu was never added", (unsigned long long)id);
+        if (w->seen[id] == 2) fail_msg("finished id %llu reported twice", (unsigned long long)id);
+        w->seen[id] = 2;
+    }
 }
 
 static void random_config(world *w)
@@ -205,6 +234,7 @@ static void op_add(world *w)
         assert_non_null(w->reqs);
     }
     w->reqs[w->n++] = (rreq){ d.id, K_LIVE, d.max_tokens, salt, d.flags };
+    mark_added(w, d.id);
 }
 
 /* The outputs the model would produce for a batch, computed right after its step. */
@@ -235,28 +265,8 @@ static void make_plan(world *w, const tdm_batch *b, plan *p)
     p->offs[p->n] = p->nt;
 }
 
-static void apply_plan(world *w, plan *p)
+static void apply_plan(world *w, const plan *p)
 {
-    /* Known bug F3 (notes/schedtests-findings.md): a request preempted while its batch was in
-     * flight has its drafts forgotten and the whole update is refused. Unless
-     * TANDEM_SCHED_RANDOM_STRICT is set, report one token for such requests. */
-    const char *strict = getenv("TANDEM_SCHED_RANDOM_STRICT");
-    if (!strict || !*strict || *strict == '0') {
-        uint32_t nt = 0;
-        for (uint32_t i = 0; i < p->n; i++) {
-            uint32_t a = p->offs[i], k = p->offs[i + 1] - a;
-            tdm_request_info info;
-            tdm_request_info_init(&info);
-            if (k > 1 && tdm_sched_request_info(w->s, p->ids[i], &info) == TDM_OK &&
-                info.state == TDM_STATE_PREEMPTED)
-                k = 1;
-            memmove(p->toks + nt, p->toks + a, k * sizeof(*p->toks));
-            p->offs[i] = nt;
-            nt += k;
-        }
-        p->offs[p->n] = nt;
-        p->nt = nt;
-    }
     tdm_step_output o;
     tdm_step_output_init(&o);
     o.num_reqs = p->n;
@@ -385,6 +395,7 @@ static void op_cycle(world *w)
     w->steps++;
     w->preempted += b.num_preempted;
     w->recv_ready += b.num_recv_ready;
+    mark_reported(w, &b);
     for (uint32_t i = 0; i < b.num_finished; i++) on_finished(w, b.finished_ids[i]);
     make_plan(w, &b, &pa);
     if (chance(&w->r, 10)) { /* a second batch while the first is in flight */
@@ -393,6 +404,7 @@ static void op_cycle(world *w)
         tsd_step(w->s, w->now, &b);
         w->steps++;
         w->preempted += b.num_preempted;
+        mark_reported(w, &b);
         for (uint32_t i = 0; i < b.num_finished; i++) on_finished(w, b.finished_ids[i]);
         make_plan(w, &b, &pb);
         if (b.num_reqs && chance(&w->r, 20)) { /* abort during execution: a late output */
@@ -519,6 +531,9 @@ static void drain(world *w)
     w->now += 1.0;
     tsd_step(w->s, w->now, &b);
     assert_int_equal(b.num_reqs, 0);
+    mark_reported(w, &b);
+    for (uint64_t id = 0; id < w->seen_cap; id++)
+        if (w->seen[id] == 1) fail_msg("request %llu finished but never reported in a batch", (unsigned long long)id);
 }
 
 static uint64_t env_u64(const char *name, uint64_t def)
@@ -560,6 +575,7 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         done += w.kv_done;
         rel += w.released;
         free(w.reqs);
+        free(w.seen);
         free(w.owner);
         free(w.owner_pos);
         free(w.owner_stamp);

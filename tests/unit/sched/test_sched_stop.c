@@ -208,6 +208,31 @@ static void update__ignore_eos_runs_to_max_tokens(void **state)
     finish_all(s);
 }
 
+/* vLLM check_stop tests the length cap before EOS and stop tokens: an EOS (or stop token)
+ * that is also the max_tokens-th output finishes with LENGTH, without a stop reason. */
+static void update__length_cap_checked_before_eos(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    const tdm_token stops[1] = { 42 };
+    tdm_request_desc d0, d1;
+    desc_default(&d0, 2);
+    desc_default(&d1, 2);
+    d1.stop_token_ids = stops;
+    d1.num_stop_token_ids = 1;
+    tdm_sched *s = two_decoding(&d0, &d1, prompt);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    const tdm_token o0[1] = { EOS }, o1[1] = { 42 };
+    tdm_update_result r;
+    update_two(s, o0, 1, o1, 1, &r);
+    int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
+    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_LENGTH);
+    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_LENGTH);
+    assert_int_equal(r.stop_tokens[i1], -1);
+    finish_all(s);
+}
+
 /* vLLM test_check_stop_min_tokens: EOS and stop tokens do not stop before min_tokens. */
 static void update__min_tokens_defers_eos_and_stop_tokens(void **state)
 {
@@ -432,6 +457,7 @@ int main(void)
         TSD_TEST(update__stop_token_sets_reason_and_trims),
         TSD_TEST(update__max_tokens_caps_and_trims),
         TSD_TEST(update__ignore_eos_runs_to_max_tokens),
+        TSD_TEST(update__length_cap_checked_before_eos),
         TSD_TEST(update__min_tokens_defers_eos_and_stop_tokens),
         TSD_TEST(update__rejected_drafts_correct_num_computed),
         TSD_TEST(step__drafts_truncated_to_budget),
