@@ -48,6 +48,8 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     pthread_mutex_lock(&k->mu);
     int rc = TDM_OK;
     if (!k->registered) { rc = tdm__kvx_fail(TDM_E_STATE, "KV cache not registered"); goto out; }
+    /* the capacity; the sender says how many tokens it actually has (DATA.tokens) */
+    uint32_t tok = (uint32_t)((uint64_t)d->num_blocks * k->layout.block_size);
     if (!tdm__kvx_peer(k, d->peer)) { rc = tdm__kvx_fail(TDM_E_PEER, "peer %u unknown or dead", d->peer); goto out; }
     if (k->cfg.role == TDM_KVX_ROLE_PREFILL) { rc = tdm__kvx_fail(TDM_E_STATE, "a prefill-role engine does not receive"); goto out; }
     if (tdm__kvx_find(k, TDM_KVX_SIDE_RECV, d->peer, d->request_id, d->transfer_id)) {
@@ -77,14 +79,16 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     x->rid = d->request_id;
     x->xid = d->transfer_id;
     x->skip = d->num_skip;
+    x->tok = tok;
     x->timeout_ms = d->timeout_ms ? d->timeout_ms : k->cfg.transfer_timeout_ms;
     x->deadline = tdm__now() + x->timeout_ms / 1000.0;
     x->units_need = (uint64_t)k->layout.num_layers * (d->num_blocks - d->num_skip);
     x->state = XS_ACTIVE;
     xfer_link(k, x);
-    *handle = x->handle;
+    uint64_t hid = x->handle;
     if (x->units_need == 0) {
         tdm__kvx_finish(k, x, TDM_KVX_EV_DONE, TDM_OK, "every block was already held", 0);
+        *handle = hid;
         goto out;
     }
     tdm__kvx_msg m;
@@ -94,10 +98,16 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     m.mode = x->mode;
     m.num_blocks = x->n;
     m.num_skip = x->skip;
+    m.num_tokens = x->tok;
     if (tdm__kvx_queue_msg(k, x->peer, &m) != TDM_OK) {
-        tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_NOMEM, "cannot queue the request", 0);
+        /* undone without an event: the caller gets the error instead */
+        for (uint32_t j = x->skip; j < x->n; j++) k->owner[x->blocks[j]] = 0;
+        k->xfers = x->next;
+        tdm__kvx_xfer_free(k, x);
         rc = tdm__kvx_fail(TDM_E_NOMEM, "out of memory");
+        goto out;
     }
+    *handle = hid;
     tdm__kvx_wake(k);
 out:
     pthread_mutex_unlock(&k->mu);
@@ -163,7 +173,7 @@ int tdm_kvx_send(tdm_kvx *k, const tdm_kvx_send_desc *d, uint64_t *handle)
     *handle = x->handle;
     kvx_pending *p = take_pending(k, x);
     if (p) {
-        tdm__kvx_bind(k, x, p->peer, p->xid, p->n, p->skip);
+        tdm__kvx_bind(k, x, p->peer, p->xid, p->n, p->skip, p->tok);
         tdm__free(p);
     }
     tdm__kvx_wake(k);

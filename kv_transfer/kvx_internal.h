@@ -89,7 +89,7 @@ typedef struct kvx_peer {
     char ep[256];
     char srvkey[41];
     double hs_deadline;
-    int hs_done, hs_status, hs_auth_failed;
+    int hs_done, hs_status;
     int hs_waiting;                /* tdm_kvx_connect still reads this slot */
     char hs_reason[TDM__KVX_REASON_LEN];
 } kvx_peer;
@@ -104,7 +104,11 @@ typedef struct kvx_xfer {
     uint32_t mode;
     uint32_t peer;                 /* TDM_KVX_PEER_ANY: a PULL export not yet matched */
     uint64_t rid, xid;
-    uint32_t n, skip;
+    uint32_t n, skip;              /* own blocks; skip: leading ones not moved */
+    uint32_t tok;                  /* tokens of the transfer */
+    int tok_known;                 /* receiver: the sender's count arrived */
+    uint32_t n_eff;                /* sender: blocks to send (those holding tokens) */
+    uint32_t gran;                 /* sender: chunks start at multiples of this many blocks */
     uint32_t *blocks;
     double deadline;
     uint32_t timeout_ms;
@@ -116,13 +120,12 @@ typedef struct kvx_xfer {
     /* receiver */
     uint8_t *got;                  /* bitmap [layer][block] */
     uint64_t units_need, units_got;
-    int req_sent;
 } kvx_xfer;
 
 /* A transfer request that reached a sender before its tdm_kvx_send(). */
 typedef struct kvx_pending {
     struct kvx_pending *next;
-    uint32_t peer, mode, n, skip;
+    uint32_t peer, mode, n, skip, tok;
     uint64_t rid, xid;
     double deadline;
 } kvx_pending;
@@ -168,6 +171,7 @@ struct tdm_kvx {
     uint32_t mem_kind, head_offset;
     uint32_t *owner;               /* [num_blocks] receive reservations: 0 or xfer handle slot */
     size_t unit_bytes;             /* packed bytes of one block of one layer */
+    void *dev_stage;               /* CUDA memory: device staging buffer (max_chunk_bytes) */
 
     kvx_peer *peers;
     uint32_t num_peers, cap_peers;
@@ -204,7 +208,7 @@ void tdm__kvx_finish(tdm_kvx *k, kvx_xfer *x, uint32_t type, int status, const c
                      int tell_peer);
 kvx_xfer *tdm__kvx_find(tdm_kvx *k, uint32_t side, uint32_t peer, uint64_t rid, uint64_t xid);
 kvx_xfer *tdm__kvx_find_handle(tdm_kvx *k, uint64_t handle);
-void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip);
+void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip, uint32_t tok);
 void tdm__kvx_on_xfer_req(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m);
 void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t *payload);
 void tdm__kvx_on_control(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m);
@@ -222,7 +226,10 @@ size_t tdm__kvx_unit_bytes(const tdm_kv_layout *l);
 size_t tdm__kvx_elem_size(uint32_t dtype);
 int tdm__kvx_pack(const tdm_kvx *k, const uint32_t *block_ids, uint32_t n, uint32_t lb, uint32_t le,
                   void *dst, size_t dst_size);
+/* Unpack a chunk of src_blocks sender blocks holding `tokens` tokens into our blocks
+ * ids[0..n), converting when the peer's packed format differs from ours. */
 int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t src_size,
-                    const uint32_t *block_ids, uint32_t n, uint32_t lb, uint32_t le);
+                    uint32_t src_blocks, uint32_t tokens, const uint32_t *ids, uint32_t n,
+                    uint32_t lb, uint32_t le);
 
 #endif /* TANDEM_KVX_INTERNAL_H */

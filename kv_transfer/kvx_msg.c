@@ -275,7 +275,7 @@ static int rd_hello(rd *r, tdm__kvx_hello *h)
 
 /* Fields after version and type, per message type (minimum count). */
 static const uint8_t min_fields[TDM__KVX_MSG_MAX + 1] = {
-    [TDM__KVX_HELLO] = 10, [TDM__KVX_HELLO_ACK] = 12, [TDM__KVX_XFER_REQ] = 5,
+    [TDM__KVX_HELLO] = 10, [TDM__KVX_HELLO_ACK] = 12, [TDM__KVX_XFER_REQ] = 6,
     [TDM__KVX_DATA] = 10, [TDM__KVX_CREDIT] = 1, [TDM__KVX_DONE] = 3, [TDM__KVX_FAIL] = 5,
     [TDM__KVX_CANCEL] = 3, [TDM__KVX_CANCEL_ACK] = 3, [TDM__KVX_PING] = 1, [TDM__KVX_BYE] = 1,
 };
@@ -318,7 +318,9 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
         if (!rc) rc = rd_u32max(&r, &m->mode, 2, "mode");
         if (!rc) rc = rd_u32max(&r, &m->num_blocks, TDM__KVX_MAX_BLOCKS, "num_blocks");
         if (!rc) rc = rd_u32max(&r, &m->num_skip, TDM__KVX_MAX_BLOCKS, "num_skip");
-        if (!rc && (m->mode == 0 || m->num_blocks == 0 || m->num_skip > m->num_blocks))
+        if (!rc) rc = rd_u32max(&r, &m->num_tokens, UINT32_MAX, "num_tokens");
+        if (!rc && (m->mode == 0 || m->num_blocks == 0 || m->num_skip > m->num_blocks ||
+                    m->num_tokens == 0 || m->num_tokens > (uint64_t)m->num_blocks * 4096))
             rc = rd_fail(&r, "bad transfer request counts");
         break;
     case TDM__KVX_DATA:
@@ -331,11 +333,10 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
         if (!rc) rc = rd_u32max(&r, &m->block_count, TDM__KVX_MAX_BLOCKS, "block_count");
         if (!rc) rc = rd_u64(&r, &m->nbytes);
         if (!rc) rc = rd_u32max(&r, &m->slot, UINT32_MAX, "slot");
-        if (!rc) rc = rd_u64(&r, &m->time_ms);   /* reserved: flags, must be 0 */
+        if (!rc) rc = rd_u32max(&r, &m->num_tokens, UINT32_MAX, "tokens");
         if (!rc && (m->layer_begin >= m->layer_end || m->block_count == 0 ||
-                    m->nbytes == 0 || m->nbytes > ((uint64_t)1 << 32) || m->time_ms != 0))
+                    m->nbytes == 0 || m->nbytes > ((uint64_t)1 << 32) || m->num_tokens == 0))
             rc = rd_fail(&r, "bad data chunk ranges");
-        m->time_ms = 0;
         break;
     case TDM__KVX_CREDIT:
         rc = rd_u32max(&r, &m->slot, 1u << 20, "slot");
@@ -457,6 +458,7 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
         msgpack_pack_uint32(&pk, m->mode);
         msgpack_pack_uint32(&pk, m->num_blocks);
         msgpack_pack_uint32(&pk, m->num_skip);
+        msgpack_pack_uint32(&pk, m->num_tokens);
         break;
     case TDM__KVX_DATA:
         msgpack_pack_uint64(&pk, m->rid);
@@ -468,7 +470,7 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
         msgpack_pack_uint32(&pk, m->block_count);
         msgpack_pack_uint64(&pk, m->nbytes);
         msgpack_pack_uint32(&pk, m->slot);
-        msgpack_pack_uint64(&pk, 0);
+        msgpack_pack_uint32(&pk, m->num_tokens);
         break;
     case TDM__KVX_CREDIT:
         msgpack_pack_uint32(&pk, m->slot);

@@ -58,6 +58,7 @@ typedef struct tdm__kvx_msg {
     uint64_t rid, xid;                 /* transfer messages */
     uint32_t to_side;                  /* FAIL, CANCEL, CANCEL_ACK: 1 = sender's transfer, 2 = receiver's */
     uint32_t mode, num_blocks, num_skip;   /* XFER_REQ */
+    uint32_t num_tokens;               /* XFER_REQ: receiver's capacity; DATA: the transfer's tokens */
     uint32_t seq, layer_begin, layer_end, block_begin, block_count;  /* DATA */
     uint64_t nbytes;                   /* DATA: payload bytes; DONE: total bytes */
     uint32_t slot;                     /* DATA: shm slot or TDM__KVX_NO_SLOT; CREDIT */

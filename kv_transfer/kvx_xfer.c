@@ -133,21 +133,43 @@ static void reply_fail(tdm_kvx *k, kvx_peer *p, uint64_t rid, uint64_t xid, uint
     tdm__kvx_queue_msg(k, p->id, &m);
 }
 
-void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip)
+static uint64_t gcd64(uint64_t a, uint64_t b)
 {
+    while (b) { uint64_t t = a % b; a = b; b = t; }
+    return a;
+}
+
+/* The receiver's request (its n blocks, skip blocks and tokens, in its block size) meets this
+ * send: which of our blocks to send, and in what granules so that every chunk starts on a
+ * receiver block. Fails the transfer (and tells the receiver) when they cannot meet. */
+void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip, uint32_t tok)
+{
+    char why[128] = "";
+    kvx_peer *p = tdm__kvx_peer(k, peer);
     x->peer = peer;
     x->xid = xid;
+    x->state = XS_ACTIVE;
     x->deadline = tdm__now() + x->timeout_ms / 1000.0;
-    if (n != x->n) {
-        char why[96];
-        snprintf(why, sizeof(why), "block counts differ (sender %u, receiver %u)", x->n, n);
-        x->state = XS_ACTIVE;
+    uint64_t bs = k->layout.block_size, rbs = p ? p->remote.layout.block_size : bs;
+    uint64_t skip_tok = (uint64_t)skip * rbs, lcm = bs / gcd64(bs, rbs) * rbs;
+    if ((uint64_t)tok > (uint64_t)x->n * bs) tok = (uint32_t)((uint64_t)x->n * bs);
+    if (!p) snprintf(why, sizeof(why), "peer gone");
+    else if ((uint64_t)tok > (uint64_t)n * rbs || (uint64_t)tok <= (uint64_t)(n - 1) * rbs)
+        snprintf(why, sizeof(why), "the sender holds %u tokens, the receiver's %u blocks of %llu need more",
+                 tok, n, (unsigned long long)rbs);
+    else if (skip_tok % bs)
+        snprintf(why, sizeof(why), "the prefix skip (%llu tokens) is not a whole number of sender blocks", (unsigned long long)skip_tok);
+    else if (lcm / bs * k->unit_bytes > k->cfg.max_chunk_bytes)
+        snprintf(why, sizeof(why), "block sizes %llu/%llu need chunks larger than max_chunk_bytes", (unsigned long long)bs, (unsigned long long)rbs);
+    if (why[0]) {
         tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_RANGE, why, 1);
         return;
     }
-    x->skip = skip;
-    for (uint32_t l = 0; l < k->layout.num_layers; l++) x->sent[l] = skip;
-    x->state = XS_ACTIVE;
+    x->tok = tok;
+    x->skip = (uint32_t)(skip_tok / bs);
+    x->n_eff = (uint32_t)((tok + bs - 1) / bs);
+    x->gran = (uint32_t)(lcm / bs);
+    for (uint32_t l = 0; l < k->layout.num_layers; l++) x->sent[l] = TDM_MIN(x->skip, x->n_eff);
 }
 
 void tdm__kvx_on_xfer_req(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
@@ -161,7 +183,7 @@ void tdm__kvx_on_xfer_req(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
         if (x->side != TDM_KVX_SIDE_SEND || x->state != XS_WAIT || x->rid != m->rid || x->mode != m->mode) continue;
         if (x->peer != TDM_KVX_PEER_ANY && x->peer != p->id) continue;
         if (m->mode == TDM_KVX_PUSH && x->xid != m->xid) continue;
-        tdm__kvx_bind(k, x, p->id, m->xid, m->num_blocks, m->num_skip);
+        tdm__kvx_bind(k, x, p->id, m->xid, m->num_blocks, m->num_skip, m->num_tokens);
         return;
     }
     uint32_t count = 0;
@@ -183,6 +205,7 @@ void tdm__kvx_on_xfer_req(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
     q->mode = m->mode;
     q->n = m->num_blocks;
     q->skip = m->num_skip;
+    q->tok = m->num_tokens;
     q->rid = m->rid;
     q->xid = m->xid;
     q->deadline = tdm__now() + k->cfg.transfer_timeout_ms / 1000.0;
@@ -222,17 +245,35 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
         goto credit;   /* unknown, finished or being cancelled: the bytes are not written anywhere */
     }
     uint32_t L = k->layout.num_layers;
-    uint64_t units = (uint64_t)(m->layer_end - m->layer_begin) * m->block_count;
+    uint64_t nl = m->layer_end - m->layer_begin;
     size_t runit = tdm__kvx_unit_bytes(&p->remote.layout);
+    uint64_t sbs = p->remote.layout.block_size, bs = k->layout.block_size;
+    /* the chunk's sender blocks as tokens, then as our blocks [d0, d1) */
+    uint64_t t0 = (uint64_t)m->block_begin * sbs, t1 = ((uint64_t)m->block_begin + m->block_count) * sbs;
     const void *bytes = NULL;
-    if (m->layer_end > L) { snprintf(why, sizeof(why), "layer range [%u,%u) beyond %u layers", m->layer_begin, m->layer_end, L); goto bad; }
-    if (m->block_begin < x->skip || (uint64_t)m->block_begin + m->block_count > x->n) {
-        snprintf(why, sizeof(why), "blocks [%u,+%u) outside the transfer's [%u,%u)", m->block_begin, m->block_count, x->skip, x->n);
+    if (!x->tok_known) {
+        /* the sender's token count: it must reach into our last block */
+        if (m->num_tokens > (uint64_t)x->n * bs || m->num_tokens <= (uint64_t)(x->n - 1) * bs) {
+            snprintf(why, sizeof(why), "%u tokens do not fill our %u blocks", m->num_tokens, x->n);
+            goto bad;
+        }
+        x->tok = m->num_tokens;
+        x->tok_known = 1;
+    } else if (m->num_tokens != x->tok) {
+        snprintf(why, sizeof(why), "token count changed (%u, was %u)", m->num_tokens, x->tok);
         goto bad;
     }
-    if (units * runit != m->nbytes) {
+    if (m->layer_end > L) { snprintf(why, sizeof(why), "layer range [%u,%u) beyond %u layers", m->layer_begin, m->layer_end, L); goto bad; }
+    if (t0 < (uint64_t)x->skip * bs || t1 - sbs >= x->tok || t0 % bs || (t1 < x->tok && t1 % bs)) {
+        snprintf(why, sizeof(why), "blocks [%u,+%u) outside the transfer's or not on block bounds", m->block_begin, m->block_count);
+        goto bad;
+    }
+    if (t1 > x->tok) t1 = x->tok;
+    uint32_t d0 = (uint32_t)(t0 / bs), d1 = (uint32_t)((t1 + bs - 1) / bs);
+    uint64_t units = nl * (d1 - d0);
+    if (nl * m->block_count * runit != m->nbytes) {
         snprintf(why, sizeof(why), "chunk of %llu bytes, expected %llu", (unsigned long long)m->nbytes,
-                 (unsigned long long)(units * runit));
+                 (unsigned long long)(nl * m->block_count * runit));
         goto bad;
     }
     if (p->rx->resolve(p->rx_ctx, payload, m->slot, m->nbytes, &bytes) != TDM_OK) {
@@ -240,12 +281,13 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
         goto bad;
     }
     for (uint32_t l = m->layer_begin; l < m->layer_end; l++)
-        for (uint32_t b = m->block_begin; b < m->block_begin + m->block_count; b++)
+        for (uint32_t b = d0; b < d1; b++)
             if (got_bit(x, l, b)) { snprintf(why, sizeof(why), "layer %u block %u sent twice", l, b); goto bad; }
-    status = tdm__kvx_unpack(k, p, bytes, m->nbytes, x->blocks + m->block_begin, m->block_count, m->layer_begin, m->layer_end);
+    status = tdm__kvx_unpack(k, p, bytes, m->nbytes, m->block_count, (uint32_t)(t1 - t0), x->blocks + d0, d1 - d0,
+                             m->layer_begin, m->layer_end);
     if (status) { snprintf(why, sizeof(why), "unpack failed: %s", tdm_strerror(status)); goto bad; }
     for (uint32_t l = m->layer_begin; l < m->layer_end; l++)
-        for (uint32_t b = m->block_begin; b < m->block_begin + m->block_count; b++) set_bit(x, l, b);
+        for (uint32_t b = d0; b < d1; b++) set_bit(x, l, b);
     x->units_got += units;
     x->bytes += m->nbytes;
     k->st.bytes_received += m->nbytes;
@@ -354,19 +396,22 @@ void tdm__kvx_timers(tdm_kvx *k, double now)
  * have more ready blocks, as many blocks as fit in max_chunk_bytes. */
 static int next_chunk(const tdm_kvx *k, const kvx_xfer *x, uint32_t *lb, uint32_t *le, uint32_t *bb, uint32_t *cnt)
 {
-    uint32_t L = k->layout.num_layers, a;
+    uint32_t L = k->layout.num_layers, a, g = x->gran;
+    /* ready blocks usable now: whole granules, or everything up to the end */
+#define USABLE(l) (TDM_MIN(x->ready[l], x->n_eff) >= x->n_eff ? x->n_eff : TDM_MIN(x->ready[l], x->n_eff) / g * g)
     for (a = 0; a < L; a++)
-        if (x->sent[a] < x->ready[a]) break;
+        if (x->sent[a] < USABLE(a)) break;
     if (a == L) return 0;
-    uint32_t s = x->sent[a], lim = x->ready[a], b = a + 1;
-    while (b < L && x->sent[b] == s && x->ready[b] > s) {
-        if (x->ready[b] < lim) lim = x->ready[b];
+    uint32_t s = x->sent[a], lim = USABLE(a), b = a + 1;
+    while (b < L && x->sent[b] == s && USABLE(b) > s) {
+        if (USABLE(b) < lim) lim = USABLE(b);
         b++;
     }
+#undef USABLE
     size_t unit = k->unit_bytes, maxc = k->cfg.max_chunk_bytes;
-    size_t maxl = maxc / unit;
+    size_t maxl = maxc / (unit * g);
     if (b - a > maxl) b = a + (uint32_t)maxl;
-    size_t maxb = maxc / (unit * (b - a));
+    size_t maxb = maxc / (unit * (b - a)) / g * g;
     uint32_t c = lim - s;
     if (c > maxb) c = (uint32_t)maxb;
     *lb = a;
@@ -379,7 +424,7 @@ static int next_chunk(const tdm_kvx *k, const kvx_xfer *x, uint32_t *lb, uint32_
 static int all_sent(const tdm_kvx *k, const kvx_xfer *x)
 {
     for (uint32_t l = 0; l < k->layout.num_layers; l++)
-        if (x->sent[l] < x->n) return 0;
+        if (x->sent[l] < x->n_eff) return 0;
     return 1;
 }
 
@@ -411,6 +456,7 @@ static int send_chunk(tdm_kvx *k, kvx_xfer *x, kvx_peer *p)
     m.block_count = cnt;
     m.nbytes = nbytes;
     m.slot = slot;
+    m.num_tokens = x->tok;
     zmq_msg_t frame, *fp = NULL;
     if (p->tx->make_frame) {
         if (p->tx->make_frame(p->tx_ctx, buf, nbytes, &frame) != TDM_OK) {

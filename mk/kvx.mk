@@ -21,3 +21,17 @@ kvx-tsan:
 	  $(KVX_TSAN_BINS)
 	@set -e; for t in $(KVX_TSAN_BINS); do \
 	  TSAN_OPTIONS="halt_on_error=1 suppressions=$(abspath tests/unit/kvx/tsan.supp)" $$t; done
+
+# The pyzmq + msgpack client of docs/protocol.md against a real engine (skips without pyzmq).
+KVX_PYSERVER := $(BUILD)/tests/kvx/kvx_pyserver
+
+$(KVX_PYSERVER): tests/unit/kvx/py/kvx_pyserver.c $(LIB_A) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -o $@ $< $(LIB_A) $(LINK_LIBS)
+
+.PHONY: test-kvx-py
+test-kvx-py: $(KVX_PYSERVER)
+	@mkdir -p $(RESULTS)
+	@python3 tests/unit/kvx/py/kvx_pyclient.py $(KVX_PYSERVER) $(RESULTS)/kvx-py.counts
+
+TEST_SUITES += test-kvx-py

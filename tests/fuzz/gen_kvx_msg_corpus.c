@@ -53,6 +53,7 @@ int main(int argc, char **argv)
         m.mode = 1;
         m.num_blocks = 12;
         m.num_skip = 2;
+        m.num_tokens = 190;
         m.layer_begin = 0;
         m.layer_end = 32;
         m.block_begin = 2;

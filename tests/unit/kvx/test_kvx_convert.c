@@ -2,7 +2,8 @@
  * test_kvx_convert.c -- transfers whose receiver converts while unpacking: a tensor-parallel
  * head split (the receiver holds a slice of the sender's heads) combined with a dtype change
  * (fp16 to fp32 and to bf16), every element checked against the kernels' own conversion;
- * and a block-size difference, which the handshake refuses with the reason.
+ * block-size differences (re-blocking by tokens, also while streaming) checked token by token;
+ * and the differences that are refused.
  */
 #include "kvx_testutil.h"
 
@@ -113,10 +114,131 @@ static void convert__heads_outside_the_sender_are_refused(void **state)
     assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_E_LAYOUT);
     assert_non_null(strstr(tdm_kvx_errmsg(d.kvx), "heads"));
     t_free(&d);
-    t_layout(&ld, 1, L, NB, BS * 2, 4, D, TDM_DTYPE_FP16);
+    t_layout(&ld, 1, L, NB, BS, 4, D * 2, TDM_DTYPE_FP16);
     t_engine_off(&d, &c, &ld, 2, 0);
     assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_E_LAYOUT);
-    assert_non_null(strstr(tdm_kvx_errmsg(d.kvx), "block_size"));
+    assert_non_null(strstr(tdm_kvx_errmsg(d.kvx), "head_dim"));
+    t_free(&d);
+    t_free(&p);
+}
+
+/* Sender blocks of sbs tokens, receiver blocks of dbs: tokens [skip*dbs, tokens) move, token t
+ * of the sequence being at (src[t / sbs], t % sbs) and (dst[t / dbs], t % dbs). */
+static void reblock(uint32_t sbs, uint32_t dbs, uint32_t tokens, uint32_t skip, int streaming)
+{
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "reblock");
+    tdm_kvx_config c;
+    tdm_kv_layout lp, ld;
+    eng p, d;
+    t_config(&c, "p", TDM_KVX_ROLE_PREFILL, ep);
+    t_layout(&lp, 1, L, NB, sbs, 2, D, TDM_DTYPE_FP16);
+    t_engine_off(&p, &c, &lp, 1, 0);
+    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
+    t_layout(&ld, 3, L, NB, dbs, 2, D, TDM_DTYPE_FP16);
+    t_engine_off(&d, &c, &ld, 2, 0);
+    uint32_t peer;
+    assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_OK);
+    uint32_t ns = (tokens + sbs - 1) / sbs, nd = (tokens + dbs - 1) / dbs, src[NB], dst[NB];
+    t_ids(src, ns, NB, 8);
+    t_ids(dst, nd, NB, 9);
+    uint8_t tail[64];
+    size_t row = D * 2;
+    /* the sender moves what it holds, up to our capacity */
+    tokens = ns * sbs < nd * dbs ? ns * sbs : nd * dbs;
+    uint32_t last_t = tokens % dbs;   /* first untouched slot of the last dst block, if any */
+    if (last_t) memcpy(tail, t_row(&d, 0, 1, dst[nd - 1], last_t, 0), row);
+    tdm_kvx_send_desc sd;
+    tdm_kvx_send_desc_init(&sd);
+    sd.request_id = 5;
+    sd.num_blocks = ns;
+    sd.block_ids = src;
+    sd.num_blocks_ready = streaming ? 0 : ns;
+    uint64_t hs, hr;
+    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &hs), TDM_OK);
+    tdm_kvx_recv_desc rd;
+    tdm_kvx_recv_desc_init(&rd);
+    rd.peer = peer;
+    rd.request_id = 5;
+    rd.num_blocks = nd;
+    rd.num_skip = skip;
+    rd.block_ids = dst;
+    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &hr), TDM_OK);
+    if (streaming) {
+        for (uint32_t r = 1; r < ns; r += 3) {
+            assert_int_equal(tdm_kvx_send_ready(p.kvx, hs, 0, L, r), TDM_OK);
+            t_sleep_ms(2);
+        }
+        assert_int_equal(tdm_kvx_send_ready(p.kvx, hs, 0, L, ns), TDM_OK);
+    }
+    tdm_kvx_event ev = t_wait(&d);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u: %s", ev.type, ev.reason);
+    assert_int_equal(t_wait(&p).type, TDM_KVX_EV_DONE);
+    for (uint32_t l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (uint32_t t = skip * dbs; t < tokens; t++)
+                for (uint32_t h = 0; h < 2; h++)
+                    if (memcmp(t_row(&p, l, kv, src[t / sbs], t % sbs, h), t_row(&d, l, kv, dst[t / dbs], t % dbs, h), row))
+                        fail_msg("layer %u kv %d token %u head %u differs", l, kv, t, h);
+    if (last_t) assert_memory_equal(tail, t_row(&d, 0, 1, dst[nd - 1], last_t, 0), row);
+    t_free(&d);
+    t_free(&p);
+}
+
+static void reblock__small_sender_blocks_into_large(void **state) { (void)state; reblock(4, 8, 37, 1, 0); }
+static void reblock__large_sender_blocks_into_small(void **state) { (void)state; reblock(8, 2, 45, 4, 0); }
+static void reblock__coprime_sizes_while_streaming(void **state) { (void)state; reblock(4, 6, 50, 2, 1); }
+
+static void reblock__unaligned_prefix_skip_fails_cleanly(void **state)
+{
+    (void)state;
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "reblock-bad");
+    tdm_kvx_config c;
+    tdm_kv_layout lp, ld;
+    eng p, d;
+    t_config(&c, "p", TDM_KVX_ROLE_PREFILL, ep);
+    t_layout(&lp, 1, L, NB, 8, 2, D, TDM_DTYPE_FP16);
+    t_engine_off(&p, &c, &lp, 1, 0);
+    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
+    t_layout(&ld, 1, L, NB, 4, 2, D, TDM_DTYPE_FP16);
+    t_engine_off(&d, &c, &ld, 2, 0);
+    uint32_t peer, src[4] = { 1, 2, 3, 4 }, dst[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_OK);
+    tdm_kvx_send_desc sd;
+    tdm_kvx_send_desc_init(&sd);
+    sd.request_id = 1;
+    sd.num_blocks = 4;
+    sd.block_ids = src;
+    sd.num_blocks_ready = 4;
+    uint64_t h;
+    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_OK);
+    tdm_kvx_recv_desc rd;
+    tdm_kvx_recv_desc_init(&rd);
+    rd.peer = peer;
+    rd.request_id = 1;
+    rd.num_blocks = 8;
+    rd.num_skip = 1;   /* 4 tokens: half a sender block */
+    rd.block_ids = dst;
+    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    tdm_kvx_event ev = t_wait(&d);
+    assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
+    assert_int_equal(ev.status, TDM_E_RANGE);
+    assert_int_equal(t_wait(&p).type, TDM_KVX_EV_FAILED);
+    assert_int_equal(t_stats(&d).num_reserved_blocks, 0);
+    /* 32 tokens held by the sender cannot fill 9 blocks of 4 */
+    uint32_t dst9[9] = { 1, 2, 3, 4, 5, 6, 7, 8, 9 };
+    rd.num_skip = 0;
+    rd.num_blocks = 9;
+    rd.block_ids = dst9;
+    rd.request_id = 2;
+    sd.request_id = 2;
+    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_OK);
+    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    ev = t_wait(&d);
+    assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
+    assert_non_null(strstr(ev.reason, "tokens"));
+    assert_int_equal(t_wait(&p).type, TDM_KVX_EV_FAILED);
     t_free(&d);
     t_free(&p);
 }
@@ -128,6 +250,10 @@ int main(void)
         cmocka_unit_test(convert__all_heads_to_bf16),
         cmocka_unit_test(convert__head_slice_same_dtype),
         cmocka_unit_test(convert__heads_outside_the_sender_are_refused),
+        cmocka_unit_test(reblock__small_sender_blocks_into_large),
+        cmocka_unit_test(reblock__large_sender_blocks_into_small),
+        cmocka_unit_test(reblock__coprime_sizes_while_streaming),
+        cmocka_unit_test(reblock__unaligned_prefix_skip_fails_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

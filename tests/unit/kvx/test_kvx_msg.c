@@ -19,6 +19,7 @@ static size_t make(uint32_t type, uint8_t *buf)
     m.mode = 2;
     m.num_blocks = 9;
     m.num_skip = 9;
+    m.num_tokens = 130;
     m.layer_begin = 1;
     m.layer_end = 8;
     m.block_begin = 3;

@@ -76,6 +76,7 @@ static tdm__kvx_msg data_msg(uint64_t rid, uint32_t lb, uint32_t le, uint32_t bb
     m.block_count = cnt;
     m.nbytes = (uint64_t)(le - lb) * cnt * unit;
     m.slot = TDM__KVX_NO_SLOT;
+    m.num_tokens = 4 * T_BS;
     return m;
 }
 
