@@ -109,6 +109,7 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
             r->num_computed = r->num_computed > rejected ? r->num_computed - rejected : 0;
         }
         r->num_spec_sched = 0;
+        r->in_flight = false;
         /* No sample for a step that reached the end of its tokens (a decode, or the chunk that
          * completed the prompt): its last token must be computed again to get one; otherwise
          * the request would never be scheduled again. */

@@ -373,7 +373,9 @@ static void update__random_malformed_outputs_never_corrupt(void **state)
             tdm_request_info_init(&i);
             if (tdm_sched_request_info(s, id, &i) == TDM_OK && i.state == TDM_STATE_RUNNING) {
                 const tdm_token dr[2] = { 5, 6 };
-                assert_int_equal(tdm_sched_set_draft_tokens(s, id, dr, (uint32_t)(RND() % 3)), TDM_OK);
+                /* refused while the request's step is in flight (its token is not known yet) */
+                int drc = tdm_sched_set_draft_tokens(s, id, dr, (uint32_t)(RND() % 3));
+                assert_true(drc == TDM_OK || drc == TDM_E_STATE);
             }
         }
         if (tsd_unfinished(s) < 6) {
