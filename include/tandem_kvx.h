@@ -18,8 +18,17 @@
  *
  * Threading. A tdm_kvx runs one background I/O thread (plus a ZAP thread when CURVE is
  * configured). Every function below is thread-safe unless it says otherwise (calls are
- * serialised by the handle's lock); create/destroy are not, and destroy must not race with
- * any other call on the same handle. docs/protocol.md describes the wire protocol.
+ * serialised by the handle's lock, which the I/O thread also holds while it packs or unpacks
+ * one chunk, so a call may wait that long); create/destroy are not, and destroy must not race
+ * with any other call on the same handle. tdm_kvx_connect and tdm_kvx_poll block (up to the
+ * handshake timeout / the given timeout) without holding the lock.
+ *
+ * Conversion. The receiver converts while unpacking when the sender's dtype, head split
+ * (tensor parallelism: the receiver's heads [head_offset, +num_kv_heads) must lie within the
+ * sender's) or block size differ (tokens are re-blocked; the transfer moves
+ * min(receiver blocks * its block size, sender blocks * its block size) tokens, which must
+ * reach into the receiver's last block). num_layers and head_dim must be equal.
+ * docs/protocol.md describes the wire protocol.
  */
 #ifndef TANDEM_KVX_H
 #define TANDEM_KVX_H
@@ -115,8 +124,11 @@ TDM_API int tdm_kvx_curve_keypair(char public_key[41], char secret_key[41]);
  * (layer_bases[num_layers], copied; the memory stays owned by the caller and must outlive
  * kvx). head_offset: the first KV head this rank holds in the model's numbering (tensor-
  * parallel slice; 0 without TP). Exactly once, before tdm_kvx_connect() and before peers
- * connect (their handshake is refused until then). mem_kind TDM_MEM_CUDA needs the CUDA
- * kernels (TDM_E_NO_CUDA here otherwise).
+ * connect (their handshake is refused until then). mem_kind TDM_MEM_CUDA needs
+ * libtandem_cuda.so and a device (TDM_E_NO_CUDA otherwise): chunks are then packed and
+ * unpacked by the CUDA kernels into a device staging buffer of max_chunk_bytes (allocated
+ * here) and staged through host memory for the ZeroMQ and shared-memory transports; peers
+ * must not use a larger max_chunk_bytes.
  * Errors: TDM_E_INVAL (bad layout, NULL base), TDM_E_STATE (already registered),
  * TDM_E_NO_CUDA. */
 TDM_API int tdm_kvx_register(tdm_kvx *kvx, const struct tdm_kv_layout *layout,

@@ -298,6 +298,7 @@ void tdm_kvx_destroy(tdm_kvx *k)
     tdm__free(k->allowed);
     tdm__free(k->bases);
     tdm__free(k->owner);
+    if (k->dev_stage) tdm_cuda_free(k->dev_stage);
     if (k->wake_fd >= 0) close(k->wake_fd);
     if (k->ev_fd >= 0) close(k->ev_fd);
     pthread_cond_destroy(&k->cond);
@@ -337,22 +338,34 @@ int tdm_kvx_register(tdm_kvx *k, const tdm_kv_layout *l, void *const *bases, uin
     if (head_offset > (1u << 20)) return tdm__kvx_fail(TDM_E_INVAL, "head_offset out of range");
     for (uint32_t i = 0; i < l->num_layers; i++)
         if (!bases[i]) return tdm__kvx_fail(TDM_E_INVAL, "layer %u base is NULL", i);
-    if (mem_kind == TDM_MEM_CUDA)
-        return tdm__kvx_fail(TDM_E_NO_CUDA, "CUDA memory needs libtandem_cuda.so and a device");
+    char cmsg[160];
+    if (mem_kind == TDM_MEM_CUDA && tdm_cuda_available(cmsg, sizeof(cmsg)) != TDM_OK)
+        return tdm__kvx_fail(TDM_E_NO_CUDA, "CUDA memory: %s", cmsg);
     size_t unit = tdm__kvx_unit_bytes(l);
     if (unit > k->cfg.max_chunk_bytes)
         return tdm__kvx_fail(TDM_E_CONFIG, "one block of one layer (%zu bytes) exceeds max_chunk_bytes", unit);
     void **b = tdm__calloc(l->num_layers, sizeof(void *));
     uint32_t *owner = tdm__calloc(l->num_blocks, sizeof(uint32_t));
     if (!b || !owner) { tdm__free(b); tdm__free(owner); return tdm__kvx_fail(TDM_E_NOMEM, "out of memory"); }
+    void *dev = NULL;   /* CUDA: the device staging buffer of one chunk */
+    if (mem_kind == TDM_MEM_CUDA) {
+        int rc = tdm_cuda_malloc(&dev, k->cfg.max_chunk_bytes);
+        if (rc) {
+            tdm__free(b);
+            tdm__free(owner);
+            return tdm__kvx_fail(rc, "CUDA staging buffer: %s", tdm_kv_errmsg());
+        }
+    }
     memcpy(b, bases, l->num_layers * sizeof(void *));
     pthread_mutex_lock(&k->mu);
     if (k->registered) {
         pthread_mutex_unlock(&k->mu);
         tdm__free(b);
         tdm__free(owner);
+        tdm_cuda_free(dev);
         return tdm__kvx_fail(TDM_E_STATE, "KV cache already registered");
     }
+    k->dev_stage = dev;
     k->layout = *l;
     k->layout.struct_size = sizeof(tdm_kv_layout);
     k->bases = b;

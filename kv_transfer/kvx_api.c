@@ -85,9 +85,10 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     x->units_need = (uint64_t)k->layout.num_layers * (d->num_blocks - d->num_skip);
     x->state = XS_ACTIVE;
     xfer_link(k, x);
-    *handle = x->handle;
+    uint64_t hid = x->handle;
     if (x->units_need == 0) {
         tdm__kvx_finish(k, x, TDM_KVX_EV_DONE, TDM_OK, "every block was already held", 0);
+        *handle = hid;
         goto out;
     }
     tdm__kvx_msg m;
@@ -99,9 +100,14 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     m.num_skip = x->skip;
     m.num_tokens = x->tok;
     if (tdm__kvx_queue_msg(k, x->peer, &m) != TDM_OK) {
-        tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_NOMEM, "cannot queue the request", 0);
+        /* undone without an event: the caller gets the error instead */
+        for (uint32_t j = x->skip; j < x->n; j++) k->owner[x->blocks[j]] = 0;
+        k->xfers = x->next;
+        tdm__kvx_xfer_free(k, x);
         rc = tdm__kvx_fail(TDM_E_NOMEM, "out of memory");
+        goto out;
     }
+    *handle = hid;
     tdm__kvx_wake(k);
 out:
     pthread_mutex_unlock(&k->mu);

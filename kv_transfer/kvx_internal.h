@@ -89,7 +89,7 @@ typedef struct kvx_peer {
     char ep[256];
     char srvkey[41];
     double hs_deadline;
-    int hs_done, hs_status, hs_auth_failed;
+    int hs_done, hs_status;
     int hs_waiting;                /* tdm_kvx_connect still reads this slot */
     char hs_reason[TDM__KVX_REASON_LEN];
 } kvx_peer;
@@ -120,7 +120,6 @@ typedef struct kvx_xfer {
     /* receiver */
     uint8_t *got;                  /* bitmap [layer][block] */
     uint64_t units_need, units_got;
-    int req_sent;
 } kvx_xfer;
 
 /* A transfer request that reached a sender before its tdm_kvx_send(). */
@@ -172,6 +171,7 @@ struct tdm_kvx {
     uint32_t mem_kind, head_offset;
     uint32_t *owner;               /* [num_blocks] receive reservations: 0 or xfer handle slot */
     size_t unit_bytes;             /* packed bytes of one block of one layer */
+    void *dev_stage;               /* CUDA memory: device staging buffer (max_chunk_bytes) */
 
     kvx_peer *peers;
     uint32_t num_peers, cap_peers;

@@ -128,7 +128,6 @@ static int check_peer_layout(tdm_kvx *k, const tdm__kvx_hello *r, char *why, siz
         return TDM_E_LAYOUT;
     if (we_send && tdm__kvx_compat(&k->layout, k->head_offset, &r->layout, r->head_offset, why, n) < 0)
         return TDM_E_LAYOUT;
-    if (r->mem_kind != TDM_MEM_HOST && !tdm__kvx_cuda_ipc_available() && 0) return TDM_E_NO_CUDA;
     return TDM_OK;
 }
 
@@ -308,6 +307,10 @@ static void on_monitor(tdm_kvx *k, kvx_peer *p)
         }
         if (p->state == PEER_HANDSHAKE && ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
             hs_finish(k, p, TDM_E_AUTH, "the server refused our CURVE key");
+            return;
+        }
+        if (p->state == PEER_HANDSHAKE && ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+            hs_finish(k, p, TDM_E_AUTH, "ZeroMQ security handshake failed (CURVE required by one side only?)");
             return;
         }
     }

@@ -46,7 +46,12 @@ int tdm__kvx_pack(const tdm_kvx *k, const uint32_t *ids, uint32_t n, uint32_t lb
                   void *dst, size_t dst_size)
 {
     if ((size_t)(le - lb) * n * k->unit_bytes != dst_size) return TDM_E_INTERNAL;
-    return tdm_kv_pack(&k->layout, k->bases, ids, n, lb, le, dst, dst_size);
+    if (k->mem_kind != TDM_MEM_CUDA) return tdm_kv_pack(&k->layout, k->bases, ids, n, lb, le, dst, dst_size);
+    /* CUDA memory: one pack kernel into the device staging buffer, then one copy to the host
+     * buffer the transport sends (GPUDirect / CUDA IPC would skip this copy) */
+    int rc = tdm_kv_pack_cuda(&k->layout, k->bases, ids, n, lb, le, k->dev_stage, dst_size, NULL);
+    if (!rc) rc = tdm_cuda_memcpy(dst, k->dev_stage, dst_size, TDM_CUDA_COPY_DEVICE_TO_HOST);
+    return rc;
 }
 
 int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t src_size,
@@ -55,10 +60,20 @@ int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t
 {
     const tdm_kv_layout *r = &p->remote.layout;
     if ((size_t)(le - lb) * src_blocks * tdm__kvx_unit_bytes(r) != src_size) return TDM_E_PROTOCOL;
+    int cuda = k->mem_kind == TDM_MEM_CUDA;
+    if (cuda) {   /* to the device first; src_size <= max_chunk_bytes (checked by the caller) */
+        if (src_size > k->cfg.max_chunk_bytes) return TDM_E_PROTOCOL;
+        int rc = tdm_cuda_memcpy(k->dev_stage, src, src_size, TDM_CUDA_COPY_HOST_TO_DEVICE);
+        if (rc) return rc;
+        src = k->dev_stage;
+    }
     if (r->dtype == k->layout.dtype && r->num_kv_heads == k->layout.num_kv_heads &&
         r->block_size == k->layout.block_size && p->remote.head_offset == k->head_offset &&
-        src_blocks == n)
-        return tdm_kv_unpack(&k->layout, k->bases, ids, n, lb, le, src, src_size);
+        src_blocks == n) {
+        if (!cuda) return tdm_kv_unpack(&k->layout, k->bases, ids, n, lb, le, src, src_size);
+        int rc = tdm_kv_unpack_cuda(&k->layout, k->bases, ids, n, lb, le, src, src_size, NULL);
+        return rc ? rc : tdm_cuda_stream_sync(NULL);
+    }
     /* a different dtype, head split or block size: convert while unpacking */
     tdm_kv_convert_opts o;
     tdm_kv_convert_opts_init(&o);
@@ -67,5 +82,7 @@ int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t
     o.src_head_offset = k->head_offset - p->remote.head_offset;
     o.dst_head_offset = 0;
     o.num_heads = k->layout.num_kv_heads;
-    return tdm_kv_unpack_convert(r, src, src_size, src_blocks, tokens, &k->layout, k->bases, ids, n, &o);
+    if (!cuda) return tdm_kv_unpack_convert(r, src, src_size, src_blocks, tokens, &k->layout, k->bases, ids, n, &o);
+    int rc = tdm_kv_unpack_convert_cuda(r, src, src_size, src_blocks, tokens, &k->layout, k->bases, ids, n, &o, NULL);
+    return rc ? rc : tdm_cuda_stream_sync(NULL);
 }

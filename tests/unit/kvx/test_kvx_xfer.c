@@ -323,8 +323,10 @@ static void curve__unknown_client_is_refused_allowed_one_works(void **state)
     t_engine_cfg(&bad, &c, &l, 2);
     uint32_t peer;
     assert_int_equal(tdm_kvx_connect(bad.kvx, ep, spub, &peer), TDM_E_AUTH);
-    /* and without CURVE at all: no answer, the handshake times out */
-    assert_int_not_equal(tdm_kvx_connect(bad.kvx, ep, NULL, &peer), TDM_OK);
+    /* and without CURVE at all: the security handshake fails (reported by ZeroMQ's monitor,
+     * or, on a loaded machine, noticed only by the handshake timeout) */
+    int rc = tdm_kvx_connect(bad.kvx, ep, NULL, &peer);
+    assert_true(rc == TDM_E_AUTH || rc == TDM_E_TIMEOUT);
 
     t_config(&c, "good", TDM_KVX_ROLE_DECODE, NULL);
     c.curve_secret_key = csec;
@@ -584,6 +586,70 @@ static void peers__slots_are_reused_ids_are_not(void **state)
     t_free(&p);
 }
 
+void tdm__alloc_fail_after(long n);
+
+static void alloc__failures_are_reported_and_leave_no_state(void **state)
+{
+    (void)state;
+    tdm_kvx_config c;
+    t_config(&c, "inj", TDM_KVX_ROLE_BOTH, "tcp://127.0.0.1:*");
+    /* create: every allocation in turn fails; nothing may leak (ASan checks) */
+    int ok = 0;
+    for (long n = 1; n < 40 && !ok; n++) {
+        tdm_kvx *k = NULL;
+        tdm__alloc_fail_after(n);
+        int rc = tdm_kvx_create(&c, &k);
+        tdm__alloc_fail_after(0);
+        if (rc == TDM_OK) { ok = 1; tdm_kvx_destroy(k); }
+        else { assert_int_equal(rc, TDM_E_NOMEM); assert_null(k); }
+    }
+    assert_true(ok);
+    /* recv/send under injected failures: an error leaves no reservation behind */
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "inj");
+    pair x;
+    pair_up(&x, ep, ZMQ_ONLY);
+    uint32_t ids[4] = { 1, 2, 3, 4 };
+    for (long n = 1; n < 8; n++) {
+        tdm_kvx_recv_desc rd;
+        tdm_kvx_recv_desc_init(&rd);
+        rd.peer = x.peer_on_d;
+        rd.request_id = (uint64_t)n;
+        rd.num_blocks = 4;
+        rd.block_ids = ids;
+        rd.timeout_ms = 50;
+        uint64_t h = 0;
+        tdm__alloc_fail_after(n);
+        int rc = tdm_kvx_recv(x.d.kvx, &rd, &h);
+        tdm__alloc_fail_after(0);
+        if (rc) {
+            assert_int_equal(rc, TDM_E_NOMEM);
+            assert_int_equal(h, 0);
+            assert_int_equal(t_stats(&x.d).num_reserved_blocks, 0);
+        } else {
+            tdm_kvx_event ev = t_wait(&x.d);   /* nobody sends: it times out */
+            assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
+        }
+        tdm_kvx_send_desc sd;
+        tdm_kvx_send_desc_init(&sd);
+        sd.request_id = 1000 + (uint64_t)n;
+        sd.num_blocks = 4;
+        sd.block_ids = ids;
+        h = 0;
+        tdm__alloc_fail_after(n);
+        rc = tdm_kvx_send(x.p.kvx, &sd, &h);
+        tdm__alloc_fail_after(0);
+        if (rc) assert_int_equal(rc, TDM_E_NOMEM);
+        else {
+            assert_int_equal(tdm_kvx_cancel(x.p.kvx, h), TDM_OK);
+            assert_int_equal(t_wait(&x.p).type, TDM_KVX_EV_CANCELLED);
+        }
+    }
+    /* still fine afterwards */
+    run_pull(&x, 5, 0, 4242);
+    pair_down(&x);
+}
+
 static void create__validates_config_and_json(void **state)
 {
     (void)state;
@@ -649,6 +715,7 @@ int main(void)
         cmocka_unit_test(recv__all_blocks_held_is_done_at_once),
         cmocka_unit_test(api__rejects_bad_arguments),
         cmocka_unit_test(peers__slots_are_reused_ids_are_not),
+        cmocka_unit_test(alloc__failures_are_reported_and_leave_no_state),
         cmocka_unit_test(create__validates_config_and_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
