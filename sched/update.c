@@ -41,7 +41,11 @@ static int validate(tdm_sched *s, const tdm_step_output *o)
             if (o->tokens[k] < 0)
                 return tdm__fail(&s->err, TDM_E_INVAL, "update: request %llu token %u is negative (%d)",
                                  (unsigned long long)o->req_ids[i], k - a, o->tokens[k]);
-        tdm__req *r = tdm__map_get(s, o->req_ids[i]);
+        /* Hosts report in batch order: the step's entry gives the record without a lookup.
+         * (Entries stay valid until the next step: nothing scheduled in it is freed before.) */
+        tdm__req *r = i < s->num_entries && s->entries[i].req->id == o->req_ids[i]
+                          ? s->entries[i].req
+                          : tdm__map_get(s, o->req_ids[i]);
         found[i] = takes_output(r) ? r : NULL;
         if (!found[i]) continue; /* unknown or finished: skipped, as in vLLM */
         if (r->update_stamp == stamp)
