@@ -37,71 +37,59 @@ typedef struct tdm__list {
 enum { HOLD_NONE = 0, HOLD_SEND = 1, HOLD_RECV = 2 };
 
 struct tdm__req {
+    /* ---- hot: read or written for every scheduled request in every step and update;
+     * kept together so that a request costs two or three cache lines per step ---- */
     uint64_t id;
     uint32_t state;            /* tdm_req_state */
-    uint32_t finish_reason;    /* tdm_finish_reason */
     uint32_t flags;            /* TDM_REQ_* */
-    uint32_t hold;             /* HOLD_*: why a finished request still holds blocks */
-
-    /* tokens: `prompt` until the first admission, then `tokens` (prompt + outputs) */
-    const tdm_token *prompt;   /* points into this allocation */
-    tdm_token *tokens;         /* NULL until admitted; capacity cap_tokens */
     uint32_t num_prompt;
     uint32_t num_tokens;       /* prompt + outputs */
     uint32_t cap_tokens;
-    uint32_t max_tokens, min_tokens;
-    int32_t eos;
-    const tdm_token *stop_ids;
-    uint32_t num_stop;
-
-    /* speculative drafts */
-    tdm_token *spec;           /* capacity = the scheduler's lookahead */
+    uint32_t num_computed;
     uint32_t num_spec;         /* drafts waiting to be scheduled */
     uint32_t num_spec_sched;   /* drafts scheduled in the last step (verified by update) */
-
-    /* progress */
-    uint32_t num_computed;
-    uint32_t num_cached;       /* prefix hit at the first admission */
-    uint32_t num_remote;       /* REMOTE_PREFILL: tokens whose KV arrives from the peer */
+    uint32_t max_tokens, min_tokens;
+    int32_t eos;
+    uint32_t num_stop;
+    uint32_t num_blocks, cap_blocks;
+    uint32_t num_cached_blocks; /* leading blocks already offered to the prefix cache */
+    uint32_t entry;            /* its index in the step's entries when sched_step == step */
+    uint32_t run_index;        /* position in the running array */
+    bool in_flight;            /* scheduled to produce a token whose update has not come */
     bool ever_admitted;
     bool remote_done;          /* remote KV received (or given up) */
     bool reported;             /* its finish was reported in a batch (it may be destroyed) */
-
-    /* blocks and hashes */
+    tdm_token *tokens;         /* NULL until admitted; capacity cap_tokens */
     uint32_t *blocks;
-    uint32_t num_blocks, cap_blocks;
+    uint64_t sched_step;       /* step in which it was last scheduled */
+    uint64_t update_stamp;     /* duplicate detection within one update */
+    double first_sched, first_token, last_token, max_gap;
+
+    /* ---- cold ---- */
+    uint32_t finish_reason;    /* tdm_finish_reason */
+    uint32_t hold;             /* HOLD_*: why a finished request still holds blocks */
+    const tdm_token *prompt;   /* points into this allocation; `tokens` once admitted */
+    const tdm_token *stop_ids;
+    tdm_token *spec;           /* capacity = the scheduler's lookahead */
     tdm__h128 *hashes;         /* hashes of the full blocks of tokens[0..num_tokens) */
     uint32_t num_hashes;
-    uint32_t num_cached_blocks; /* leading blocks already offered to the prefix cache */
+    uint32_t num_cached;       /* prefix hit at the first admission */
+    uint32_t num_remote;       /* REMOTE_PREFILL: tokens whose KV arrives from the peer */
+    uint32_t num_preemptions;
     tdm__h128 salt;
     bool has_salt;
-
-    /* scheduling keys */
+    uint8_t run_class;         /* size class of run_mem in the scheduler's buffer cache */
     int32_t priority;
     uint32_t tenant;
+    uint32_t heap_index;       /* position in the waiting heap */
     double arrival;
     double ttft_slo, tpot_slo;
     uint64_t seq;              /* add order: the final tie-break */
     uint64_t admit_seq;        /* order of (re)admission to running */
-    uint32_t num_preemptions;
-
-    /* containers */
     tdm__link link;            /* waiting deque, remote list or held list */
-    uint32_t heap_index;       /* position in the waiting heap */
-    uint32_t run_index;        /* position in the running array */
-
-    /* per-step bookkeeping */
-    uint64_t sched_step;       /* step in which it was last scheduled */
-    uint32_t entry;            /* its index in the step's entries when sched_step == step */
-    uint64_t update_stamp;     /* duplicate detection within one update */
-
-    /* timings */
-    double first_sched, first_token, last_token, finish_time, max_gap;
+    double finish_time;
     double deadline;           /* remote-KV wait or held-block deadline */
-
     void *run_mem;             /* the allocation holding tokens, blocks, hashes, spec */
-    uint8_t run_class;         /* its size class in the scheduler's buffer cache */
-    bool in_flight;            /* scheduled to produce a token whose update has not come */
 };
 
 typedef struct tdm__params {
