@@ -1,7 +1,9 @@
 /*
  * kv_bench.c -- throughput of the KV data path against baselines measured in the same run:
  * pack and unpack (tdm_kv_pack / tdm_kv_unpack over a paged cache) and the shared-memory
- * transfer against memcpy of the same bytes; transfers between two engines over ZeroMQ ipc
+ * transfer against memcpy of the same bytes (the prefill cache lives in a tdm_kvx_alloc_shared
+ * segment, so the receiver copies blocks directly; KV_BENCH_NO_DIRECT=1 measures the
+ * pack -> slot -> unpack path instead); transfers between two engines over ZeroMQ ipc
  * and tcp (pack, send, receive, unpack, acknowledgement) against raw ZeroMQ moving the same
  * bytes in messages of the same size over the same transport. Transfer sizes 16 MiB to
  * 1 GiB (fewer repetitions for big ones; best of the repetitions is kept). The table comes
@@ -316,8 +318,9 @@ int main(void)
         g[4] += log(r_tcp[s]);
     }
     printf("chunks of %u MiB; %u layers x %u-token blocks x %u heads x %u dims fp16 (%zu KiB per block-layer), "
-           "blocks scattered; zmq baselines: PUSH->PULL, same message size and transport\n",
-           CHUNK >> 20, LAYERS, BS, HEADS, DIM, unit >> 10);
+           "blocks scattered; shm: %s; zmq baselines: PUSH->PULL, same message size and transport\n",
+           CHUNK >> 20, LAYERS, BS, HEADS, DIM, unit >> 10,
+           shared ? "direct reads from the shared prefill cache" : "pack into 4 MiB slots, unpack");
     printf("kv_bench pack_vs_memcpy=%.2f unpack_vs_memcpy=%.2f shm_vs_memcpy=%.2f ipc_vs_zmq=%.2f "
            "tcp_vs_zmq=%.2f\n", exp(g[0] / ns), exp(g[1] / ns), exp(g[2] / ns), exp(g[3] / ns),
            exp(g[4] / ns));
