@@ -201,7 +201,8 @@ TDM_API int tdm_sched_create(tdm_sched **out);
 TDM_API void tdm_sched_destroy(tdm_sched *s);
 
 /* The message of the last failed call on s ("" if none). Owned by s, valid until the next
- * call on s. With s NULL, the message of the last tdm_sched_create() failure on this thread. */
+ * call on s. With s NULL, a static message saying so (tdm_sched_create fails only with
+ * TDM_E_INVAL for a NULL out or TDM_E_NOMEM). */
 TDM_API const char *tdm_sched_errmsg(const tdm_sched *s);
 
 /* Apply a JSON configuration document (an object whose keys are the names in brackets
@@ -254,7 +255,8 @@ typedef struct tdm_request_desc {
     uint32_t tenant;               /* an opaque tenant id available to policies */
 } tdm_request_desc;
 
-/* Fill *d with defaults (struct_size set, eos -1, everything else 0). */
+/* Fill *d with defaults: struct_size set, eos_token_id -1, max_tokens 16 (vLLM's default),
+ * everything else 0. */
 TDM_API int tdm_request_desc_init(tdm_request_desc *d);
 
 /* Add a request to the waiting queue. Errors: TDM_E_INVAL (bad field), TDM_E_EXISTS

@@ -123,3 +123,19 @@ test-vllm: lib $(VLLM_VENV)/.tandem-installed
 	  grep -v '^W[0-9]' $(abspath $(RESULTS))/vllm.log; \
 	  $(PYTEST_COUNTS) $(abspath $(RESULTS))/vllm.log $$rc > $(abspath $(RESULTS))/vllm.counts; \
 	  $(CURDIR)/scripts/test-summary $(abspath $(RESULTS)) test-vllm; [ $$rc -eq 0 ]
+
+# Per-step cost of TandemScheduler against vLLM's own Scheduler (the baseline, same run).
+.PHONY: bench-vllm
+bench-vllm: lib $(VLLM_VENV)/.tandem-installed
+	@$(PY_ENV) HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python $(PY_PKG)/tests_vllm/bench_sched.py 2>&1 | \
+	  grep -v '^W[0-9]'
+
+# The service tests against the ASan/UBSan build of `tandem serve` (build it with `make check`
+# first): any memory error aborts the service and fails the tests, and every service must exit
+# 0 on SIGTERM, which under ASan includes leak detection.
+.PHONY: check-serve
+check-serve: $(PY_VENV)/.tandem-installed
+	@test -x $(BUILD)/san/tandem || { echo "check-serve: run make check first ($(BUILD)/san/tandem)" >&2; exit 1; }
+	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/san/tandem \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py

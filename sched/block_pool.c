@@ -49,7 +49,8 @@ int tdm__pool_init(tdm__pool *p, uint32_t num_blocks)
     p->hash = tdm__calloc(num_blocks, sizeof(tdm__h128));
     p->hashed = tdm__calloc(num_blocks, 1);
     p->slots = tdm__malloc((size_t)cap * sizeof(uint32_t));
-    if (!p->refcnt || !p->prev || !p->next || !p->hash || !p->hashed || !p->slots) {
+    p->tags = tdm__malloc((size_t)cap * sizeof(uint32_t));
+    if (!p->refcnt || !p->prev || !p->next || !p->hash || !p->hashed || !p->slots || !p->tags) {
         tdm__pool_free(p);
         return TDM_E_NOMEM;
     }
@@ -70,6 +71,7 @@ void tdm__pool_free(tdm__pool *p)
     tdm__free(p->hash);
     tdm__free(p->hashed);
     tdm__free(p->slots);
+    tdm__free(p->tags);
     memset(p, 0, sizeof(*p));
 }
 
@@ -78,12 +80,15 @@ static inline uint32_t slot_of(const tdm__pool *p, tdm__h128 h)
     return (uint32_t)(h.lo ^ (h.hi >> 17)) & p->slot_mask;
 }
 
+static inline uint32_t tag_of(tdm__h128 h) { return (uint32_t)(h.hi >> 32); }
+
 uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__h128 h)
 {
+    uint32_t tag = tag_of(h);
     for (uint32_t i = slot_of(p, h);; i = (i + 1) & p->slot_mask) {
         uint32_t b = p->slots[i];
         if (b == TDM__NO_BLOCK) return TDM__NO_BLOCK;
-        if (tdm__h128_eq(p->hash[b], h)) return b;
+        if (p->tags[i] == tag && tdm__h128_eq(p->hash[b], h)) return b;
     }
 }
 
@@ -104,6 +109,7 @@ static void index_remove(tdm__pool *p, uint32_t b)
             /* c may move to i if its home is not in the cyclic range (i, j]. */
             if (((j - home) & p->slot_mask) >= ((j - i) & p->slot_mask)) {
                 p->slots[i] = c;
+                p->tags[i] = p->tags[j];
                 i = j;
                 break;
             }
@@ -128,13 +134,14 @@ static void evict(tdm__pool *p, uint32_t b)
 int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__h128 h)
 {
     if (p->hashed[b]) return 0;
-    uint32_t i = slot_of(p, h);
+    uint32_t i = slot_of(p, h), tag = tag_of(h);
     for (;; i = (i + 1) & p->slot_mask) {
         uint32_t c = p->slots[i];
         if (c == TDM__NO_BLOCK) break;
-        if (tdm__h128_eq(p->hash[c], h)) return 0;
+        if (p->tags[i] == tag && tdm__h128_eq(p->hash[c], h)) return 0;
     }
     p->slots[i] = b;
+    p->tags[i] = tag;
     p->hash[b] = h;
     p->hashed[b] = 1;
     p->num_hashed++;

@@ -24,6 +24,7 @@ typedef struct tdm__pool {
     uint8_t *hashed;
     /* hash index: open addressing, linear probing, backward-shift deletion */
     uint32_t *slots;       /* block id or TDM__NO_BLOCK */
+    uint32_t *tags;        /* 32 bits of the slot's hash: most probes never touch `hash` */
     uint32_t slot_mask;
     uint64_t evictions;
 } tdm__pool;

@@ -163,6 +163,7 @@ static int commit(tdm_sched *s, const tdm__params *np)
     }
     if (repolicy && s->prm.policy == TDM_POLICY_CUSTOM) tdm__policy_drop(s);
     s->prm = *np;
+    s->run_cache_max = (uint32_t)TDM_MIN((int64_t)1 << 16, 2 * np->max_num_seqs);
     return TDM_OK;
 }
 

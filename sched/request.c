@@ -9,10 +9,55 @@
 
 #include "sched_internal.h"
 
+/* ---- the run-buffer cache ---- */
+
+static uint8_t size_class(size_t bytes)
+{
+    uint8_t c = 8; /* 256 bytes at least */
+    while (((size_t)1 << c) < bytes) c++;
+    return c;
+}
+
+static void *run_buf_get(tdm_sched *s, uint8_t cls)
+{
+    void *m = s->run_cache[cls];
+    if (m) {
+        memcpy(&s->run_cache[cls], m, sizeof(void *)); /* next link lives in the buffer */
+        s->run_cached--;
+        return m;
+    }
+    return tdm__malloc((size_t)1 << cls);
+}
+
+static void run_buf_put(tdm_sched *s, void *m, uint8_t cls)
+{
+    if (s->run_cached >= s->run_cache_max) {
+        tdm__free(m);
+        return;
+    }
+    memcpy(m, &s->run_cache[cls], sizeof(void *));
+    s->run_cache[cls] = m;
+    s->run_cached++;
+}
+
+void tdm__run_cache_free(tdm_sched *s)
+{
+    for (size_t c = 0; c < TDM_ARRAY_LEN(s->run_cache); c++) {
+        void *m = s->run_cache[c];
+        while (m) {
+            void *next;
+            memcpy(&next, m, sizeof(void *));
+            tdm__free(m);
+            m = next;
+        }
+        s->run_cache[c] = NULL;
+    }
+    s->run_cached = 0;
+}
+
 void tdm__req_destroy(tdm_sched *s, tdm__req *r)
 {
-    (void)s;
-    tdm__free(r->run_mem);
+    if (r->run_mem) run_buf_put(s, r->run_mem, r->run_class);
     tdm__free(r);
 }
 
@@ -30,9 +75,13 @@ int tdm__req_prepare_run(tdm_sched *s, tdm__req *r)
     size_t sz_tok = (size_t)cap_tokens * sizeof(tdm_token);
     size_t sz_blk = (size_t)cap_blocks * sizeof(uint32_t);
     size_t sz_spec = (size_t)look * sizeof(tdm_token);
-    char *m = tdm__malloc(sz_hash + sz_tok + sz_blk + sz_spec);
+    size_t total = sz_hash + sz_tok + sz_blk + sz_spec;
+    if (total >= ((size_t)1 << 39)) return TDM_E_NOMEM;
+    uint8_t cls = size_class(total);
+    char *m = run_buf_get(s, cls);
     if (!m) return TDM_E_NOMEM;
     r->run_mem = m;
+    r->run_class = cls;
     r->hashes = (tdm__h128 *)m;
     r->tokens = (tdm_token *)(m + sz_hash);
     r->blocks = (uint32_t *)(m + sz_hash + sz_tok);

@@ -91,6 +91,7 @@ void tdm_sched_destroy(tdm_sched *s)
     if (s->map)
         for (uint32_t i = 0; i <= s->map_mask; i++)
             if (s->map[i]) tdm__req_destroy(s, s->map[i]);
+    tdm__run_cache_free(s);
     tdm__free(s->map);
     tdm__free(s->heap);
     tdm__free(s->running);
@@ -373,6 +374,9 @@ int tdm_sched_set_draft_tokens(tdm_sched *s, uint64_t id, const tdm_token *token
     if (!r) return TDM_E_NOT_FOUND;
     if (r->state != TDM_STATE_RUNNING)
         return tdm__fail(&s->err, TDM_E_STATE, "set_draft_tokens: request %llu is not running", (unsigned long long)id);
+    if (r->in_flight)
+        return tdm__fail(&s->err, TDM_E_STATE, "set_draft_tokens: request %llu has a step in flight "
+                         "(drafts follow the token its update brings)", (unsigned long long)id);
     if (n > (uint64_t)s->prm.num_lookahead_tokens)
         return tdm__fail(&s->err, TDM_E_RANGE, "set_draft_tokens: %u drafts exceed num_lookahead_tokens %lld",
                          n, (long long)s->prm.num_lookahead_tokens);

@@ -100,6 +100,8 @@ struct tdm__req {
     double deadline;           /* remote-KV wait or held-block deadline */
 
     void *run_mem;             /* the allocation holding tokens, blocks, hashes, spec */
+    uint8_t run_class;         /* its size class in the scheduler's buffer cache */
+    bool in_flight;            /* scheduled to produce a token whose update has not come */
 };
 
 typedef struct tdm__params {
@@ -194,6 +196,11 @@ struct tdm_sched {
 
     char *config_json;         /* last tdm_sched_get_config text (owned) */
 
+    /* Run buffers of destroyed requests, kept by power-of-two size class for the next
+     * admissions, so that steady-state steps do not call the allocator. */
+    void *run_cache[40];
+    uint32_t run_cached, run_cache_max;
+
     uint64_t step_no, next_seq, next_admit, update_no;
     bool in_update;            /* finishing running requests leaves holes, compacted at the end */
     uint32_t running_holes;
@@ -243,6 +250,7 @@ int tdm__policy_load(tdm_sched *s, const char *path, const char *symbol, tdm_pol
 
 /* requests */
 void tdm__req_destroy(tdm_sched *s, tdm__req *r);
+void tdm__run_cache_free(tdm_sched *s);
 int tdm__req_prepare_run(tdm_sched *s, tdm__req *r);
 void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r);
 void tdm__req_free_blocks(tdm_sched *s, tdm__req *r);

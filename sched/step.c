@@ -228,9 +228,9 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
         (*i)++;
         return;
     }
-    uint64_t want = (uint64_t)r->num_tokens + r->num_spec;
-    /* With a step in flight (scheduled again before its update) nothing may be left. */
-    uint64_t n = want > r->num_computed ? want - r->num_computed : 0;
+    /* With a step in flight (scheduled again before its update) nothing is left: drafts are
+     * verified only after the token they follow is known. */
+    uint64_t n = r->num_computed < r->num_tokens ? (uint64_t)r->num_tokens + r->num_spec - r->num_computed : 0;
     if (s->prm.long_prefill_token_threshold > 0 && n > (uint64_t)s->prm.long_prefill_token_threshold)
         n = (uint64_t)s->prm.long_prefill_token_threshold;
     n = TDM_MIN(n, (uint64_t)c->budget);
@@ -401,6 +401,7 @@ static int finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
         total += e->num_tokens;
         prefills += !is_decode_req(r, e->num_computed);
         r->num_computed += e->num_tokens;
+        r->in_flight = r->num_computed >= r->num_tokens;
         if (r->first_sched < 0) r->first_sched = c->now;
     }
     s->out_block_offsets[s->num_entries] = pos;

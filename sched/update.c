@@ -41,7 +41,11 @@ static int validate(tdm_sched *s, const tdm_step_output *o)
             if (o->tokens[k] < 0)
                 return tdm__fail(&s->err, TDM_E_INVAL, "update: request %llu token %u is negative (%d)",
                                  (unsigned long long)o->req_ids[i], k - a, o->tokens[k]);
-        tdm__req *r = tdm__map_get(s, o->req_ids[i]);
+        /* Hosts report in batch order: the step's entry gives the record without a lookup.
+         * (Entries stay valid until the next step: nothing scheduled in it is freed before.) */
+        tdm__req *r = i < s->num_entries && s->entries[i].req->id == o->req_ids[i]
+                          ? s->entries[i].req
+                          : tdm__map_get(s, o->req_ids[i]);
         found[i] = takes_output(r) ? r : NULL;
         if (!found[i]) continue; /* unknown or finished: skipped, as in vLLM */
         if (r->update_stamp == stamp)
@@ -109,6 +113,7 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
             r->num_computed = r->num_computed > rejected ? r->num_computed - rejected : 0;
         }
         r->num_spec_sched = 0;
+        r->in_flight = false;
         /* No sample for a step that reached the end of its tokens (a decode, or the chunk that
          * completed the prompt): its last token must be computed again to get one; otherwise
          * the request would never be scheduled again. */

@@ -409,7 +409,7 @@ static int op_update(tdm__serve_state *st, tdm__serve_instance *in, const msgpac
     int32_t *all = NULL;
     size_t cap = 0, len = 0;
     rc = (ids && offs) ? 0 : tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
-    offs ? (void)(offs[0] = 0) : (void)0;
+    if (offs) offs[0] = 0;
     for (uint32_t i = 0; !rc && i < n; i++) {
         const msgpack_object *ko = outs ? &outs->via.map.ptr[i].key : &ids_o->via.array.ptr[i];
         const msgpack_object *vo = outs ? &outs->via.map.ptr[i].val : &toks_o->via.array.ptr[i];

@@ -13,8 +13,8 @@ how libtandem.so is found (TANDEM_LIBRARY first).
 from . import _lib
 from .errors import Status, TandemError
 from .scheduler import (Batch, BatchEntry, EntryKind, FinishReason, Mode, Param, Policy,
-                        RemoteKVFailure, Request, RequestInfo, RequestState, Role, Scheduler,
-                        Stats, UpdateEntry, UpdateResult)
+                        RemoteKVFailure, Request, RequestInfo, RequestState, RequestView, Role,
+                        Scheduler, Stats, UpdateEntry, UpdateResult)
 from .kvx import (DType, Event, EventType, KVLayout, KVTransfer, KVXStats, LayoutKind,
                   host_cache)
 from .kvx import Mode as KVMode
@@ -43,7 +43,8 @@ def strerror(status: int) -> str:
 
 __all__ = [
     "Batch", "BatchEntry", "EntryKind", "FinishReason", "Mode", "Param", "Policy",
-    "RemoteKVFailure", "Request", "RequestInfo", "RequestState", "Role", "Scheduler", "Stats",
+    "RemoteKVFailure", "Request", "RequestInfo", "RequestState", "RequestView", "Role",
+    "Scheduler", "Stats",
     "Status", "TandemError", "UpdateEntry", "UpdateResult", "__version__", "library_version",
     "library_path", "has_scheduler", "has_kvx", "strerror", "ABI_VERSION",
     "DType", "Event", "EventType", "KVLayout", "KVTransfer", "KVXStats", "LayoutKind",

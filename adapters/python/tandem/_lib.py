@@ -152,6 +152,29 @@ class KVLayoutC(Structure):
     ]
 
 
+class RequestViewC(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32), ("state", c_uint32), ("id", c_uint64), ("priority", c_int32),
+        ("tenant", c_uint32), ("arrival_time", c_double), ("ttft_slo", c_double),
+        ("tpot_slo", c_double), ("num_prompt_tokens", c_uint32), ("num_output_tokens", c_uint32),
+        ("num_computed_tokens", c_uint32), ("num_preemptions", c_uint32), ("max_tokens", c_uint32),
+        ("reserved0", c_uint32), ("admit_seq", c_uint64),
+    ]
+
+
+POLICY_COMPARE_FN = ctypes.CFUNCTYPE(c_int, c_void_p, POINTER(RequestViewC), POINTER(RequestViewC))
+POLICY_VICTIM_FN = ctypes.CFUNCTYPE(c_uint32, c_void_p, POINTER(POINTER(RequestViewC)), c_uint32)
+POLICY_DESTROY_FN = ctypes.CFUNCTYPE(None, c_void_p)
+
+
+class PolicyC(Structure):
+    _fields_ = [
+        ("version", c_uint32), ("name", c_char_p), ("ctx", c_void_p),
+        ("compare", POLICY_COMPARE_FN), ("pick_victim", POLICY_VICTIM_FN),
+        ("destroy", POLICY_DESTROY_FN),
+    ]
+
+
 # ---- function prototypes ---------------------------------------------------------------------
 # name -> (restype, argtypes). Bound on first use by fn().
 
@@ -187,6 +210,7 @@ _PROTOS = {
     "tdm_sched_get_stats": (c_int, [_vp, POINTER(StatsC)]),
     "tdm_sched_num_unfinished": (c_int, [_vp, POINTER(c_uint32)]),
     "tdm_sched_load_policy": (c_int, [_vp, c_char_p, c_char_p]),
+    "tdm_sched_set_policy": (c_int, [_vp, POINTER(PolicyC)]),
     "tdm_dtype_size": (c_size_t, [c_int]),
     "tdm_kv_layout_init": (c_int, [POINTER(KVLayoutC), c_int, c_uint32, c_uint32, c_uint32,
                                    c_uint32, c_uint32, c_int]),

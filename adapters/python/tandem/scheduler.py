@@ -85,6 +85,9 @@ class RequestState(IntEnum):
     FINISHED = 5
 
 
+_KINDS = tuple(EntryKind)          # index by value (0, 1, 2)
+_REASONS = tuple(FinishReason)     # index by value (0..4)
+
 FLAG_IGNORE_EOS = 1 << 0
 FLAG_REMOTE_PREFILL = 1 << 1
 FLAG_REMOTE_DECODE = 1 << 2
@@ -213,6 +216,31 @@ class RequestInfo:
     last_token_time: float
     finish_time: float
     max_token_gap: float
+
+
+@dataclass
+class RequestView:
+    """What a custom policy sees of a request (tdm_request_view)."""
+    state: RequestState
+    id: int
+    priority: int
+    tenant: int
+    arrival_time: float
+    ttft_slo: float
+    tpot_slo: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_computed_tokens: int
+    num_preemptions: int
+    max_tokens: int
+    admit_seq: int
+
+
+def _view(p) -> RequestView:
+    v = p.contents
+    return RequestView(RequestState(v.state), v.id, v.priority, v.tenant, v.arrival_time,
+                       v.ttft_slo, v.tpot_slo, v.num_prompt_tokens, v.num_output_tokens,
+                       v.num_computed_tokens, v.num_preemptions, v.max_tokens, v.admit_seq)
 
 
 @dataclass
@@ -365,6 +393,40 @@ class Scheduler:
         self._call("tdm_sched_get_param", _enum_value(Param, key), byref(v))
         return v.value
 
+    def set_policy(self, compare, pick_victim=None, name: str = "python"):
+        """Install a custom policy written in Python (tdm_sched_set_policy). compare(a, b)
+        gets two RequestViews and returns < 0 when a should be admitted before b, > 0 after,
+        0 if equal (then arrival order); it must be a strict weak ordering that does not
+        change while a request waits. pick_victim(running) gets the running RequestViews and
+        returns the index to preempt (None: the one compare ranks last). Exceptions raised
+        by the callbacks are swallowed (compare -> 0, pick_victim -> last). Only while the
+        waiting queue is empty."""
+        def c_compare(ctx, a, b):
+            try:
+                r = compare(_view(a), _view(b))
+                return -1 if r < 0 else (1 if r > 0 else 0)
+            except Exception:
+                return 0
+
+        def c_victim(ctx, arr, n):
+            try:
+                i = int(pick_victim([_view(arr[k]) for k in range(n)]))
+                return i if 0 <= i < n else n - 1
+            except Exception:
+                return n - 1 if n else 0
+
+        pol = _lib.PolicyC()
+        pol.version = 1
+        name_b = name.encode()
+        pol.name = name_b
+        pol.ctx = None
+        pol.compare = _lib.POLICY_COMPARE_FN(c_compare)
+        pol.pick_victim = (_lib.POLICY_VICTIM_FN(c_victim) if pick_victim is not None
+                           else ctypes.cast(None, _lib.POLICY_VICTIM_FN))
+        pol.destroy = ctypes.cast(None, _lib.POLICY_DESTROY_FN)
+        self._call("tdm_sched_set_policy", byref(pol))
+        self._policy_refs = (pol, name_b)   # the callbacks must outlive their use by C
+
     def load_policy(self, path: str, symbol: Optional[str] = None):
         self._call("tdm_sched_load_policy", path.encode(), symbol.encode() if symbol else None)
 
@@ -434,7 +496,8 @@ class Scheduler:
         nspec = _ints(b.num_spec, n)
         offs = _ints(b.block_offsets, n + 1) if n else [0]
         blocks = _ints(b.blocks, offs[-1]) if n else []
-        entries = [BatchEntry(ids[i], ntok[i], ncomp[i], EntryKind(kinds[i]), nspec[i],
+        K = _KINDS
+        entries = [BatchEntry(ids[i], ntok[i], ncomp[i], K[kinds[i]], nspec[i],
                               blocks[offs[i]:offs[i + 1]]) for i in range(n)]
         return Batch(step=b.step, total_tokens=b.total_tokens,
                      num_prefill_reqs=b.num_prefill_reqs, entries=entries,
@@ -470,7 +533,8 @@ class Scheduler:
         nnew = _ints(r.num_new_tokens, m)
         fr = _ints(r.finish_reasons, m)
         st = _ints(r.stop_tokens, m)
-        return UpdateResult([UpdateEntry(rids[i], nnew[i], FinishReason(fr[i]),
+        F = _REASONS
+        return UpdateResult([UpdateEntry(rids[i], nnew[i], F[fr[i]],
                                          None if st[i] < 0 else st[i]) for i in range(m)])
 
     # ---- queries -------------------------------------------------------------------------

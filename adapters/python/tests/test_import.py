@@ -61,3 +61,25 @@ def test_tandem_error__carries_status_and_message():
     assert e.status == -3 and e.code is tandem.Status.NOT_FOUND
     assert e.message == "request 7 is unknown"
     assert "tdm_sched_abort" in str(e) and "request 7 is unknown" in str(e)
+
+
+def test_import__library_without_scheduler_imports_and_reports_unsupported(tmp_path, cc):
+    src = tmp_path / "partial.c"
+    src.write_text(textwrap.dedent("""
+        unsigned tdm_abi_version(void) { return 1; }
+        unsigned tdm_version_number(void) { return 100; }
+        const char *tdm_version_string(void) { return "0.1.0"; }
+        const char *tdm_strerror(int s) { return s == -20 ? "not supported" : "x"; }
+    """))
+    so = tmp_path / "libpartial.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    code = ("import tandem\n"
+            "assert not tandem.has_scheduler() and not tandem.has_kvx()\n"
+            "try:\n"
+            "    tandem.Scheduler()\n"
+            "except tandem.TandemError as e:\n"
+            "    print('STATUS', e.status, 'tdm_sched_create' in e.message)\n")
+    env = dict(os.environ, TANDEM_LIBRARY=str(so))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "STATUS -20 True" in r.stdout

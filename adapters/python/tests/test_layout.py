@@ -16,6 +16,8 @@ STRUCTS = {
     "tdm_request_info": _lib.RequestInfoC,
     "tdm_sched_stats": _lib.StatsC,
     "tdm_kv_layout": _lib.KVLayoutC,
+    "tdm_request_view": _lib.RequestViewC,
+    "tdm_policy": _lib.PolicyC,
     "tdm_kvx_recv_desc": kvx.RecvDescC,
     "tdm_kvx_send_desc": kvx.SendDescC,
     "tdm_kvx_event": kvx.EventC,

@@ -194,3 +194,78 @@ def test_update__malformed_report_is_rejected_without_change(sched):
     r = sched.update({999: [1]})  # unknown ids are skipped, as a late output of an abort
     assert 999 not in [u.req_id for u in r]
     assert sched.request_info(1).num_output_tokens == 0
+
+
+def test_draft_tokens__scheduled_and_verified(needs_scheduler):
+    with tandem.Scheduler(block_size=4, num_blocks=64, num_lookahead_tokens=2,
+                          max_num_seqs=4, max_num_batched_tokens=64) as s:
+        s.add(id=1, prompt=[1, 2, 3, 4, 5], max_tokens=10)
+        s.step(now=0.0)
+        s.update({1: [6]})
+        s.set_draft_tokens(1, [7, 8])
+        b = s.step(now=0.1)
+        e = b.entry(1)
+        assert e.num_spec == 2 and e.num_tokens == 3
+        r = s.update({1: [7, 9]})          # first draft accepted, second rejected
+        assert r.entries[0].num_new_tokens == 2
+        assert s.request_tokens(1)[-3:] == [6, 7, 9]
+        with pytest.raises(TandemError) as ei:
+            s.set_draft_tokens(1, [1, 2, 3])   # more than num_lookahead_tokens
+        assert ei.value.status == Status.RANGE
+
+
+def test_remote_decode__blocks_held_until_release(needs_scheduler):
+    with tandem.Scheduler(block_size=4, num_blocks=64, role=tandem.Role.PREFILL) as s:
+        free0 = s.stats().num_free_blocks
+        s.add(Request(id=3, prompt=list(range(9)), max_tokens=1, remote_decode=True))
+        s.step(now=0.0)
+        r = s.update({3: [1]})
+        assert r.finished == {3: FinishReason.LENGTH}
+        s.step(now=0.1)
+        assert s.request_info(3).state == RequestState.FINISHED_HELD
+        assert s.stats().num_held == 1 and s.stats().num_free_blocks == free0 - 3
+        s.release(3)
+        assert s.stats().num_free_blocks == free0
+        with pytest.raises(TandemError) as ei:
+            s.release(3)
+        assert ei.value.status in (Status.NOT_FOUND, Status.STATE)
+
+
+def test_reset_prefix_cache__refused_while_running_unless_reset_running(sched):
+    sched.add(id=1, prompt=list(range(8)), max_tokens=4)
+    sched.step(now=0.0)
+    with pytest.raises(TandemError) as ei:
+        sched.reset_prefix_cache()
+    assert ei.value.status == Status.STATE
+    sched.reset_prefix_cache(reset_running=True)
+    assert sched.request_info(1).state == RequestState.PREEMPTED
+
+
+def test_set_policy__python_compare_orders_admission(needs_scheduler):
+    with tandem.Scheduler(block_size=4, num_blocks=64, max_num_seqs=1,
+                          max_num_batched_tokens=64) as s:
+        seen = []
+
+        def shortest_first(a, b):
+            seen.append((a.id, b.id))
+            return a.num_prompt_tokens - b.num_prompt_tokens
+
+        s.set_policy(shortest_first, name="sjf")
+        for rid, n in ((1, 30), (2, 10), (3, 20)):
+            s.add(id=rid, prompt=list(range(n)), max_tokens=1, arrival_time=float(rid))
+        order = []
+        for t in range(20):
+            b = s.step(now=10.0 + t)
+            order += [e.req_id for e in b if e.kind == EntryKind.NEW]
+            s.update({e.req_id: [1] for e in b})
+            if s.num_unfinished() == 0:
+                break
+        assert order == [2, 3, 1]
+        assert seen, "the Python compare was called"
+
+
+def test_set_policy__refused_while_requests_wait(sched):
+    sched.add(id=1, prompt=[1, 2, 3])
+    with pytest.raises(TandemError) as ei:
+        sched.set_policy(lambda a, b: 0)
+    assert ei.value.status == Status.STATE

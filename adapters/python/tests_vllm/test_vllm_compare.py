@@ -64,7 +64,8 @@ def fake_output(sched, so, token_fn):
                              sampled_token_ids=sampled)
 
 
-def drive(sched, reqs, token_fn=default_token, aborts=None, max_steps=400, exact_blocks=True):
+def drive(sched, reqs, token_fn=default_token, aborts=None, max_steps=400, exact_blocks=True,
+          actions=None):
     for r in reqs:
         sched.add_request(r)
     trace = []
@@ -76,6 +77,8 @@ def drive(sched, reqs, token_fn=default_token, aborts=None, max_steps=400, exact
         trace.append((norm_so(so, exact_blocks), norm_eco(eco)))
         if aborts and step in aborts:
             sched.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
+        if actions and step in actions:
+            trace.append(("action", actions[step](sched)))
     else:
         raise AssertionError("did not finish")
     return trace
@@ -87,6 +90,9 @@ def compare(tiny_model, n_steps_min=1, req_kw=None, sched_kw=None, **drive_kw):
     t_ref = drive(ref, make_requests(**req_kw), **drive_kw)
     t_ours = drive(ours, make_requests(**req_kw), **drive_kw)
     for i, (a, b) in enumerate(zip(t_ref, t_ours)):
+        if a[0] == "action":
+            assert b == a, f"step {i}: action result differs: vllm {a} tandem {b}"
+            continue
         assert b[0] == a[0], f"step {i}: SchedulerOutput differs\nvllm:   {a[0]}\ntandem: {b[0]}"
         assert b[1] == a[1], f"step {i}: outputs differ\nvllm:   {a[1]}\ntandem: {b[1]}"
     assert len(t_ours) == len(t_ref)
@@ -106,7 +112,7 @@ def test_compare__chunked_prefill_small_budget(tiny_model):
     t = compare(tiny_model, sched_kw=dict(max_num_batched_tokens=64, max_model_len=1024,
                                           max_num_seqs=8),
                 req_kw=dict(num_requests=6, num_tokens=100, max_tokens=4))
-    assert any(s["total"] == 64 for s, _ in t)
+    assert any(s["total"] == 64 for s, _ in t if s != "action")
 
 
 def test_compare__long_prefill_threshold(tiny_model):
@@ -176,3 +182,25 @@ def test_tandem_scheduler__connector_attributes_exist(tiny_model):
     assert ours.get_kv_connector() is None
     assert ours.reset_prefix_cache() is True
     ours.shutdown()
+
+
+def test_compare__abort_all_with_none(tiny_model):
+    def abort_all(s):
+        return sorted(r.request_id for r in s.finish_requests(None, RequestStatus.FINISHED_ABORTED))
+    compare(tiny_model, req_kw=dict(num_requests=4, num_tokens=20, max_tokens=10),
+            actions={2: abort_all})
+
+
+def test_compare__reset_prefix_cache_with_running_requests(tiny_model):
+    def reset(s):
+        return s.reset_prefix_cache(reset_running_requests=True)
+    compare(tiny_model, sched_kw=dict(max_num_seqs=4),
+            req_kw=dict(num_requests=4, num_tokens=20, max_tokens=6, same_prompt=True),
+            actions={2: reset})
+
+
+def test_compare__reset_prefix_cache_refused_while_running(tiny_model):
+    def reset(s):
+        return s.reset_prefix_cache()
+    compare(tiny_model, req_kw=dict(num_requests=2, num_tokens=20, max_tokens=6),
+            actions={1: reset})

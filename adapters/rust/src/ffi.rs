@@ -163,3 +163,115 @@ extern "C" {
     pub fn tdm_sched_get_stats(s: *const tdm_sched, st: *mut tdm_sched_stats) -> c_int;
     pub fn tdm_sched_num_unfinished(s: *const tdm_sched, n: *mut u32) -> c_int;
 }
+
+// ---- KV layouts and the transfer engine (tandem_kernels.h, tandem_kvx.h) ------------------------
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct tdm_kv_layout {
+    pub struct_size: u32,
+    pub kind: u32,
+    pub num_layers: u32,
+    pub num_blocks: u32,
+    pub block_size: u32,
+    pub num_kv_heads: u32,
+    pub head_dim: u32,
+    pub dtype: u32,
+    pub stride_kv: i64,
+    pub stride_block: i64,
+    pub stride_token: i64,
+    pub stride_head: i64,
+}
+
+#[repr(C)]
+pub struct tdm_kvx {
+    _private: [u8; 0],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct tdm_kvx_recv_desc {
+    pub struct_size: u32,
+    pub mode: u32,
+    pub peer: u32,
+    pub num_blocks: u32,
+    pub request_id: u64,
+    pub transfer_id: u64,
+    pub block_ids: *const u32,
+    pub num_skip: u32,
+    pub timeout_ms: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct tdm_kvx_send_desc {
+    pub struct_size: u32,
+    pub mode: u32,
+    pub peer: u32,
+    pub num_blocks: u32,
+    pub request_id: u64,
+    pub transfer_id: u64,
+    pub block_ids: *const u32,
+    pub num_blocks_ready: u32,
+    pub timeout_ms: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct tdm_kvx_event {
+    pub struct_size: u32,
+    pub type_: u32,
+    pub side: u32,
+    pub status: i32,
+    pub handle: u64,
+    pub request_id: u64,
+    pub transfer_id: u64,
+    pub peer: u32,
+    pub num_blocks_done: u32,
+    pub bytes: u64,
+    pub reason: [c_char; 128],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct tdm_kvx_stats {
+    pub struct_size: u32,
+    pub num_peers: u32,
+    pub num_send_active: u32,
+    pub num_recv_active: u32,
+    pub num_reserved_blocks: u32,
+    pub num_queued_events: u32,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub msgs_rejected: u64,
+    pub transfers_done: u64,
+    pub transfers_failed: u64,
+    pub transfers_cancelled: u64,
+    pub chunks_sent: u64,
+    pub chunks_sent_shm: u64,
+}
+
+pub const TDM_KVX_PEER_ANY: u32 = 0xFFFF_FFFF;
+
+extern "C" {
+    pub fn tdm_dtype_size(dt: c_int) -> usize;
+    pub fn tdm_kv_layout_init(l: *mut tdm_kv_layout, kind: c_int, num_layers: u32, num_blocks: u32,
+                              block_size: u32, num_kv_heads: u32, head_dim: u32, dtype: c_int) -> c_int;
+    pub fn tdm_kvx_create_json(json: *const c_char, out: *mut *mut tdm_kvx) -> c_int;
+    pub fn tdm_kvx_destroy(k: *mut tdm_kvx);
+    pub fn tdm_kvx_errmsg(k: *const tdm_kvx) -> *const c_char;
+    pub fn tdm_kvx_get_endpoint(k: *mut tdm_kvx, buf: *mut c_char, buf_size: usize) -> c_int;
+    pub fn tdm_kvx_register(k: *mut tdm_kvx, layout: *const tdm_kv_layout,
+                            layer_bases: *const *mut c_void, mem_kind: u32, head_offset: u32) -> c_int;
+    pub fn tdm_kvx_connect(k: *mut tdm_kvx, endpoint: *const c_char, server_public_key: *const c_char,
+                           peer: *mut u32) -> c_int;
+    pub fn tdm_kvx_recv_desc_init(d: *mut tdm_kvx_recv_desc) -> c_int;
+    pub fn tdm_kvx_recv(k: *mut tdm_kvx, d: *const tdm_kvx_recv_desc, handle: *mut u64) -> c_int;
+    pub fn tdm_kvx_send_desc_init(d: *mut tdm_kvx_send_desc) -> c_int;
+    pub fn tdm_kvx_send(k: *mut tdm_kvx, d: *const tdm_kvx_send_desc, handle: *mut u64) -> c_int;
+    pub fn tdm_kvx_event_init(e: *mut tdm_kvx_event) -> c_int;
+    pub fn tdm_kvx_poll(k: *mut tdm_kvx, events: *mut tdm_kvx_event, max: u32, n: *mut u32,
+                        timeout_ms: c_int) -> c_int;
+    pub fn tdm_kvx_stats_init(s: *mut tdm_kvx_stats) -> c_int;
+    pub fn tdm_kvx_get_stats(k: *mut tdm_kvx, s: *mut tdm_kvx_stats) -> c_int;
+}

@@ -13,6 +13,9 @@
 //! A `Scheduler` is `Send` but not `Sync` (the C handle is not thread-safe).
 
 pub mod ffi;
+pub mod kvx;
+
+pub use kvx::{KvEvent, KvLayout, KvTransfer};
 
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -63,6 +66,7 @@ pub mod status {
     pub const CONFIG: i32 = -7;
     pub const NO_SPACE: i32 = -8;
     pub const TRUNCATED: i32 = -22;
+    pub const PEER: i32 = -19;
     pub const VERSION: i32 = -15;
 }
 

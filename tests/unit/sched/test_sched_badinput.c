@@ -301,6 +301,102 @@ static void step_update__malformed_arguments_apply_nothing(void **state)
     tsd_done(s);
 }
 
+static uint64_t xs64(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Seeded garbage step outputs (unknown and duplicate ids, non-monotonic or out-of-range
+ * offsets, negative tokens, too many tokens) between valid steps: each update either applies
+ * (TDM_OK) or is refused with TDM_E_INVAL and changes nothing; the scheduler stays consistent
+ * and the scenario still runs to completion. */
+static void update__random_malformed_outputs_never_corrupt(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_NUM_LOOKAHEAD_TOKENS, 2, TDM_SCHED_NUM_BLOCKS, 200, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    static uint64_t rs;
+    rs = 0x5eed;
+#define RND() xs64(&rs)
+    for (uint64_t id = 1; id <= 12; id++) assert_int_equal(tsd_add(s, id, 10 + (uint32_t)(id * 7 % 40), 30), TDM_OK);
+    int refused = 0;
+    double now = 1.0;
+    for (int it = 0; it < 1500; it++) {
+        tdm_batch b;
+        now += 0.01;
+        tsd_step(s, now, &b);
+        /* a garbage output first */
+        uint64_t ids[8];
+        uint32_t offs[9];
+        tdm_token toks[40];
+        uint32_t n = (uint32_t)(RND() % 8);
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t r = RND() % 4;
+            ids[i] = r == 0 && b.num_reqs ? b.req_ids[RND() % b.num_reqs] : r == 1 ? 1 + RND() % 14 : RND();
+        }
+        uint32_t acc = 0;
+        for (uint32_t i = 0; i <= n; i++) {
+            /* garbage shape, but inside the caller's 40-token array: the API has no length */
+            offs[i] = RND() % 5 == 0 ? (uint32_t)(RND() % 41) : acc;
+            acc += (uint32_t)(RND() % 5);
+            if (acc > 40) acc = 40;
+        }
+        for (int k = 0; k < 40; k++) {
+            uint64_t r = RND(), v = RND();
+            toks[k] = r % 9 == 0 ? -(tdm_token)(v % 5 + 1) : (tdm_token)(v % 100);
+        }
+        tdm_step_output o;
+        tdm_step_output_init(&o);
+        o.num_reqs = n;
+        o.req_ids = ids;
+        o.token_offsets = offs;
+        o.tokens = toks;
+        o.now = now + 0.001;
+        tdm_sched_stats before, after;
+        tsd_stats(s, &before);
+        int rc = tdm_sched_update(s, &o, NULL);
+        assert_true(rc == TDM_OK || rc == TDM_E_INVAL);
+        tsd_check(s);
+        if (rc == TDM_E_INVAL) {
+            refused++;
+            tsd_stats(s, &after);
+            assert_memory_equal(&before, &after, sizeof(before));
+            tsd_update(s, &b, 7, now + 0.002, NULL); /* then the real output */
+        }
+        /* occasionally drafts and new requests keep it busy */
+        if (b.num_reqs && RND() % 3 == 0) {
+            uint64_t id = b.req_ids[RND() % b.num_reqs];
+            tdm_request_info i;
+            tdm_request_info_init(&i);
+            if (tdm_sched_request_info(s, id, &i) == TDM_OK && i.state == TDM_STATE_RUNNING) {
+                const tdm_token dr[2] = { 5, 6 };
+                /* refused while the request's step is in flight (its token is not known yet) */
+                int drc = tdm_sched_set_draft_tokens(s, id, dr, (uint32_t)(RND() % 3));
+                assert_true(drc == TDM_OK || drc == TDM_E_STATE);
+            }
+        }
+        if (tsd_unfinished(s) < 6) {
+            static uint64_t next = 100;
+            assert_int_equal(tsd_add(s, next++, 5 + (uint32_t)(RND() % 60), 1 + (uint32_t)(RND() % 30)), TDM_OK);
+        }
+    }
+#undef RND
+    print_message("%d malformed outputs refused\n", refused);
+    assert_true(refused > 100);
+    for (uint64_t id = 1; id < 100000; id++) {
+        tdm_request_info i;
+        tdm_request_info_init(&i);
+        if (tdm_sched_request_info(s, id, &i) == TDM_OK && i.state != TDM_STATE_FINISHED)
+            assert_int_equal(tdm_sched_abort(s, id), TDM_OK);
+    }
+    tdm_batch b;
+    tsd_step(s, now + 1.0, &b);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -308,6 +404,7 @@ int main(void)
         TSD_TEST(add__bad_descriptors_rejected),
         TSD_TEST(request_calls__bad_ids_and_states_rejected),
         TSD_TEST(step_update__malformed_arguments_apply_nothing),
+        TSD_TEST(update__random_malformed_outputs_never_corrupt),
     };
     return cmocka_run_group_tests_name("sched_badinput", tests, NULL, NULL);
 }

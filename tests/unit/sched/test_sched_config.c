@@ -297,6 +297,39 @@ static void set_param__out_of_range_rejected_and_valid_round_trip(void **state)
     tsd_done(s);
 }
 
+/* Header (TDM_SCHED_MAX_NUM_SEQS): lowered below the running count, the running requests keep
+ * running and none is admitted until fewer run than the cap. */
+static void set_param__lowering_max_num_seqs_keeps_running_admits_none(void **state)
+{
+    (void)state;
+    tdm_sched *s = tsd_new(NULL);
+    for (uint64_t id = 1; id <= 8; id++) assert_int_equal(tsd_add(s, id, 10, 50), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 8);
+    tsd_update(s, &b, 7, 1.05, NULL);
+    assert_int_equal(tdm_sched_set_param(s, TDM_SCHED_MAX_NUM_SEQS, 4), TDM_OK);
+    assert_int_equal(tsd_add(s, 9, 10, 5), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 8);
+    assert_int_equal(b.num_preempted, 0);
+    assert_int_equal(tsd_state(s, 9), TDM_STATE_WAITING);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    for (uint64_t id = 1; id <= 4; id++) assert_int_equal(tdm_sched_finish(s, id, TDM_FINISH_STOP), TDM_OK);
+    tsd_step(s, 1.2, &b); /* 4 running == the cap */
+    assert_int_equal(b.num_reqs, 4);
+    assert_int_equal(tsd_state(s, 9), TDM_STATE_WAITING);
+    tsd_update(s, &b, 7, 1.25, NULL);
+    assert_int_equal(tdm_sched_finish(s, 5, TDM_FINISH_STOP), TDM_OK);
+    tsd_step(s, 1.3, &b);
+    assert_int_equal(b.num_reqs, 4);
+    assert_true(tsd_find(&b, 9) >= 0);
+    tsd_update(s, &b, 7, 1.35, NULL);
+    double now = 2.0;
+    tsd_run(s, 100, &now);
+    tsd_done(s);
+}
+
 static void configure__policy_plugin_key_loads_shared_object(void **state)
 {
     (void)state;
@@ -497,6 +530,7 @@ int main(void)
         TSD_TEST(configure__pool_keys_refused_while_requests_exist),
         TSD_TEST(get_config__length_query_and_truncation),
         TSD_TEST(set_param__out_of_range_rejected_and_valid_round_trip),
+        TSD_TEST(set_param__lowering_max_num_seqs_keeps_running_admits_none),
         TSD_TEST(configure__policy_plugin_key_loads_shared_object),
         TSD_TEST(create__allocation_failure_is_clean),
         TSD_TEST(configure__allocation_failure_changes_nothing),

@@ -238,6 +238,18 @@ static void remote_prefill__failure_recompute_keeps_valid_tokens(void **state)
     tsd_update(s, &b, 7, 1.15, NULL);
     finish_all(s, 2.0);
 
+    /* vLLM's recompute policy truncates to the first invalid block: 20 valid tokens keep one
+     * whole block */
+    s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
+    reserve_remote(s, 1.0, 0);
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 0, 20), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_computed[0], 16);
+    assert_int_equal(b.num_tokens[0], 24);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    finish_all(s, 2.0);
+
     s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
     reserve_remote(s, 1.0, 0);
     assert_int_equal(tdm_sched_remote_kv_done(s, 1, 0, 0), TDM_OK);
@@ -609,6 +621,45 @@ static void decode_first__tbt_target_bounds_predicted_cost(void **state)
     tsd_done(s);
 }
 
+/* When the decodes alone already exceed the TBT target, every decode still runs (decodes are
+ * never starved) and no prompt token is added to the step. */
+static void decode_first__tbt_exceeded_by_decodes_adds_no_prefill(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_MODE, TDM_MODE_DECODE_FIRST, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 8192, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    static cost_ctx cc;
+    cc.calls = 0;
+    tdm_cost_model cm = { TDM_COST_MODEL_VERSION, &cc, linear_cost };
+    assert_int_equal(tdm_sched_set_cost_model(s, &cm), TDM_OK);
+    for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tsd_add(s, id, 10, 100), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b); /* no target yet: all ten admitted */
+    assert_int_equal(b.num_reqs, 10);
+    tsd_update(s, &b, 7, 1.01, NULL);
+    /* 10 decodes cost 1 ms + 10 x 0.1 ms = 2 ms > 1.5 ms */
+    assert_int_equal(tdm_sched_set_param(s, TDM_SCHED_TBT_TARGET_US, 1500), TDM_OK);
+    assert_int_equal(tsd_add(s, 100, 400, 2), TDM_OK);
+    for (int k = 0; k < 3; k++) {
+        tsd_step(s, 2.0 + k, &b);
+        uint32_t pt, dec;
+        batch_cost(s, &b, &pt, &dec);
+        assert_int_equal(dec, 10);
+        assert_int_equal(pt, 0);
+        assert_int_equal(tsd_state(s, 100), TDM_STATE_WAITING);
+        tsd_update(s, &b, 7, 2.05 + k, NULL);
+    }
+    for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tdm_sched_abort(s, id), TDM_OK);
+    tsd_step(s, 9.0, &b); /* alone, the prompt runs: at least a block's worth */
+    int k = tsd_find(&b, 100);
+    assert_true(k >= 0);
+    assert_true(b.num_tokens[k] > 0);
+    tsd_update(s, &b, 7, 9.05, NULL);
+    assert_int_equal(tdm_sched_abort(s, 100), TDM_OK);
+    tsd_step(s, 10.0, &b);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -630,6 +681,7 @@ int main(void)
         TSD_TEST(vllm_mode__running_list_order_then_waiting),
         TSD_TEST(decode_first__max_num_partial_prefills_limits_prefills),
         TSD_TEST(decode_first__tbt_target_bounds_predicted_cost),
+        TSD_TEST(decode_first__tbt_exceeded_by_decodes_adds_no_prefill),
     };
     return cmocka_run_group_tests_name("sched_pd", tests, NULL, NULL);
 }

@@ -450,6 +450,82 @@ static void update__late_stop_of_preempted_request_finishes_it(void **state)
     tsd_done(s);
 }
 
+/* A malformed report: no token for a decode entry that had drafts scheduled (the contract
+ * says 1 + accepted drafts). The scheduler may refuse it (TDM_E_INVAL) or treat every draft
+ * as rejected, but it must not keep counting the drafts as computed: num_computed_tokens never
+ * exceeds the request's token count and later batches stay consistent. */
+static void update__empty_output_for_drafted_decode_keeps_state_consistent(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    const tdm_token dr[2] = { 11, 12 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 2), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    const tdm_token o0[1] = { 20 };
+    tdm_update_result r;
+    tdm_update_result_init(&r);
+    uint64_t ids[2] = { 0, 1 };
+    uint32_t offs[3] = { 0, 1, 1 }; /* request 1: no token */
+    tdm_step_output o;
+    tdm_step_output_init(&o);
+    o.num_reqs = 2;
+    o.req_ids = ids;
+    o.token_offsets = offs;
+    o.tokens = o0;
+    o.now = 2.1;
+    int rc = tdm_sched_update(s, &o, &r);
+    assert_true(rc == TDM_OK || rc == TDM_E_INVAL);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    if (rc == TDM_OK && i.num_computed_tokens > i.num_prompt_tokens + i.num_output_tokens)
+        fail_msg("after an empty report, request 1 has %u tokens computed of %u (drafts kept as computed)",
+                 i.num_computed_tokens, i.num_prompt_tokens + i.num_output_tokens);
+    if (rc == TDM_E_INVAL) tsd_update(s, &b, 7, 2.15, NULL); /* refused: send a proper one */
+    for (int k = 0; k < 3; k++) { /* tsd_step checks num_spec <= num_tokens, and so on */
+        tsd_step(s, 3.0 + k, &b);
+        tsd_update(s, &b, 7, 3.05 + k, NULL);
+    }
+    double now = 4.0;
+    tsd_run(s, 40, &now);
+    tsd_done(s);
+}
+
+/* Drafts set while the request's previous step is still in flight (not yet reported): the
+ * scheduler may refuse them (TDM_E_STATE) or hold them, but a batch never schedules more draft
+ * tokens than tokens (num_spec <= num_tokens), and the late output still applies cleanly. */
+static void set_draft_tokens__while_step_in_flight_keeps_batches_consistent(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    const tdm_token dr1[1] = { 11 };
+    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr1, 1), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b); /* request 1: its last token + 1 draft; not reported yet */
+    const tdm_token dr2[2] = { 21, 22 };
+    int rc = tdm_sched_set_draft_tokens(s, 1, dr2, 2);
+    assert_true(rc == TDM_OK || rc == TDM_E_STATE);
+    tdm_batch b2;
+    tsd_step(s, 2.1, &b2); /* tsd_step checks num_spec <= num_tokens for every entry */
+    /* the first step's output arrives late: 1 token + the accepted draft */
+    const tdm_token o1[2] = { 11, 30 };
+    assert_int_equal(tsd_update_one(s, 1, o1, 2, 2.15, NULL), TDM_OK);
+    const tdm_token o0[1] = { 31 };
+    assert_int_equal(tsd_update_one(s, 0, o0, 1, 2.15, NULL), TDM_OK);
+    tdm_request_info i;
+    tsd_info(s, 1, &i);
+    assert_true(i.num_computed_tokens <= i.num_prompt_tokens + i.num_output_tokens);
+    double now = 3.0;
+    tsd_run(s, 40, &now);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -464,6 +540,8 @@ int main(void)
         TSD_TEST(update__max_model_len_stops_with_length),
         TSD_TEST(update__late_output_with_drafts_after_preemption_applied),
         TSD_TEST(update__late_stop_of_preempted_request_finishes_it),
+        TSD_TEST(update__empty_output_for_drafted_decode_keeps_state_consistent),
+        TSD_TEST(set_draft_tokens__while_step_in_flight_keeps_batches_consistent),
     };
     return cmocka_run_group_tests_name("sched_stop", tests, NULL, NULL);
 }

@@ -44,10 +44,16 @@ _REASON_TO_STATUS = {
 }
 
 
+_FIELDS: dict = {}
+
+
 def _kwargs_for(cls, **kw):
     """Only the keyword arguments that cls accepts (vLLM's dataclasses grow between versions)."""
-    fields = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "__struct_fields__", None)
+    fields = _FIELDS.get(cls)
     if fields is None:
+        f = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "__struct_fields__", None)
+        fields = _FIELDS[cls] = frozenset(f) if f is not None else None
+    if fields is None or fields.issuperset(kw):
         return kw
     return {k: v for k, v in kw.items() if k in fields}
 

@@ -1,0 +1,110 @@
+"""TandemScheduler inside vLLM's real EngineCore, selected the way `--scheduler-cls` selects it
+(SchedulerConfig.scheduler_cls = "tandem.vllm.TandemScheduler"), with a fake executor in place
+of the model (no GPU, no weights): EngineCore builds the KV cache config from the executor's
+specs and memory, constructs the scheduler with its own arguments, and its step() loop runs
+requests to completion. The same loop with vLLM's default Scheduler gives the same tokens."""
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from conftest import make_configs, make_requests
+
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.executor.abstract import Executor
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.outputs import ModelRunnerOutput
+
+BLOCK = 16
+NUM_BLOCKS = 256
+
+
+class FakeExecutor(Executor):
+    """Answers EngineCore's worker RPCs; its 'model' samples 1000 + 10·request + position."""
+
+    def _init_executor(self) -> None:
+        self.spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
+                                      dtype=torch.float32)
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False):
+        name = method if isinstance(method, str) else getattr(method, "__name__", "")
+        answers = {
+            "get_kv_cache_spec": {"model.layers.0.self_attn.attn": self.spec},
+            "get_supported_kv_cache_layouts": None,
+            "determine_available_memory": self.spec.page_size_bytes * NUM_BLOCKS,
+            "get_kv_connector_handshake_metadata": None,
+        }
+        out = [] if name == "compile_or_warm_up_model" else [answers.get(name)]
+        if non_block:
+            f = Future()
+            f.set_result(out)
+            return f
+        return out
+
+    def get_supported_kv_cache_layouts(self):
+        return [["LBNHC"]]
+
+    def set_kv_cache_layout(self, *a, **kw):
+        return None
+
+    def execute_model(self, scheduler_output, non_block=False):
+        self._last = scheduler_output
+        f = Future()
+        f.set_result(None)
+        return f if non_block else None
+
+    def sample_tokens(self, grammar_output, non_block=False):
+        so = self._last
+        ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            r = self.engine.scheduler.requests.get(rid)
+            done = r is not None and r.num_computed_tokens >= r.num_tokens
+            sampled.append([1000 + int(rid) * 10 + r.num_output_tokens] if done else [])
+        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled)
+        if non_block:
+            f = Future()
+            f.set_result(out)
+            return f
+        return out
+
+    def check_health(self) -> None:
+        return None
+
+
+def run_engine(tiny_model, scheduler_cls):
+    vc, _ = make_configs(tiny_model, max_num_seqs=4, max_num_batched_tokens=256,
+                         max_model_len=256)
+    vc.scheduler_config.scheduler_cls = scheduler_cls
+    vc.cache_config.num_gpu_blocks = None
+    core = EngineCore(vc, FakeExecutor, log_stats=False)
+    core.model_executor.engine = core
+    reqs = make_requests(6, num_tokens=40, max_tokens=5)
+    for r in reqs:
+        core.add_request(r)
+    produced = {r.request_id: [] for r in reqs}
+    finished = {}
+    for _ in range(200):
+        if not core.scheduler.has_requests():
+            break
+        outs, _ = core.step()
+        for eco in outs.values():
+            for o in eco.outputs:
+                produced[o.request_id] += o.new_token_ids
+                if o.finish_reason is not None:
+                    finished[o.request_id] = str(o.finish_reason)
+    sched = core.scheduler
+    core.shutdown()
+    return sched, produced, finished
+
+
+def test_engine_core__runs_tandem_scheduler_by_qualname(tiny_model):
+    sched, produced, finished = run_engine(tiny_model, "tandem.vllm.TandemScheduler")
+    from tandem.vllm import TandemScheduler
+    assert isinstance(sched, TandemScheduler)
+    assert sched.tandem_config["num_blocks"] == NUM_BLOCKS
+    assert all(len(v) == 5 for v in produced.values()), produced
+    assert set(finished.values()) == {"length"}
+    _, ref_produced, ref_finished = run_engine(tiny_model, None)
+    assert produced == ref_produced and finished == ref_finished
