@@ -233,7 +233,7 @@ static void drop_pending(tdm_kvx *k, uint32_t peer, uint64_t rid, uint64_t xid, 
 
 static void send_credit(tdm_kvx *k, kvx_peer *p, uint32_t slot)
 {
-    if (slot == TDM__KVX_NO_SLOT || !p->rx->credit) return;
+    if (slot == TDM__KVX_NO_SLOT || slot == TDM__KVX_DIRECT_SLOT || !p->rx->credit) return;
     tdm__kvx_msg c;
     tdm__kvx_msg_init(&c, TDM__KVX_CREDIT);
     c.slot = slot;

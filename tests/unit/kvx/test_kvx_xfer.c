@@ -82,6 +82,8 @@ static void run_pull(pair *x, uint32_t n, uint32_t skip, uint64_t seed)
     assert_int_equal(t_compare(&x->p, src, &x->d, dst, skip, n), 0);
     check_idle(&x->d);
     check_idle(&x->p);
+    assert_int_equal(t_stats(&x->d).msgs_rejected, 0);   /* a clean exchange */
+    assert_int_equal(t_stats(&x->p).msgs_rejected, 0);
 }
 
 static void pull__ipc_zmq_moves_every_byte(void **state)
@@ -174,6 +176,8 @@ static void shm__direct_reads_from_a_shared_cache(void **state)
     tdm_kvx_stats st = t_stats(&x.p);
     assert_true(st.chunks_sent > 0);
     assert_int_equal(st.chunks_sent_shm, st.chunks_sent);
+    assert_int_equal(st.msgs_rejected, 0);
+    assert_int_equal(t_stats(&x.d).msgs_rejected, 0);
     t_free(&x.d);
     tdm_kvx_destroy(x.p.kvx);   /* owns the shared memory */
     /* a receiver without shared memory gets the bytes as usual */
