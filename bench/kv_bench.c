@@ -1,7 +1,9 @@
 /*
  * kv_bench.c -- throughput of the KV data path against baselines measured in the same run:
  * pack and unpack (tdm_kv_pack / tdm_kv_unpack over a paged cache) and the shared-memory
- * transfer against memcpy of the same bytes; transfers between two engines over ZeroMQ ipc
+ * transfer against memcpy of the same bytes (the prefill cache lives in a tdm_kvx_alloc_shared
+ * segment, so the receiver copies blocks directly; KV_BENCH_NO_DIRECT=1 measures the
+ * pack -> slot -> unpack path instead); transfers between two engines over ZeroMQ ipc
  * and tcp (pack, send, receive, unpack, acknowledgement) against raw ZeroMQ moving the same
  * bytes in messages of the same size over the same transport. Transfer sizes 16 MiB to
  * 1 GiB (fewer repetitions for big ones; best of the repetitions is kept). The table comes
@@ -48,16 +50,28 @@ static void die(const char *what, int rc)
 typedef struct cache {
     tdm_kv_layout l;
     uint8_t *mem;
+    int owned;
     void *bases[LAYERS];
 } cache;
 
-static void cache_init(cache *c, uint32_t nblocks, int seed)
+static size_t cache_bytes(uint32_t nblocks)
+{
+    tdm_kv_layout l;
+    size_t lb;
+    tdm_kv_layout_init(&l, TDM_KV_LAYOUT_VLLM_NHD, LAYERS, nblocks, BS, HEADS, DIM, TDM_DTYPE_FP16);
+    tdm_kv_layout_layer_bytes(&l, &lb);
+    return lb * LAYERS;
+}
+
+/* mem: the cache's memory (NULL: allocate) */
+static void cache_init(cache *c, uint32_t nblocks, int seed, void *mem)
 {
     if (tdm_kv_layout_init(&c->l, TDM_KV_LAYOUT_VLLM_NHD, LAYERS, nblocks, BS, HEADS, DIM, TDM_DTYPE_FP16))
         die("layout", TDM_E_INVAL);
     size_t lb;
     tdm_kv_layout_layer_bytes(&c->l, &lb);
-    c->mem = aligned_alloc(4096, lb * LAYERS);
+    c->mem = mem ? mem : aligned_alloc(4096, lb * LAYERS);
+    c->owned = mem == NULL;
     if (!c->mem) die("alloc", TDM_E_NOMEM);
     memset(c->mem, seed, lb * LAYERS);
     for (int i = 0; i < LAYERS; i++) c->bases[i] = c->mem + i * lb;
@@ -127,8 +141,7 @@ typedef struct pairx {
     uint64_t rid;
 } pairx;
 
-static void pair_open(pairx *x, cache *src, cache *dst, const char *ep, uint32_t transports, uint32_t chunk,
-                      uint32_t slots)
+static void pair_create(pairx *x, const char *ep, uint32_t transports, uint32_t chunk, uint32_t slots)
 {
     tdm_kvx_config c;
     tdm_kvx_config_init(&c);
@@ -144,6 +157,11 @@ static void pair_open(pairx *x, cache *src, cache *dst, const char *ep, uint32_t
     c.role = TDM_KVX_ROLE_DECODE;
     c.listen_endpoint = NULL;
     if ((rc = tdm_kvx_create(&c, &x->d))) die("create", rc);
+}
+
+static void pair_connect(pairx *x, cache *src, cache *dst)
+{
+    int rc;
     if ((rc = tdm_kvx_register(x->p, &src->l, src->bases, TDM_MEM_HOST, 0))) die("register", rc);
     if ((rc = tdm_kvx_register(x->d, &dst->l, dst->bases, TDM_MEM_HOST, 0))) die("register", rc);
     char real[256];
@@ -214,17 +232,6 @@ int main(void)
     tdm_kv_layout_init(&tmp, TDM_KV_LAYOUT_VLLM_NHD, LAYERS, 1, BS, HEADS, DIM, TDM_DTYPE_FP16);
     tdm_kv_layout_block_bytes(&tmp, &unit);
     uint32_t nblocks = (uint32_t)(max_mib * MIB / (unit * LAYERS));
-    cache src, dst;
-    cache_init(&src, nblocks, 1);
-    cache_init(&dst, nblocks, 2);
-    uint8_t *stage = aligned_alloc(4096, max_mib * MIB), *copy = aligned_alloc(4096, max_mib * MIB);
-    if (!stage || !copy) die("alloc", TDM_E_NOMEM);
-    memset(stage, 3, max_mib * MIB);
-    memset(copy, 4, max_mib * MIB);
-    uint32_t *ids = malloc(nblocks * sizeof(uint32_t));
-    for (uint32_t i = 0; i < nblocks; i++) ids[i] = (i * 7919u) % nblocks;   /* scattered */
-    if (nblocks % 7919u == 0) for (uint32_t i = 0; i < nblocks; i++) ids[i] = nblocks - 1 - i;
-
     char ipc_ep[128], ipc_raw[128];
     snprintf(ipc_ep, sizeof(ipc_ep), "ipc:///tmp/tdm-kvbench-%d", (int)getpid());
     snprintf(ipc_raw, sizeof(ipc_raw), "ipc:///tmp/tdm-kvbench-raw-%d", (int)getpid());
@@ -233,9 +240,28 @@ int main(void)
     snprintf(shm_ep, sizeof(shm_ep), "%s-shm", ipc_ep);
     uint32_t shm_chunk = getenv("KV_BENCH_SHM_KIB") ? (uint32_t)atoi(getenv("KV_BENCH_SHM_KIB")) << 10 : SHM_CHUNK;
     uint32_t shm_slots = getenv("KV_BENCH_SHM_SLOTS") ? (uint32_t)atoi(getenv("KV_BENCH_SHM_SLOTS")) : SHM_SLOTS;
-    pair_open(&shm, &src, &dst, shm_ep, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, shm_chunk, shm_slots);
-    pair_open(&ipc, &src, &dst, ipc_ep, TDM_KVX_TRANSPORT_ZMQ, CHUNK, 8);
-    pair_open(&tcp, &src, &dst, "tcp://127.0.0.1:*", TDM_KVX_TRANSPORT_ZMQ, CHUNK, 8);
+    pair_create(&shm, shm_ep, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, shm_chunk, shm_slots);
+    pair_create(&ipc, ipc_ep, TDM_KVX_TRANSPORT_ZMQ, CHUNK, 8);
+    pair_create(&tcp, "tcp://127.0.0.1:*", TDM_KVX_TRANSPORT_ZMQ, CHUNK, 8);
+    /* the prefill cache lives in the shm pair's shared segment, so that its receiver reads
+     * blocks directly (one copy); the other pairs use the same memory as plain host memory */
+    void *shared = NULL;
+    int rc0 = getenv("KV_BENCH_NO_DIRECT") ? TDM_E_UNSUPPORTED : tdm_kvx_alloc_shared(shm.p, cache_bytes(nblocks), &shared);
+    if (rc0 && rc0 != TDM_E_UNSUPPORTED) die("alloc_shared", rc0);
+    cache src, dst;
+    cache_init(&src, nblocks, 1, shared);
+    cache_init(&dst, nblocks, 2, NULL);
+    pair_connect(&shm, &src, &dst);
+    pair_connect(&ipc, &src, &dst);
+    pair_connect(&tcp, &src, &dst);
+    uint8_t *stage = aligned_alloc(4096, max_mib * MIB), *copy = aligned_alloc(4096, max_mib * MIB);
+    if (!stage || !copy) die("alloc", TDM_E_NOMEM);
+    memset(stage, 3, max_mib * MIB);
+    memset(copy, 4, max_mib * MIB);
+    uint32_t *ids = malloc(nblocks * sizeof(uint32_t));
+    for (uint32_t i = 0; i < nblocks; i++) ids[i] = (i * 7919u) % nblocks;   /* scattered */
+    if (nblocks % 7919u == 0) for (uint32_t i = 0; i < nblocks; i++) ids[i] = nblocks - 1 - i;
+
 
     double r_pack[NSIZES], r_unpack[NSIZES], r_shm[NSIZES], r_ipc[NSIZES], r_tcp[NSIZES];
     int ns = 0;
@@ -282,7 +308,7 @@ int main(void)
     (void)row;
     pair_close(&tcp);
     pair_close(&ipc);
-    pair_close(&shm);
+    pair_close(&shm);   /* unmaps the shared prefill cache: src.mem is gone */
     double g[5] = { 0, 0, 0, 0, 0 };
     for (int s = 0; s < ns; s++) {
         g[0] += log(r_pack[s]);
@@ -292,15 +318,16 @@ int main(void)
         g[4] += log(r_tcp[s]);
     }
     printf("chunks of %u MiB; %u layers x %u-token blocks x %u heads x %u dims fp16 (%zu KiB per block-layer), "
-           "blocks scattered; zmq baselines: PUSH->PULL, same message size and transport\n",
-           CHUNK >> 20, LAYERS, BS, HEADS, DIM, unit >> 10);
+           "blocks scattered; shm: %s; zmq baselines: PUSH->PULL, same message size and transport\n",
+           CHUNK >> 20, LAYERS, BS, HEADS, DIM, unit >> 10,
+           shared ? "direct reads from the shared prefill cache" : "pack into 4 MiB slots, unpack");
     printf("kv_bench pack_vs_memcpy=%.2f unpack_vs_memcpy=%.2f shm_vs_memcpy=%.2f ipc_vs_zmq=%.2f "
            "tcp_vs_zmq=%.2f\n", exp(g[0] / ns), exp(g[1] / ns), exp(g[2] / ns), exp(g[3] / ns),
            exp(g[4] / ns));
     free(ids);
     free(stage);
     free(copy);
-    free(src.mem);
+    if (src.owned) free(src.mem);
     free(dst.mem);
     return 0;
 }

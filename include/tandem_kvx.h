@@ -120,6 +120,17 @@ TDM_API int tdm_kvx_get_public_key(tdm_kvx *kvx, char buf[41]);
  * without CURVE). Thread-safe. */
 TDM_API int tdm_kvx_curve_keypair(char public_key[41], char secret_key[41]);
 
+/* Allocate `bytes` of host memory that same-host peers can map read-only (a POSIX shared-
+ * memory segment, mode 0600, named in the handshake, removed by tdm_kvx_destroy). A KV cache
+ * registered inside it lets a same-host receiver with the identical packed format (dtype,
+ * heads, block size) copy blocks straight from this engine's cache: one copy instead of pack
+ * + unpack ("direct" shared-memory transfers). At most once per engine, before
+ * tdm_kvx_register; *ptr is page-aligned, zero-filled, owned by kvx and valid until
+ * tdm_kvx_destroy. Only peers of the same user on the same host can open it; they are
+ * trusted not to shrink it. Errors: TDM_E_INVAL, TDM_E_STATE (already allocated or
+ * registered), TDM_E_IO (shm_open / mmap failed). */
+TDM_API int tdm_kvx_alloc_shared(tdm_kvx *kvx, size_t bytes, void **ptr);
+
 /* Register the local KV cache: the layout (copied) and one base pointer per layer
  * (layer_bases[num_layers], copied; the memory stays owned by the caller and must outlive
  * kvx). head_offset: the first KV head this rank holds in the model's numbering (tensor-

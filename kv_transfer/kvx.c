@@ -8,7 +8,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -292,13 +294,21 @@ void tdm_kvx_destroy(tdm_kvx *k)
     while (k->outbox) { kvx_out *o = k->outbox; k->outbox = o->next; tdm__free(o); }
     while (k->ev_head) { kvx_event_node *e = k->ev_head; k->ev_head = e->next; tdm__free(e); }
     if (k->peers)
-        for (uint32_t i = 0; i < k->num_peers; i++) tdm__kvx_shm_destroy(k->peers[i].shm);
+        for (uint32_t i = 0; i < k->num_peers; i++) {
+            tdm__kvx_shm_destroy(k->peers[i].shm);
+            tdm__kvx_unmap_remote(&k->peers[i]);
+        }
     tdm__kvx_pool_destroy(k->pool);
     tdm__free(k->peers);
     tdm__free(k->allowed);
     tdm__free(k->bases);
     tdm__free(k->owner);
     if (k->dev_stage) tdm_cuda_free(k->dev_stage);
+    if (k->kvseg) {
+        munmap(k->kvseg, k->kvseg_size);
+        shm_unlink(k->kvseg_name);
+    }
+    tdm__free(k->bounce);
     if (k->wake_fd >= 0) close(k->wake_fd);
     if (k->ev_fd >= 0) close(k->ev_fd);
     pthread_cond_destroy(&k->cond);
@@ -325,6 +335,33 @@ int tdm_kvx_get_public_key(tdm_kvx *k, char buf[41])
     if (have) memcpy(buf, k->pub, 41);
     pthread_mutex_unlock(&k->mu);
     return have ? TDM_OK : tdm__kvx_fail(TDM_E_STATE, "no CURVE key pair");
+}
+
+int tdm_kvx_alloc_shared(tdm_kvx *k, size_t bytes, void **ptr)
+{
+    if (!k || !ptr || bytes == 0 || bytes > ((size_t)1 << 40)) return tdm__kvx_fail(TDM_E_INVAL, "bad argument");
+    pthread_mutex_lock(&k->mu);
+    int rc = TDM_OK;
+    if (k->kvseg || k->registered) { rc = tdm__kvx_fail(TDM_E_STATE, "already allocated or registered"); goto out; }
+    char name[TDM__KVX_ID_LEN];
+    snprintf(name, sizeof(name), "/tdm-kvx-kv-%d-%lx", (int)getpid(), (unsigned long)((uintptr_t)k >> 4));
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) { rc = tdm__kvx_fail(TDM_E_IO, "shm_open %s: %s", name, strerror(errno)); goto out; }
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) == 0) m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        shm_unlink(name);
+        rc = tdm__kvx_fail(TDM_E_IO, "cannot size or map %zu bytes of shared memory", bytes);
+        goto out;
+    }
+    k->kvseg = m;
+    k->kvseg_size = bytes;
+    snprintf(k->kvseg_name, sizeof(k->kvseg_name), "%s", name);
+    *ptr = m;
+out:
+    pthread_mutex_unlock(&k->mu);
+    return rc;
 }
 
 int tdm_kvx_register(tdm_kvx *k, const tdm_kv_layout *l, void *const *bases, uint32_t mem_kind,
@@ -366,6 +403,17 @@ int tdm_kvx_register(tdm_kvx *k, const tdm_kv_layout *l, void *const *bases, uin
         return tdm__kvx_fail(TDM_E_STATE, "KV cache already registered");
     }
     k->dev_stage = dev;
+    /* a cache entirely inside our shared segment can be read directly by same-host peers */
+    size_t lbytes = 0;
+    k->kv_direct = k->kvseg && mem_kind == TDM_MEM_HOST && l->num_layers <= TDM__KVX_MAX_KV_LAYERS &&
+                   tdm_kv_layout_layer_bytes(l, &lbytes) == TDM_OK;
+    for (uint32_t i = 0; k->kv_direct && i < l->num_layers; i++) {
+        uint8_t *bp = bases[i];
+        if (bp < k->kvseg || (size_t)(bp - k->kvseg) > k->kvseg_size || lbytes > k->kvseg_size - (size_t)(bp - k->kvseg))
+            k->kv_direct = 0;
+        else
+            k->kv_off[i] = (uint64_t)(bp - k->kvseg);
+    }
     k->layout = *l;
     k->layout.struct_size = sizeof(tdm_kv_layout);
     k->bases = b;

@@ -95,7 +95,9 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     tdm__kvx_msg_init(&m, TDM__KVX_XFER_REQ);
     m.rid = x->rid;
     m.xid = x->xid;
-    m.mode = x->mode;
+    kvx_peer *pp = tdm__kvx_peer(k, x->peer);
+    m.mode = x->mode | (pp && pp->rkv ? TDM__KVX_MODE_DIRECT : 0);
+    x->direct = pp && pp->rkv;
     m.num_blocks = x->n;
     m.num_skip = x->skip;
     m.num_tokens = x->tok;
@@ -119,7 +121,7 @@ static kvx_pending *take_pending(tdm_kvx *k, const kvx_xfer *x)
 {
     for (kvx_pending **pp = &k->pending; *pp; pp = &(*pp)->next) {
         kvx_pending *p = *pp;
-        if (p->rid != x->rid || p->mode != x->mode) continue;
+        if (p->rid != x->rid || (p->mode & 0xffu) != x->mode) continue;
         if (x->peer != TDM_KVX_PEER_ANY && p->peer != x->peer) continue;
         if (x->mode == TDM_KVX_PUSH && p->xid != x->xid) continue;
         *pp = p->next;
@@ -173,7 +175,7 @@ int tdm_kvx_send(tdm_kvx *k, const tdm_kvx_send_desc *d, uint64_t *handle)
     *handle = x->handle;
     kvx_pending *p = take_pending(k, x);
     if (p) {
-        tdm__kvx_bind(k, x, p->peer, p->xid, p->n, p->skip, p->tok);
+        tdm__kvx_bind(k, x, p->peer, p->xid, p->n, p->skip, p->tok, (p->mode & TDM__KVX_MODE_DIRECT) != 0);
         tdm__free(p);
     }
     tdm__kvx_wake(k);

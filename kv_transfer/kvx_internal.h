@@ -84,6 +84,9 @@ typedef struct kvx_peer {
     const tdm__kvx_transport *rx;  /* for the chunks we receive */
     void *rx_ctx;
     tdm__kvx_shm *shm;             /* the pair's segment, if any */
+    uint8_t *rkv;                  /* the peer's KV segment mapped read-only (direct reads) */
+    size_t rkv_size;
+    void **rkv_bases;              /* its layer bases in our address space */
     int tx_blocked;                /* the tx transport said AGAIN */
     /* handshake of an outgoing connection */
     char ep[256];
@@ -107,6 +110,7 @@ typedef struct kvx_xfer {
     uint32_t n, skip;              /* own blocks; skip: leading ones not moved */
     uint32_t tok;                  /* tokens of the transfer */
     int tok_known;                 /* receiver: the sender's count arrived */
+    int direct;                    /* the receiver reads our blocks from our shared KV segment */
     uint32_t n_eff;                /* sender: blocks to send (those holding tokens) */
     uint32_t gran;                 /* sender: chunks start at multiples of this many blocks */
     uint32_t *blocks;
@@ -125,7 +129,7 @@ typedef struct kvx_xfer {
 /* A transfer request that reached a sender before its tdm_kvx_send(). */
 typedef struct kvx_pending {
     struct kvx_pending *next;
-    uint32_t peer, mode, n, skip, tok;
+    uint32_t peer, mode, n, skip, tok;   /* mode with the DIRECT flag */
     uint64_t rid, xid;
     double deadline;
 } kvx_pending;
@@ -172,6 +176,13 @@ struct tdm_kvx {
     uint32_t *owner;               /* [num_blocks] receive reservations: 0 or xfer handle slot */
     size_t unit_bytes;             /* packed bytes of one block of one layer */
     void *dev_stage;               /* CUDA memory: device staging buffer (max_chunk_bytes) */
+    uint8_t *kvseg;                /* tdm_kvx_alloc_shared: the shareable KV segment */
+    size_t kvseg_size;
+    char kvseg_name[TDM__KVX_ID_LEN];
+    int kv_direct;                 /* every registered layer lies in kvseg */
+    uint64_t kv_off[TDM__KVX_MAX_KV_LAYERS];
+    uint8_t *bounce;               /* direct reads: cache-sized bounce buffer */
+    size_t bounce_size;
 
     kvx_peer *peers;
     uint32_t num_peers, cap_peers;
@@ -201,6 +212,7 @@ int tdm__kvx_queue_msg(tdm_kvx *k, uint32_t peer, const tdm__kvx_msg *m);
 kvx_peer *tdm__kvx_peer(tdm_kvx *k, uint32_t id);   /* NULL unless ALIVE */
 kvx_peer *tdm__kvx_peer_any(tdm_kvx *k, uint32_t id); /* any state, NULL if unknown */
 kvx_peer *tdm__kvx_peer_new(tdm_kvx *k);
+void tdm__kvx_unmap_remote(kvx_peer *p);
 
 /* kvx_xfer.c: the transfer state machines (mu held). */
 void tdm__kvx_event(tdm_kvx *k, kvx_xfer *x, uint32_t type, int status, const char *reason);
@@ -208,7 +220,8 @@ void tdm__kvx_finish(tdm_kvx *k, kvx_xfer *x, uint32_t type, int status, const c
                      int tell_peer);
 kvx_xfer *tdm__kvx_find(tdm_kvx *k, uint32_t side, uint32_t peer, uint64_t rid, uint64_t xid);
 kvx_xfer *tdm__kvx_find_handle(tdm_kvx *k, uint64_t handle);
-void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip, uint32_t tok);
+void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip, uint32_t tok,
+                   int direct);
 void tdm__kvx_on_xfer_req(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m);
 void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t *payload);
 void tdm__kvx_on_control(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m);
@@ -228,6 +241,10 @@ int tdm__kvx_pack(const tdm_kvx *k, const uint32_t *block_ids, uint32_t n, uint3
                   void *dst, size_t dst_size);
 /* Unpack a chunk of src_blocks sender blocks holding `tokens` tokens into our blocks
  * ids[0..n), converting when the peer's packed format differs from ours. */
+/* Direct read: copy our blocks ids[0..n) of layers [lb, le) from the peer's mapped cache,
+ * sender blocks src_ids[0..n) (identical packed formats), through the bounce buffer. */
+int tdm__kvx_copy_direct(tdm_kvx *k, const kvx_peer *p, const uint32_t *src_ids, const uint32_t *ids,
+                         uint32_t n, uint32_t lb, uint32_t le);
 int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t src_size,
                     uint32_t src_blocks, uint32_t tokens, const uint32_t *ids, uint32_t n,
                     uint32_t lb, uint32_t le);

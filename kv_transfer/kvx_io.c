@@ -8,8 +8,11 @@
  * peers, timeouts). It holds kvx->mu except while it waits in zmq_poll.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvx_internal.h"
@@ -117,6 +120,48 @@ static void fill_hello(tdm_kvx *k, tdm__kvx_hello *h)
     h->transports = k->cfg.transports & (TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM |
                                          (tdm__kvx_cuda_ipc_available() ? TDM_KVX_TRANSPORT_CUDA_IPC : 0));
     snprintf(h->host_id, sizeof(h->host_id), "%s", k->host_id);
+    if (k->kv_direct && (k->cfg.transports & TDM_KVX_TRANSPORT_SHM)) {
+        snprintf(h->kv_name, sizeof(h->kv_name), "%s", k->kvseg_name);
+        h->kv_size = k->kvseg_size;
+        h->kv_layers = k->layout.num_layers;
+        memcpy(h->kv_off, k->kv_off, sizeof(uint64_t) * h->kv_layers);
+    }
+}
+
+void tdm__kvx_unmap_remote(kvx_peer *p)
+{
+    if (p->rkv) munmap(p->rkv, p->rkv_size);
+    tdm__free(p->rkv_bases);
+    p->rkv = NULL;
+    p->rkv_bases = NULL;
+}
+
+/* Maps a same-host peer's shared KV read-only when we can read its blocks directly: it
+ * offers one, we receive from it, the packed formats are identical, and every layer's
+ * extent lies inside the segment. Failure only means no direct reads. */
+static void map_remote_kv(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h)
+{
+    size_t lbytes;
+    if (!h->kv_name[0] || !(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || strcmp(h->host_id, k->host_id) ||
+        k->cfg.role == TDM_KVX_ROLE_PREFILL || h->role == TDM_KVX_ROLE_DECODE || k->mem_kind != TDM_MEM_HOST ||
+        tdm__kvx_compat(&h->layout, h->head_offset, &k->layout, k->head_offset, NULL, 0) != 0 ||
+        tdm_kv_layout_layer_bytes(&h->layout, &lbytes) != TDM_OK)
+        return;
+    for (uint32_t l = 0; l < h->kv_layers; l++)
+        if (h->kv_off[l] > h->kv_size || lbytes > h->kv_size - h->kv_off[l]) return;
+    int fd = shm_open(h->kv_name, O_RDONLY, 0);
+    if (fd < 0) return;
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size == h->kv_size)
+        m = mmap(NULL, h->kv_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return;
+    p->rkv_bases = tdm__calloc(h->kv_layers, sizeof(void *));
+    if (!p->rkv_bases) { munmap(m, h->kv_size); return; }
+    p->rkv = m;
+    p->rkv_size = h->kv_size;
+    for (uint32_t l = 0; l < h->kv_layers; l++) p->rkv_bases[l] = p->rkv + h->kv_off[l];
 }
 
 /* Checks each direction the roles allow. */
@@ -212,6 +257,7 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
         a.hello.transports &= ~TDM_KVX_TRANSPORT_SHM;
     }
     peer_up(k, p, h);
+    map_remote_kv(k, p, h);
     tdm__kvx_send_frames(k, p, &a, NULL);
 }
 
@@ -245,6 +291,7 @@ static void on_hello_ack(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
         p->shm = NULL;
     }
     peer_up(k, p, &m->hello);
+    map_remote_kv(k, p, &m->hello);
     hs_finish(k, p, TDM_OK, "");
 }
 

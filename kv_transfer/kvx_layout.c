@@ -86,3 +86,48 @@ int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t
     int rc = tdm_kv_unpack_convert_cuda(r, src, src_size, src_blocks, tokens, &k->layout, k->bases, ids, n, &o, NULL);
     return rc ? rc : tdm_cuda_stream_sync(NULL);
 }
+
+/* True when K (and V) of one block is one contiguous run of block_size * heads * dim
+ * elements (token-major, as the packed format): NHD arrangements. */
+static int block_contiguous(const tdm_kv_layout *l)
+{
+    return l->stride_head == (int64_t)l->head_dim &&
+           l->stride_token == (int64_t)l->head_dim * l->num_kv_heads;
+}
+
+int tdm__kvx_copy_direct(tdm_kvx *k, const kvx_peer *p, const uint32_t *src_ids, const uint32_t *ids,
+                         uint32_t n, uint32_t lb, uint32_t le)
+{
+    size_t unit = k->unit_bytes;
+    const tdm_kv_layout *r = &p->remote.layout, *o = &k->layout;
+    if (block_contiguous(r) && block_contiguous(o)) {
+        /* the single copy: K and V of each block straight from the peer's cache into ours */
+        size_t e = tdm__kvx_elem_size(o->dtype), half = unit / 2;
+        for (uint32_t l = lb; l < le; l++) {
+            const uint8_t *sb = p->rkv_bases[l];
+            uint8_t *db = k->bases[l];
+            for (uint32_t i = 0; i < n; i++)
+                for (int kv = 0; kv < 2; kv++)
+                    memcpy(db + ((size_t)kv * (size_t)o->stride_kv + (size_t)ids[i] * (size_t)o->stride_block) * e,
+                           sb + ((size_t)kv * (size_t)r->stride_kv + (size_t)src_ids[i] * (size_t)r->stride_block) * e,
+                           half);
+        }
+        return TDM_OK;
+    }
+    if (!k->bounce) {
+        /* small enough to stay in the cache between the gather and the scatter */
+        size_t sz = TDM_MAX(unit, (size_t)512 << 10) / unit * unit;
+        k->bounce = tdm__malloc(sz);
+        if (!k->bounce) return TDM_E_NOMEM;
+        k->bounce_size = sz;
+    }
+    uint32_t g = (uint32_t)(k->bounce_size / unit);
+    for (uint32_t l = lb; l < le; l++)
+        for (uint32_t i = 0; i < n; i += g) {
+            uint32_t c = TDM_MIN(g, n - i);
+            int rc = tdm_kv_pack(&p->remote.layout, p->rkv_bases, src_ids + i, c, l, l + 1, k->bounce, c * unit);
+            if (!rc) rc = tdm_kv_unpack(&k->layout, k->bases, ids + i, c, l, l + 1, k->bounce, c * unit);
+            if (rc) return rc;
+        }
+    return TDM_OK;
+}

@@ -252,6 +252,56 @@ static int rd_layout(rd *r, tdm_kv_layout *l)
     return TDM_OK;
 }
 
+/* A bin (or str) of n bytes copied into dst[cap]; *n receives its length. */
+static int rd_bin(rd *r, uint8_t *dst, size_t cap, size_t *n, const char *name)
+{
+    const uint8_t *b;
+    if (rd_bytes(r, 1, &b)) return TDM_E_PROTOCOL;
+    size_t len;
+    uint8_t t = b[0];
+    if ((t & 0xe0) == 0xa0) len = t & 0x1f;
+    else if (t == 0xd9 || t == 0xc4) { if (rd_bytes(r, 1, &b)) return TDM_E_PROTOCOL; len = b[0]; }
+    else if (t == 0xda || t == 0xc5) { if (rd_bytes(r, 2, &b)) return TDM_E_PROTOCOL; len = (size_t)be(b, 2); }
+    else if (t == 0xdb || t == 0xc6) { if (rd_bytes(r, 4, &b)) return TDM_E_PROTOCOL; len = (size_t)be(b, 4); }
+    else {
+        if (r->why && r->why_len) snprintf(r->why, r->why_len, "field %s: expected bytes", name);
+        return TDM_E_PROTOCOL;
+    }
+    if (len > cap) {
+        if (r->why && r->why_len) snprintf(r->why, r->why_len, "field %s too long", name);
+        return TDM_E_PROTOCOL;
+    }
+    if (rd_bytes(r, len, &b)) return TDM_E_PROTOCOL;
+    memcpy(dst, b, len);
+    *n = len;
+    return TDM_OK;
+}
+
+/* The optional shared-KV fields of a HELLO: name, size, offsets (bin of u64 little-endian). */
+static int rd_hello_kv(rd *r, tdm__kvx_hello *h)
+{
+    uint8_t raw[8 * TDM__KVX_MAX_KV_LAYERS];
+    size_t n;
+    if (rd_str(r, h->kv_name, sizeof(h->kv_name), 1, "kv_name") || rd_u64(r, &h->kv_size) ||
+        rd_bin(r, raw, sizeof(raw), &n, "kv_offsets"))
+        return TDM_E_PROTOCOL;
+    if (!h->kv_name[0]) {
+        if (h->kv_size || n) return rd_fail(r, "shared KV fields without a name");
+        return TDM_OK;
+    }
+    if (h->kv_name[0] != '/' || strchr(h->kv_name + 1, '/') || h->kv_size == 0 ||
+        h->kv_size > ((uint64_t)1 << 40) || n != 8u * h->layout.num_layers)
+        return rd_fail(r, "bad shared KV offer");
+    h->kv_layers = h->layout.num_layers;
+    for (uint32_t l = 0; l < h->kv_layers; l++) {
+        uint64_t v = 0;
+        for (int i = 7; i >= 0; i--) v = (v << 8) | raw[8 * l + (uint32_t)i];
+        if (v >= h->kv_size) return rd_fail(r, "shared KV offset beyond the segment");
+        h->kv_off[l] = v;
+    }
+    return TDM_OK;
+}
+
 static int rd_hello(rd *r, tdm__kvx_hello *h)
 {
     uint64_t shm_size;
@@ -301,9 +351,11 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
     if (nf < min_fields[m->type]) return rd_fail(&r, "too few fields for the message type");
     int rc = TDM_OK;
     int64_t st;
+    uint32_t parsed = min_fields[m->type];
     switch (m->type) {
     case TDM__KVX_HELLO:
         rc = rd_hello(&r, &m->hello);
+        if (!rc && nf >= parsed + 3) { rc = rd_hello_kv(&r, &m->hello); parsed += 3; }
         break;
     case TDM__KVX_HELLO_ACK:
         rc = rd_i64(&r, &st);
@@ -311,15 +363,18 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
         if (!rc) m->status = (int32_t)st;
         if (!rc) rc = rd_str(&r, m->reason, sizeof(m->reason), 0, "reason");
         if (!rc) rc = rd_hello(&r, &m->hello);
+        if (!rc && nf >= parsed + 3) { rc = rd_hello_kv(&r, &m->hello); parsed += 3; }
         break;
     case TDM__KVX_XFER_REQ:
         rc = rd_u64(&r, &m->rid);
         if (!rc) rc = rd_u64(&r, &m->xid);
-        if (!rc) rc = rd_u32max(&r, &m->mode, 2, "mode");
+        if (!rc) rc = rd_u32max(&r, &m->mode, 0x1ff, "mode");
+        if (!rc && ((m->mode & 0xff) == 0 || (m->mode & 0xff) > 2))
+            rc = rd_fail(&r, "bad mode");
         if (!rc) rc = rd_u32max(&r, &m->num_blocks, TDM__KVX_MAX_BLOCKS, "num_blocks");
         if (!rc) rc = rd_u32max(&r, &m->num_skip, TDM__KVX_MAX_BLOCKS, "num_skip");
         if (!rc) rc = rd_u32max(&r, &m->num_tokens, UINT32_MAX, "num_tokens");
-        if (!rc && (m->mode == 0 || m->num_blocks == 0 || m->num_skip > m->num_blocks ||
+        if (!rc && (m->num_blocks == 0 || m->num_skip > m->num_blocks ||
                     m->num_tokens == 0 || m->num_tokens > (uint64_t)m->num_blocks * 4096))
             rc = rd_fail(&r, "bad transfer request counts");
         break;
@@ -371,7 +426,7 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
         break;
     }
     if (rc) return rc;
-    for (uint32_t i = min_fields[m->type]; i < nf; i++)
+    for (uint32_t i = parsed; i < nf; i++)
         if (rd_skip(&r, 8)) return TDM_E_PROTOCOL;
     if (r.p != r.end) return rd_fail(&r, "trailing bytes after the message");
     return TDM_OK;
@@ -427,6 +482,18 @@ static void pk_hello(msgpack_packer *pk, const tdm__kvx_hello *h)
     msgpack_pack_uint32(pk, h->slot_bytes);
 }
 
+static void pk_hello_kv(msgpack_packer *pk, const tdm__kvx_hello *h)
+{
+    uint8_t raw[8 * TDM__KVX_MAX_KV_LAYERS];
+    uint32_t n = h->kv_name[0] ? TDM_MIN(h->kv_layers, TDM__KVX_MAX_KV_LAYERS) : 0;
+    for (uint32_t l = 0; l < n; l++)
+        for (int i = 0; i < 8; i++) raw[8 * l + (uint32_t)i] = (uint8_t)(h->kv_off[l] >> (8 * i));
+    pk_str(pk, h->kv_name);
+    msgpack_pack_uint64(pk, h->kv_name[0] ? h->kv_size : 0);
+    msgpack_pack_bin(pk, 8 * n);
+    msgpack_pack_bin_body(pk, raw, 8 * n);
+}
+
 void tdm__kvx_msg_init(tdm__kvx_msg *m, uint32_t type)
 {
     memset(m, 0, sizeof(*m));
@@ -440,17 +507,20 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
     msgpack_packer pk;
     msgpack_packer_init(&pk, &w, wr_cb);
     uint32_t nf = m->type <= TDM__KVX_MSG_MAX ? min_fields[m->type] : 0;
+    if (m->type == TDM__KVX_HELLO || m->type == TDM__KVX_HELLO_ACK) nf += 3;
     msgpack_pack_array(&pk, 2 + nf);
     msgpack_pack_uint32(&pk, m->version);
     msgpack_pack_uint32(&pk, m->type);
     switch (m->type) {
     case TDM__KVX_HELLO:
         pk_hello(&pk, &m->hello);
+        pk_hello_kv(&pk, &m->hello);
         break;
     case TDM__KVX_HELLO_ACK:
         msgpack_pack_int32(&pk, m->status);
         pk_str(&pk, m->reason);
         pk_hello(&pk, &m->hello);
+        pk_hello_kv(&pk, &m->hello);
         break;
     case TDM__KVX_XFER_REQ:
         msgpack_pack_uint64(&pk, m->rid);

@@ -29,10 +29,13 @@ enum {
 
 #define TDM__KVX_ID_LEN 64          /* engine / host ids and shm names, NUL included */
 #define TDM__KVX_REASON_LEN 128
-#define TDM__KVX_MAX_HEADER 1024    /* a header frame longer than this is rejected */
+#define TDM__KVX_MAX_HEADER 2048    /* a header frame longer than this is rejected */
 #define TDM__KVX_MAX_LAYERS 4096
 #define TDM__KVX_MAX_BLOCKS (1u << 24)
 #define TDM__KVX_NO_SLOT 0xFFFFFFFFu
+#define TDM__KVX_DIRECT_SLOT 0xFFFFFFFEu  /* DATA: the payload lists the sender's block ids */
+#define TDM__KVX_MODE_DIRECT 0x100u       /* XFER_REQ mode flag: the receiver mapped our KV */
+#define TDM__KVX_MAX_KV_LAYERS 128        /* layers whose KV offsets a HELLO can carry */
 
 /* The handshake body (HELLO and HELLO_ACK). */
 typedef struct tdm__kvx_hello {
@@ -46,6 +49,11 @@ typedef struct tdm__kvx_hello {
     char shm_name[TDM__KVX_ID_LEN];  /* "" when the sender offers no segment */
     uint64_t shm_size;
     uint32_t slot_bytes;
+    /* optional: the KV cache itself in a shared segment (same-host direct reads) */
+    char kv_name[TDM__KVX_ID_LEN];   /* "" = not offered */
+    uint64_t kv_size;
+    uint32_t kv_layers;              /* entries in kv_off (= layout.num_layers when offered) */
+    uint64_t kv_off[TDM__KVX_MAX_KV_LAYERS];
 } tdm__kvx_hello;
 
 /* One decoded message; only the fields of its type are meaningful. */

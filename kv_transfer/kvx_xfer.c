@@ -142,7 +142,8 @@ static uint64_t gcd64(uint64_t a, uint64_t b)
 /* The receiver's request (its n blocks, skip blocks and tokens, in its block size) meets this
  * send: which of our blocks to send, and in what granules so that every chunk starts on a
  * receiver block. Fails the transfer (and tells the receiver) when they cannot meet. */
-void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip, uint32_t tok)
+void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_t n, uint32_t skip, uint32_t tok,
+                   int direct)
 {
     char why[128] = "";
     kvx_peer *p = tdm__kvx_peer(k, peer);
@@ -166,6 +167,8 @@ void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_
         return;
     }
     x->tok = tok;
+    /* direct reads need identical formats (the receiver checked) and our shared cache */
+    x->direct = direct && k->kv_direct && rbs == bs;
     x->skip = (uint32_t)(skip_tok / bs);
     x->n_eff = (uint32_t)((tok + bs - 1) / bs);
     x->gran = (uint32_t)(lcm / bs);
@@ -180,10 +183,12 @@ void tdm__kvx_on_xfer_req(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
         return;
     }
     for (kvx_xfer *x = k->xfers; x; x = x->next) {
-        if (x->side != TDM_KVX_SIDE_SEND || x->state != XS_WAIT || x->rid != m->rid || x->mode != m->mode) continue;
+        uint32_t mode = m->mode & 0xffu;
+        if (x->side != TDM_KVX_SIDE_SEND || x->state != XS_WAIT || x->rid != m->rid || x->mode != mode) continue;
         if (x->peer != TDM_KVX_PEER_ANY && x->peer != p->id) continue;
-        if (m->mode == TDM_KVX_PUSH && x->xid != m->xid) continue;
-        tdm__kvx_bind(k, x, p->id, m->xid, m->num_blocks, m->num_skip, m->num_tokens);
+        if (mode == TDM_KVX_PUSH && x->xid != m->xid) continue;
+        tdm__kvx_bind(k, x, p->id, m->xid, m->num_blocks, m->num_skip, m->num_tokens,
+                      (m->mode & TDM__KVX_MODE_DIRECT) != 0);
         return;
     }
     uint32_t count = 0;
@@ -228,7 +233,7 @@ static void drop_pending(tdm_kvx *k, uint32_t peer, uint64_t rid, uint64_t xid, 
 
 static void send_credit(tdm_kvx *k, kvx_peer *p, uint32_t slot)
 {
-    if (slot == TDM__KVX_NO_SLOT || !p->rx->credit) return;
+    if (slot == TDM__KVX_NO_SLOT || slot == TDM__KVX_DIRECT_SLOT || !p->rx->credit) return;
     tdm__kvx_msg c;
     tdm__kvx_msg_init(&c, TDM__KVX_CREDIT);
     c.slot = slot;
@@ -276,15 +281,36 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
                  (unsigned long long)(nl * m->block_count * runit));
         goto bad;
     }
-    if (p->rx->resolve(p->rx_ctx, payload, m->slot, m->nbytes, &bytes) != TDM_OK) {
+    uint32_t src_ids[256];
+    int direct = m->slot == TDM__KVX_DIRECT_SLOT;
+    if (direct) {
+        /* the sender's block ids, to be read from its mapped cache */
+        if (!x->direct || !p->rkv || !payload || m->block_count > 256 || d1 - d0 != m->block_count ||
+            zmq_msg_size(payload) != 4u * m->block_count) {
+            snprintf(why, sizeof(why), "direct chunk not expected or malformed");
+            goto bad;
+        }
+        const uint8_t *ib = zmq_msg_data(payload);
+        for (uint32_t i = 0; i < m->block_count; i++) {
+            src_ids[i] = (uint32_t)ib[4 * i] | (uint32_t)ib[4 * i + 1] << 8 | (uint32_t)ib[4 * i + 2] << 16 |
+                         (uint32_t)ib[4 * i + 3] << 24;
+            if (src_ids[i] >= p->remote.layout.num_blocks) {
+                snprintf(why, sizeof(why), "sender block id %u out of its range", src_ids[i]);
+                goto bad;
+            }
+        }
+    } else if (p->rx->resolve(p->rx_ctx, payload, m->slot, m->nbytes, &bytes) != TDM_OK) {
         snprintf(why, sizeof(why), "payload does not match the header (size or slot)");
         goto bad;
     }
     for (uint32_t l = m->layer_begin; l < m->layer_end; l++)
         for (uint32_t b = d0; b < d1; b++)
             if (got_bit(x, l, b)) { snprintf(why, sizeof(why), "layer %u block %u sent twice", l, b); goto bad; }
-    status = tdm__kvx_unpack(k, p, bytes, m->nbytes, m->block_count, (uint32_t)(t1 - t0), x->blocks + d0, d1 - d0,
-                             m->layer_begin, m->layer_end);
+    if (direct)
+        status = tdm__kvx_copy_direct(k, p, src_ids, x->blocks + d0, d1 - d0, m->layer_begin, m->layer_end);
+    else
+        status = tdm__kvx_unpack(k, p, bytes, m->nbytes, m->block_count, (uint32_t)(t1 - t0), x->blocks + d0,
+                                 d1 - d0, m->layer_begin, m->layer_end);
     if (status) { snprintf(why, sizeof(why), "unpack failed: %s", tdm_strerror(status)); goto bad; }
     for (uint32_t l = m->layer_begin; l < m->layer_end; l++)
         for (uint32_t b = d0; b < d1; b++) set_bit(x, l, b);
@@ -367,6 +393,7 @@ void tdm__kvx_peer_lost(tdm_kvx *k, kvx_peer *p, int status, const char *reason)
     tdm__kvx_shm_destroy(p->shm);
     p->shm = NULL;
     p->tx = p->rx = NULL;
+    tdm__kvx_unmap_remote(p);
 }
 
 void tdm__kvx_timers(tdm_kvx *k, double now)
@@ -409,9 +436,11 @@ static int next_chunk(const tdm_kvx *k, const kvx_xfer *x, uint32_t *lb, uint32_
     }
 #undef USABLE
     size_t unit = k->unit_bytes, maxc = k->cfg.max_chunk_bytes;
+    if (x->direct && maxc < ((size_t)32 << 20)) maxc = (size_t)32 << 20;   /* only ids travel */
     size_t maxl = maxc / (unit * g);
     if (b - a > maxl) b = a + (uint32_t)maxl;
     size_t maxb = maxc / (unit * (b - a)) / g * g;
+    if (x->direct && maxb > 256) maxb = 256;   /* ids per direct chunk */
     uint32_t c = lim - s;
     if (c > maxb) c = (uint32_t)maxb;
     *lb = a;
@@ -428,12 +457,63 @@ static int all_sent(const tdm_kvx *k, const kvx_xfer *x)
     return 1;
 }
 
+static void chunk_sent(tdm_kvx *k, kvx_xfer *x, uint32_t lb, uint32_t le, uint32_t cnt, size_t nbytes, int shm)
+{
+    for (uint32_t l = lb; l < le; l++) x->sent[l] += cnt;
+    k->st.chunks_sent++;
+    if (shm) k->st.chunks_sent_shm++;
+    x->seq++;
+    x->bytes += nbytes;
+    k->st.bytes_sent += nbytes;
+    x->deadline = tdm__now() + x->timeout_ms / 1000.0;
+    if (all_sent(k, x)) x->state = XS_DRAIN;
+}
+
+/* A direct chunk: only our block ids travel (u32 little-endian in the payload frame); the
+ * receiver copies them out of our shared cache. */
+static int send_direct(tdm_kvx *k, kvx_xfer *x, kvx_peer *p, uint32_t lb, uint32_t le, uint32_t bb,
+                       uint32_t cnt, size_t nbytes)
+{
+    zmq_msg_t frame;
+    if (zmq_msg_init_size(&frame, (size_t)cnt * 4) != 0) {
+        tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_NOMEM, "cannot build a frame", 1);
+        return -1;
+    }
+    uint8_t *d = zmq_msg_data(&frame);
+    for (uint32_t i = 0; i < cnt; i++) {
+        uint32_t id = x->blocks[bb + i];
+        d[4 * i] = (uint8_t)id;
+        d[4 * i + 1] = (uint8_t)(id >> 8);
+        d[4 * i + 2] = (uint8_t)(id >> 16);
+        d[4 * i + 3] = (uint8_t)(id >> 24);
+    }
+    tdm__kvx_msg m;
+    tdm__kvx_msg_init(&m, TDM__KVX_DATA);
+    m.rid = x->rid;
+    m.xid = x->xid;
+    m.seq = x->seq;
+    m.layer_begin = lb;
+    m.layer_end = le;
+    m.block_begin = bb;
+    m.block_count = cnt;
+    m.nbytes = nbytes;
+    m.slot = TDM__KVX_DIRECT_SLOT;
+    m.num_tokens = x->tok;
+    int rc = tdm__kvx_send_frames(k, p, &m, &frame);
+    zmq_msg_close(&frame);
+    if (rc == TDM_E_AGAIN) { p->tx_blocked = 1; return 0; }
+    if (rc) { tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_PEER, "send failed", 0); return -1; }
+    chunk_sent(k, x, lb, le, cnt, nbytes, 1);
+    return 1;
+}
+
 /* Packs and sends one chunk. Returns 1 if sent, 0 if blocked, -1 if the transfer ended. */
 static int send_chunk(tdm_kvx *k, kvx_xfer *x, kvx_peer *p)
 {
     uint32_t lb, le, bb, cnt;
     if (!next_chunk(k, x, &lb, &le, &bb, &cnt)) return 0;
     size_t nbytes = (size_t)(le - lb) * cnt * k->unit_bytes;
+    if (x->direct) return send_direct(k, x, p, lb, le, bb, cnt, nbytes);
     void *buf;
     uint32_t slot;
     int rc = p->tx->acquire(p->tx_ctx, nbytes, &buf, &slot);
@@ -479,14 +559,7 @@ static int send_chunk(tdm_kvx *k, kvx_xfer *x, kvx_peer *p)
         tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_PEER, "send failed", 0);
         return -1;
     }
-    for (uint32_t l = lb; l < le; l++) x->sent[l] += cnt;
-    k->st.chunks_sent++;
-    if (slot != TDM__KVX_NO_SLOT) k->st.chunks_sent_shm++;
-    x->seq++;
-    x->bytes += nbytes;
-    k->st.bytes_sent += nbytes;
-    x->deadline = tdm__now() + x->timeout_ms / 1000.0;
-    if (all_sent(k, x)) x->state = XS_DRAIN;
+    chunk_sent(k, x, lb, le, cnt, nbytes, slot != TDM__KVX_NO_SLOT);
     return 1;
 }
 

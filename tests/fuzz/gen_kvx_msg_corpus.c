@@ -67,7 +67,16 @@ int main(int argc, char **argv)
         size_t n = enc(&m, buf);
         snprintf(name, sizeof(name), "valid_%s", names[t]);
         put(name, buf, n);
-        if (t == TDM__KVX_HELLO) put("broken_hello_truncated", buf, n / 2);
+        if (t == TDM__KVX_HELLO) {
+            put("broken_hello_truncated", buf, n / 2);
+            snprintf(m.hello.kv_name, sizeof(m.hello.kv_name), "/tdm-kvx-kv-1-abc");
+            m.hello.kv_layers = 32;
+            m.hello.kv_size = 32ull << 26;
+            for (uint32_t l = 0; l < 32; l++) m.hello.kv_off[l] = (uint64_t)l << 26;
+            put("valid_hello_shared_kv", buf, enc(&m, buf));
+            m.hello.kv_off[3] = m.hello.kv_size;   /* beyond the segment */
+            put("broken_hello_kv_offset", buf, enc(&m, buf));
+        }
         if (t == TDM__KVX_DATA) {
             buf[n++] = 0xc0;
             put("broken_data_trailing_byte", buf, n);

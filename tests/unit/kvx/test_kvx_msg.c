@@ -14,6 +14,10 @@ static size_t make(uint32_t type, uint8_t *buf)
     snprintf(m.hello.engine_id, sizeof(m.hello.engine_id), "e-%u", type);
     tdm_kv_layout_init(&m.hello.layout, TDM_KV_LAYOUT_FLASHINFER, 8, 100, 16, 4, 64, TDM_DTYPE_BF16);
     snprintf(m.hello.host_id, sizeof(m.hello.host_id), "h");
+    snprintf(m.hello.kv_name, sizeof(m.hello.kv_name), "/kv");
+    m.hello.kv_size = 100000;
+    m.hello.kv_layers = 8;
+    for (uint32_t l = 0; l < 8; l++) m.hello.kv_off[l] = 1000u * l;
     m.rid = 0xfedcba9876543210ull;
     m.xid = 77;
     m.mode = 2;
@@ -53,6 +57,9 @@ static void msg__every_type_round_trips(void **state)
         if (t == TDM__KVX_HELLO) {
             assert_string_equal(m.hello.engine_id, "e-1");
             assert_int_equal(m.hello.layout.stride_block, 2 * 16 * 4 * 64);
+            assert_string_equal(m.hello.kv_name, "/kv");
+            assert_int_equal(m.hello.kv_layers, 8);
+            assert_int_equal(m.hello.kv_off[7], 7000);
         }
         if (t == TDM__KVX_FAIL) {
             assert_int_equal(m.status, TDM_E_PEER);

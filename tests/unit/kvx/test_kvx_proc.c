@@ -4,6 +4,7 @@
  * cache), and a prefill child SIGKILLed mid-transfer: the receiver's transfer fails with
  * TDM_E_PEER through the heartbeat, every reservation is released and the engine still works.
  */
+#include <glob.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -12,7 +13,7 @@
 #define N 24
 
 /* The child: a prefill engine that exports request 1 (ready blocks given) and waits. */
-static void child(const char *ep, uint32_t transports, uint32_t ready, int wait_done)
+static void child(const char *ep, uint32_t transports, uint32_t ready, int wait_done, int shared)
 {
     eng p;
     tdm_kvx_config c;
@@ -25,11 +26,14 @@ static void child(const char *ep, uint32_t transports, uint32_t ready, int wait_
     memset(&p, 0, sizeof(p));
     p.lay = l;
     p.layer_bytes = (size_t)2 * T_BLOCKS * T_BS * T_HEADS * T_DIM * 2;
-    p.mem = malloc(p.layer_bytes * T_LAYERS);
+    if (tdm_kvx_create(&c, &p.kvx)) _exit(11);
+    void *mem = NULL;
+    if (shared && tdm_kvx_alloc_shared(p.kvx, p.layer_bytes * T_LAYERS, &mem)) _exit(15);
+    p.mem = shared ? mem : malloc(p.layer_bytes * T_LAYERS);
     if (!p.mem) _exit(10);
     for (uint32_t i = 0; i < T_LAYERS; i++) p.bases[i] = p.mem + i * p.layer_bytes;
     t_fill(&p, 1234);
-    if (tdm_kvx_create(&c, &p.kvx) || tdm_kvx_register(p.kvx, &l, p.bases, TDM_MEM_HOST, 0)) _exit(11);
+    if (tdm_kvx_register(p.kvx, &l, p.bases, TDM_MEM_HOST, 0)) _exit(11);
     uint32_t src[N];
     t_ids(src, N, T_BLOCKS, 55);
     tdm_kvx_send_desc sd;
@@ -47,7 +51,7 @@ static void child(const char *ep, uint32_t transports, uint32_t ready, int wait_
     if (tdm_kvx_poll(p.kvx, &ev, 1, &n, 10000) || n != 1) _exit(13);
     int code = ev.type == TDM_KVX_EV_DONE ? 0 : 14;
     tdm_kvx_destroy(p.kvx);
-    free(p.mem);
+    if (!shared) free(p.mem);
     _exit(code);
 }
 
@@ -62,13 +66,13 @@ static void connect_retry(eng *d, const char *ep, uint32_t *peer)
     if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d->kvx));
 }
 
-static void two_processes(uint32_t transports)
+static void two_processes(uint32_t transports, int shared)
 {
     char ep[128];
     t_ipc(ep, sizeof(ep), "proc");
     pid_t pid = fork();
     assert_true(pid >= 0);
-    if (pid == 0) child(ep, transports, N, 1);
+    if (pid == 0) child(ep, transports, N, 1, shared);
     eng d, ref;
     t_engine(&d, "parent-decode", TDM_KVX_ROLE_DECODE, NULL, transports, 99);
     uint32_t peer;
@@ -104,13 +108,19 @@ static void two_processes(uint32_t transports)
 static void proc__pull_over_ipc_between_processes(void **state)
 {
     (void)state;
-    two_processes(TDM_KVX_TRANSPORT_ZMQ);
+    two_processes(TDM_KVX_TRANSPORT_ZMQ, 0);
 }
 
 static void proc__pull_over_shared_memory_between_processes(void **state)
 {
     (void)state;
-    two_processes(TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM);
+    two_processes(TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 0);
+}
+
+static void proc__direct_reads_from_another_process_cache(void **state)
+{
+    (void)state;
+    two_processes(TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 1);
 }
 
 static void proc__killed_sender_fails_transfer_and_releases_blocks(void **state)
@@ -120,7 +130,7 @@ static void proc__killed_sender_fails_transfer_and_releases_blocks(void **state)
     t_ipc(ep, sizeof(ep), "kill");
     pid_t pid = fork();
     assert_true(pid >= 0);
-    if (pid == 0) child(ep, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 2, 0);   /* 2 of N ready, then stalls */
+    if (pid == 0) child(ep, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 2, 0, 1);   /* 2 of N ready, then stalls */
     eng d;
     tdm_kvx_config c;
     t_config(&c, "victim-decode", TDM_KVX_ROLE_DECODE, NULL);
@@ -151,7 +161,14 @@ static void proc__killed_sender_fails_transfer_and_releases_blocks(void **state)
     kill(pid, SIGKILL);
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
-    unlink(ep + 6);   /* the killed child's socket file */
+    unlink(ep + 6);   /* the killed child's socket file and shared KV segment */
+    char pat[96];
+    snprintf(pat, sizeof(pat), "/dev/shm/tdm-kvx-kv-%d-*", (int)pid);
+    glob_t g;
+    if (glob(pat, 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
+        globfree(&g);
+    }
     for (int i = 0; i < 2; i++) {
         tdm_kvx_event ev = t_wait(&d);
         assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
@@ -175,6 +192,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(proc__pull_over_ipc_between_processes),
         cmocka_unit_test(proc__pull_over_shared_memory_between_processes),
+        cmocka_unit_test(proc__direct_reads_from_another_process_cache),
         cmocka_unit_test(proc__killed_sender_fails_transfer_and_releases_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,7 @@
 #include <poll.h>
 
 #include "kvx_testutil.h"
+#include "../../../kv_transfer/kvx_internal.h"
 
 #define ZMQ_ONLY TDM_KVX_TRANSPORT_ZMQ
 #define WITH_SHM (TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM)
@@ -81,6 +82,8 @@ static void run_pull(pair *x, uint32_t n, uint32_t skip, uint64_t seed)
     assert_int_equal(t_compare(&x->p, src, &x->d, dst, skip, n), 0);
     check_idle(&x->d);
     check_idle(&x->p);
+    assert_int_equal(t_stats(&x->d).msgs_rejected, 0);   /* a clean exchange */
+    assert_int_equal(t_stats(&x->p).msgs_rejected, 0);
 }
 
 static void pull__ipc_zmq_moves_every_byte(void **state)
@@ -137,6 +140,54 @@ static void pull__prefix_skip_sends_only_the_rest(void **state)
     run_pull(&x, 12, 3, 5);
     for (int i = 0; i < 3; i++) assert_memory_equal(before[i], t_row(&x.d, 0, 0, dst[i], 0, 0), 64);
     pair_down(&x);
+}
+
+/* An engine whose KV cache lives in its shared segment (tdm_kvx_alloc_shared). */
+static void engine_shared(eng *e, const char *id, uint32_t role, const char *ep, uint64_t seed)
+{
+    tdm_kvx_config c;
+    t_config(&c, id, role, ep);
+    memset(e, 0, sizeof(*e));
+    t_layout(&e->lay, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    e->layer_bytes = (size_t)2 * T_BLOCKS * T_BS * T_HEADS * T_DIM * 2;
+    assert_int_equal(tdm_kvx_create(&c, &e->kvx), TDM_OK);
+    void *mem = NULL;
+    assert_int_equal(tdm_kvx_alloc_shared(e->kvx, e->layer_bytes * T_LAYERS, &mem), TDM_OK);
+    assert_int_equal(tdm_kvx_alloc_shared(e->kvx, 4096, &mem), TDM_E_STATE);
+    e->mem = mem;
+    for (uint32_t l = 0; l < T_LAYERS; l++) e->bases[l] = e->mem + l * e->layer_bytes;
+    t_fill(e, seed);
+    assert_int_equal(tdm_kvx_register(e->kvx, &e->lay, e->bases, TDM_MEM_HOST, 0), TDM_OK);
+}
+
+static void shm__direct_reads_from_a_shared_cache(void **state)
+{
+    (void)state;
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "direct");
+    pair x;
+    engine_shared(&x.p, "prefill-0", TDM_KVX_ROLE_PREFILL, ep, 11);
+    t_engine(&x.d, "decode-0", TDM_KVX_ROLE_DECODE, NULL, WITH_SHM, 22);
+    assert_int_equal(tdm_kvx_connect(x.d.kvx, ep, NULL, &x.peer_on_d), TDM_OK);
+    assert_int_equal(tdm_kvx_find_peer(x.p.kvx, "decode-0", &x.peer_on_p), TDM_OK);
+    assert_non_null(x.d.kvx->peers[x.peer_on_d & 0xffff].rkv);   /* mapped read-only */
+    run_pull(&x, 40, 0, 401);
+    run_pull(&x, 17, 5, 402);
+    tdm_kvx_stats st = t_stats(&x.p);
+    assert_true(st.chunks_sent > 0);
+    assert_int_equal(st.chunks_sent_shm, st.chunks_sent);
+    assert_int_equal(st.msgs_rejected, 0);
+    assert_int_equal(t_stats(&x.d).msgs_rejected, 0);
+    t_free(&x.d);
+    tdm_kvx_destroy(x.p.kvx);   /* owns the shared memory */
+    /* a receiver without shared memory gets the bytes as usual */
+    engine_shared(&x.p, "prefill-0", TDM_KVX_ROLE_PREFILL, ep, 11);
+    t_engine(&x.d, "decode-0", TDM_KVX_ROLE_DECODE, NULL, ZMQ_ONLY, 22);
+    assert_int_equal(tdm_kvx_connect(x.d.kvx, ep, NULL, &x.peer_on_d), TDM_OK);
+    assert_null(x.d.kvx->peers[x.peer_on_d & 0xffff].rkv);
+    run_pull(&x, 9, 1, 403);
+    t_free(&x.d);
+    tdm_kvx_destroy(x.p.kvx);
 }
 
 static void push__tcp_sender_first_then_announce(void **state)
@@ -704,6 +755,7 @@ int main(void)
         cmocka_unit_test(pull__tcp_loopback_moves_every_byte),
         cmocka_unit_test(pull__shared_memory_moves_every_byte),
         cmocka_unit_test(pull__prefix_skip_sends_only_the_rest),
+        cmocka_unit_test(shm__direct_reads_from_a_shared_cache),
         cmocka_unit_test(push__tcp_sender_first_then_announce),
         cmocka_unit_test(stream__blocks_flow_before_the_prompt_is_complete),
         cmocka_unit_test(layout__different_arrangement_same_format_is_accepted),
