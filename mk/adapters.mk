@@ -41,7 +41,7 @@ $(PY_VENV)/.tandem-installed: $(PY_VENV)/.deps-ok $(PY_SRCS)
 	@rm -rf $(BUILD)/py-src; mkdir -p $(BUILD)/py-src
 	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(BUILD)/py-src/
 	@$(PY_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-	  --force-reinstall ./$(BUILD)/py-src >$(PY_VENV)/pip-tandem.log 2>&1 || \
+	  --force-reinstall $(abspath $(BUILD))/py-src >$(PY_VENV)/pip-tandem.log 2>&1 || \
 	  { cat $(PY_VENV)/pip-tandem.log >&2; exit 1; }
 	@touch $@
 
@@ -111,7 +111,7 @@ $(VLLM_VENV)/.tandem-installed: $(VLLM_VENV)/.deps-ok $(PY_SRCS)
 	@rm -rf $(BUILD)/py-src-vllm; mkdir -p $(BUILD)/py-src-vllm
 	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(BUILD)/py-src-vllm/
 	@$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-	  --force-reinstall ./$(BUILD)/py-src-vllm >$(VLLM_VENV)/pip-tandem.log 2>&1 || \
+	  --force-reinstall $(abspath $(BUILD))/py-src-vllm >$(VLLM_VENV)/pip-tandem.log 2>&1 || \
 	  { cat $(VLLM_VENV)/pip-tandem.log >&2; exit 1; }
 	@touch $@
 

@@ -30,8 +30,9 @@ $(KVX_PYSERVER): tests/unit/kvx/py/kvx_pyserver.c $(LIB_A) $(HEADERS)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -o $@ $< $(LIB_A) $(LINK_LIBS)
 
 .PHONY: test-kvx-py
-test-kvx-py: $(KVX_PYSERVER)
+# Runs in the Python test virtualenv (mk/adapters.mk), which has pyzmq and msgpack.
+test-kvx-py: $(KVX_PYSERVER) $(PY_VENV)/.deps-ok
 	@mkdir -p $(RESULTS)
-	@python3 tests/unit/kvx/py/kvx_pyclient.py $(KVX_PYSERVER) $(RESULTS)/kvx-py.counts
+	@$(PY_VENV)/bin/python tests/unit/kvx/py/kvx_pyclient.py $(KVX_PYSERVER) $(RESULTS)/kvx-py.counts
 
 TEST_SUITES += test-kvx-py
