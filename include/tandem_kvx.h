@@ -27,7 +27,8 @@
  * (tensor parallelism: the receiver's heads [head_offset, +num_kv_heads) must lie within the
  * sender's) or block size differ (tokens are re-blocked; the transfer moves
  * min(receiver blocks * its block size, sender blocks * its block size) tokens, which must
- * reach into the receiver's last block). num_layers and head_dim must be equal.
+ * reach into the receiver's last block) or the fp8 scales differ (tdm_kvx_set_kv_scales).
+ * num_layers and head_dim must be equal.
  * docs/protocol.md describes the wire protocol.
  */
 #ifndef TANDEM_KVX_H
@@ -145,6 +146,26 @@ TDM_API int tdm_kvx_alloc_shared(tdm_kvx *kvx, size_t bytes, void **ptr);
 TDM_API int tdm_kvx_register(tdm_kvx *kvx, const struct tdm_kv_layout *layout,
                              void *const *layer_bases, uint32_t mem_kind, uint32_t head_offset);
 
+/* Declare the quantization scales of this engine's fp8-e4m3 KV cache, which the handshake
+ * sends to every peer: a receiver decodes the sender's values as fp8 * sender scale and, when
+ * its own cache is fp8, stores value / its own scale (vLLM's k_scale / v_scale). scale_kind is
+ * a tdm_kv_scale_kind (tandem_kernels.h): NONE (the default: scale 1; count_per_layer 0,
+ * k_scales / v_scales ignored and may be NULL), TENSOR (one K and one V scale per layer:
+ * count_per_layer 1) or HEAD (one per KV head of this rank, in the order of its heads
+ * [head_offset, head_offset + num_kv_heads): count_per_layer = the layout's num_kv_heads).
+ * k_scales and v_scales hold num_layers * count_per_layer floats, layer-major (scale of
+ * layer l, head h at [l * count_per_layer + h]); each must be finite and > 0; both are copied
+ * (the caller keeps ownership) and at most 16384 per array. Call after tdm_kvx_register and
+ * before tdm_kvx_connect or any peer's handshake; it may be called again until then (the
+ * last call wins). Equal dtypes with equal scales on both sides keep the plain byte copy.
+ * Thread-safe.
+ * Errors: TDM_E_INVAL (NULL engine or arrays, unknown kind, count not matching the kind and
+ * the registered layout, a non-fp8 cache with a kind other than NONE, a value that is NaN,
+ * infinite, zero or negative: the message names it), TDM_E_STATE (not registered, or a
+ * handshake has begun or completed), TDM_E_NOMEM. On error the scales are unchanged. */
+TDM_API int tdm_kvx_set_kv_scales(tdm_kvx *kvx, uint32_t scale_kind, const float *k_scales,
+                                  const float *v_scales, uint32_t count_per_layer);
+
 /* Connect to a peer's endpoint and run the handshake, waiting up to handshake_timeout_ms.
  * server_public_key: the peer's CURVE key (Z85) when it uses CURVE, else NULL (our own key
  * pair from the config is used as the client key; one is generated when absent).
@@ -152,7 +173,8 @@ TDM_API int tdm_kvx_register(tdm_kvx *kvx, const struct tdm_kv_layout *layout,
  * Errors: TDM_E_STATE (not registered), TDM_E_LAYOUT (layouts cannot be converted: the
  * message says which field), TDM_E_VERSION, TDM_E_AUTH (CURVE refused, or no answer within
  * the timeout while CURVE is in use), TDM_E_TIMEOUT, TDM_E_EXISTS (already connected to that
- * engine id), TDM_E_IO. */
+ * engine id), TDM_E_PROTOCOL (the peer's answer is malformed, e.g. invalid KV scales, or it
+ * refused our HELLO as malformed), TDM_E_IO. */
 TDM_API int tdm_kvx_connect(tdm_kvx *kvx, const char *endpoint, const char *server_public_key,
                             uint32_t *peer);
 

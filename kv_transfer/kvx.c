@@ -297,6 +297,7 @@ void tdm_kvx_destroy(tdm_kvx *k)
         for (uint32_t i = 0; i < k->num_peers; i++) {
             tdm__kvx_shm_destroy(k->peers[i].shm);
             tdm__kvx_unmap_remote(&k->peers[i]);
+            tdm__kvx_peer_scales_free(&k->peers[i]);
         }
     tdm__kvx_pool_destroy(k->pool);
     tdm__free(k->peers);
@@ -309,6 +310,7 @@ void tdm_kvx_destroy(tdm_kvx *k)
         shm_unlink(k->kvseg_name);
     }
     tdm__free(k->bounce);
+    tdm__free(k->scales);
     if (k->wake_fd >= 0) close(k->wake_fd);
     if (k->ev_fd >= 0) close(k->ev_fd);
     pthread_cond_destroy(&k->cond);

@@ -88,6 +88,8 @@ typedef struct kvx_peer {
     size_t rkv_size;
     void **rkv_bases;              /* its layer bases in our address space */
     int tx_blocked;                /* the tx transport said AGAIN */
+    float *rscales;                /* the peer's KV scales: K then V (remote.k_scales / v_scales) */
+    int scales_same;               /* receiving from it needs no rescaling (equal dtypes and scales) */
     /* handshake of an outgoing connection */
     char ep[256];
     char srvkey[41];
@@ -182,6 +184,10 @@ struct tdm_kvx {
     int kv_direct;                 /* every registered layer lies in kvseg */
     uint64_t kv_off[TDM__KVX_MAX_KV_LAYERS];
     uint8_t *bounce;               /* direct reads: cache-sized bounce buffer */
+    uint32_t scale_kind;           /* tdm_kvx_set_kv_scales: tdm_kv_scale_kind, NONE by default */
+    uint32_t scale_count;          /* floats per layer (1 or num_kv_heads) */
+    float *scales;                 /* [2][num_layers * scale_count]: K then V */
+    int handshaken;                /* a handshake has begun or completed: scales are fixed */
     size_t bounce_size;
 
     kvx_peer *peers;
@@ -231,6 +237,15 @@ void tdm__kvx_timers(tdm_kvx *k, double now);
 int tdm__kvx_pump(tdm_kvx *k, int budget);
 int tdm__kvx_send_frames(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t *payload);
 void tdm__kvx_xfer_free(tdm_kvx *k, kvx_xfer *x);
+
+/* kvx_scales.c: the KV quantization scales exchanged in the handshake (mu held). */
+void tdm__kvx_fill_scales(const tdm_kvx *k, tdm__kvx_hello *h);
+/* Adopt the peer's scales from its decoded HELLO (copied: h points into a frame) and decide
+ * whether receiving from it needs rescaling. TDM_E_NOMEM with why. */
+int tdm__kvx_peer_scales(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, char *why, size_t why_len);
+void tdm__kvx_peer_scales_free(kvx_peer *p);
+/* Set the scale fields of the options converting chunks from p into our cache. */
+void tdm__kvx_scale_opts(const tdm_kvx *k, const kvx_peer *p, tdm_kv_convert_opts *o);
 
 /* kvx_layout.c: compatibility and (un)packing through the kernels. */
 int tdm__kvx_compat(const tdm_kv_layout *src, uint32_t src_head_off, const tdm_kv_layout *dst,

@@ -47,6 +47,7 @@ kvx_peer *tdm__kvx_peer_new(tdm_kvx *k)
         gen = (k->peers[i].gen + 1) & 0x7fffu;
     }
     kvx_peer *p = &k->peers[i];
+    tdm__kvx_peer_scales_free(p);
     memset(p, 0, sizeof(*p));
     p->gen = gen;
     p->id = (gen << 16) | i;
@@ -90,6 +91,15 @@ int tdm__kvx_send_frames(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg
 {
     uint8_t buf[TDM__KVX_MAX_HEADER];
     size_t len;
+    if (m->type == TDM__KVX_HELLO || m->type == TDM__KVX_HELLO_ACK) {
+        /* a handshake may carry KV scales: up to TDM__KVX_MAX_HELLO bytes */
+        uint8_t *big = tdm__malloc(TDM__KVX_MAX_HELLO);
+        if (!big) return TDM_E_NOMEM;
+        int rc = tdm__kvx_msg_encode(m, big, TDM__KVX_MAX_HELLO, &len) ? TDM_E_INTERNAL
+                                                                        : send_raw(k, p, big, len, payload);
+        tdm__free(big);
+        return rc;
+    }
     if (tdm__kvx_msg_encode(m, buf, sizeof(buf), &len)) return TDM_E_INTERNAL;
     return send_raw(k, p, buf, len, payload);
 }
@@ -126,6 +136,7 @@ static void fill_hello(tdm_kvx *k, tdm__kvx_hello *h)
         h->kv_layers = k->layout.num_layers;
         memcpy(h->kv_off, k->kv_off, sizeof(uint64_t) * h->kv_layers);
     }
+    tdm__kvx_fill_scales(k, h);
 }
 
 void tdm__kvx_unmap_remote(kvx_peer *p)
@@ -142,7 +153,7 @@ void tdm__kvx_unmap_remote(kvx_peer *p)
 static void map_remote_kv(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h)
 {
     size_t lbytes;
-    if (!h->kv_name[0] || !(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || strcmp(h->host_id, k->host_id) ||
+    if (!h->kv_name[0] || !p->scales_same || !(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || strcmp(h->host_id, k->host_id) ||
         k->cfg.role == TDM_KVX_ROLE_PREFILL || h->role == TDM_KVX_ROLE_DECODE || k->mem_kind != TDM_MEM_HOST ||
         tdm__kvx_compat(&h->layout, h->head_offset, &k->layout, k->head_offset, NULL, 0) != 0 ||
         tdm_kv_layout_layer_bytes(&h->layout, &lbytes) != TDM_OK)
@@ -182,9 +193,16 @@ static void use_zmq(tdm_kvx *k, kvx_peer *p)
     p->tx_ctx = p->rx_ctx = k->pool;
 }
 
-static void peer_up(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h)
+/* Takes the peer's handshake (layout, scales: copied) before it comes up. */
+static int peer_adopt(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, char *why, size_t why_len)
 {
     p->remote = *h;
+    return tdm__kvx_peer_scales(k, p, h, why, why_len);
+}
+
+static void peer_up(tdm_kvx *k, kvx_peer *p)
+{
+    k->handshaken = 1;
     p->state = PEER_ALIVE;
     p->last_rx = p->last_tx = tdm__now();
     if (p->shm) {
@@ -225,6 +243,7 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
     char why[TDM__KVX_REASON_LEN] = "";
     int other_out = 0, other = -1;
     if (decode_rc == TDM_E_VERSION) { st = TDM_E_VERSION; snprintf(why, sizeof(why), "%s", decode_why); }
+    else if (decode_rc) { st = TDM_E_PROTOCOL; snprintf(why, sizeof(why), "malformed HELLO: %.100s", decode_why); }
     else if (!k->registered) { st = TDM_E_STATE; snprintf(why, sizeof(why), "the server has not registered its KV cache"); }
     else if (check_peer_layout(k, &m->hello, why, sizeof(why))) st = TDM_E_LAYOUT;
     else if ((other = engine_taken(k, m->hello.engine_id, UINT32_MAX, &other_out)) >= 0 && other_out) {
@@ -236,13 +255,13 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
         if (other >= 0) tdm__kvx_peer_lost(k, &k->peers[other], TDM_E_PEER, "the peer reconnected");
         p = tdm__kvx_peer_new(k);
         if (!p) { st = TDM_E_NO_SPACE; snprintf(why, sizeof(why), "too many peers"); }
+        else if ((st = peer_adopt(k, p, &m->hello, why, sizeof(why)))) p->state = PEER_DEAD;
     }
     if (st) {
         a.status = st;
         snprintf(a.reason, sizeof(a.reason), "%s", why);
-        uint8_t buf[TDM__KVX_MAX_HEADER];
-        size_t len;
-        if (!tdm__kvx_msg_encode(&a, buf, sizeof(buf), &len)) send_raw(k, &tmp, buf, len, NULL);
+        a.hello.scale_kind = TDM_KV_SCALE_NONE;   /* a refusal needs no scales */
+        tdm__kvx_send_frames(k, &tmp, &a, NULL);
         return;
     }
     memcpy(p->rtid, rtid, rtid_len);
@@ -256,7 +275,7 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
     } else {
         a.hello.transports &= ~TDM_KVX_TRANSPORT_SHM;
     }
-    peer_up(k, p, h);
+    peer_up(k, p);
     map_remote_kv(k, p, h);
     tdm__kvx_send_frames(k, p, &a, NULL);
 }
@@ -290,7 +309,9 @@ static void on_hello_ack(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
         tdm__kvx_shm_destroy(p->shm);
         p->shm = NULL;
     }
-    peer_up(k, p, &m->hello);
+    int rc = peer_adopt(k, p, &m->hello, why, sizeof(why));
+    if (rc) { hs_finish(k, p, rc, why); return; }
+    peer_up(k, p);
     map_remote_kv(k, p, &m->hello);
     hs_finish(k, p, TDM_OK, "");
 }
@@ -326,6 +347,7 @@ static void open_dealer(tdm_kvx *k, kvx_peer *p)
     tdm__kvx_msg h;
     tdm__kvx_msg_init(&h, TDM__KVX_HELLO);
     fill_hello(k, &h.hello);
+    k->handshaken = 1;   /* our scales are on their way: fixed from now on */
     if (k->cfg.transports & TDM_KVX_TRANSPORT_SHM &&
         tdm__kvx_shm_create(k->cfg.max_chunk_bytes, k->cfg.shm_slots, k->shm_seq++, &p->shm,
                             h.hello.shm_name, sizeof(h.hello.shm_name)) == TDM_OK) {
@@ -388,7 +410,21 @@ static void dispatch(tdm_kvx *k, kvx_peer *p, const zmq_msg_t *rt, zmq_msg_t *fr
             on_hello(k, zmq_msg_data((zmq_msg_t *)rt), rl, &m, rc, why);
             return;
         }
+        if (rc == TDM_E_PROTOCOL && m.type == TDM__KVX_HELLO && nf == 1) {
+            /* a malformed HELLO is refused with the reason (and counted) */
+            k->st.msgs_rejected++;
+            on_hello(k, zmq_msg_data((zmq_msg_t *)rt), rl, &m, rc, why);
+            return;
+        }
         k->st.msgs_rejected++;
+        return;
+    }
+    if (rc == TDM_E_PROTOCOL && p->state == PEER_HANDSHAKE && m.type == TDM__KVX_HELLO_ACK) {
+        /* a malformed answer (e.g. invalid KV scales) fails the handshake with the reason */
+        char r[TDM__KVX_REASON_LEN];
+        snprintf(r, sizeof(r), "malformed HELLO_ACK: %.100s", why);
+        k->st.msgs_rejected++;
+        hs_finish(k, p, TDM_E_PROTOCOL, r);
         return;
     }
     if (rc != TDM_OK || (nf == 2 && m.type != TDM__KVX_DATA)) { k->st.msgs_rejected++; return; }
@@ -445,7 +481,7 @@ static void drain(tdm_kvx *k, void *s, kvx_peer *from, int router, int budget)
             if (f == &junk) zmq_msg_close(f);
             else nf++;
         }
-        if (bad || nf == 0 || nf > 2 || zmq_msg_size(&frames[0]) > TDM__KVX_MAX_HEADER) k->st.msgs_rejected++;
+        if (bad || nf == 0 || nf > 2 || zmq_msg_size(&frames[0]) > TDM__KVX_MAX_HELLO) k->st.msgs_rejected++;
         else {
             kvx_peer *p = from;
             if (router) p = peer_by_rtid(k, zmq_msg_data(&rt), zmq_msg_size(&rt));

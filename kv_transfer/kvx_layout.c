@@ -69,12 +69,13 @@ int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t
     }
     if (r->dtype == k->layout.dtype && r->num_kv_heads == k->layout.num_kv_heads &&
         r->block_size == k->layout.block_size && p->remote.head_offset == k->head_offset &&
-        src_blocks == n) {
+        src_blocks == n && p->scales_same) {
         if (!cuda) return tdm_kv_unpack(&k->layout, k->bases, ids, n, lb, le, src, src_size);
         int rc = tdm_kv_unpack_cuda(&k->layout, k->bases, ids, n, lb, le, src, src_size, NULL);
         return rc ? rc : tdm_cuda_stream_sync(NULL);
     }
-    /* a different dtype, head split or block size: convert while unpacking */
+    /* a different dtype, head split, block size or KV scales: convert while unpacking (the
+     * sender's scales decode, ours encode) */
     tdm_kv_convert_opts o;
     tdm_kv_convert_opts_init(&o);
     o.layer_begin = lb;
@@ -82,6 +83,7 @@ int tdm__kvx_unpack(const tdm_kvx *k, const kvx_peer *p, const void *src, size_t
     o.src_head_offset = k->head_offset - p->remote.head_offset;
     o.dst_head_offset = 0;
     o.num_heads = k->layout.num_kv_heads;
+    tdm__kvx_scale_opts(k, p, &o);
     if (!cuda) return tdm_kv_unpack_convert(r, src, src_size, src_blocks, tokens, &k->layout, k->bases, ids, n, &o);
     int rc = tdm_kv_unpack_convert_cuda(r, src, src_size, src_blocks, tokens, &k->layout, k->bases, ids, n, &o, NULL);
     return rc ? rc : tdm_cuda_stream_sync(NULL);

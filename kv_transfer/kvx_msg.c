@@ -6,6 +6,7 @@
  * unknown trailing fields, and range-checks every field before the caller sees it. The
  * encoder uses msgpack-c's packer with a write callback into a fixed buffer.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -252,8 +253,8 @@ static int rd_layout(rd *r, tdm_kv_layout *l)
     return TDM_OK;
 }
 
-/* A bin (or str) of n bytes copied into dst[cap]; *n receives its length. */
-static int rd_bin(rd *r, uint8_t *dst, size_t cap, size_t *n, const char *name)
+/* A bin (or str): *b points at its n bytes inside the message (no copy). */
+static int rd_bin_view(rd *r, const uint8_t **out, size_t *n, const char *name)
 {
     const uint8_t *b;
     if (rd_bytes(r, 1, &b)) return TDM_E_PROTOCOL;
@@ -267,13 +268,78 @@ static int rd_bin(rd *r, uint8_t *dst, size_t cap, size_t *n, const char *name)
         if (r->why && r->why_len) snprintf(r->why, r->why_len, "field %s: expected bytes", name);
         return TDM_E_PROTOCOL;
     }
+    if (rd_bytes(r, len, out)) return TDM_E_PROTOCOL;
+    *n = len;
+    return TDM_OK;
+}
+
+/* A bin (or str) of n bytes copied into dst[cap]; *n receives its length. */
+static int rd_bin(rd *r, uint8_t *dst, size_t cap, size_t *n, const char *name)
+{
+    const uint8_t *b;
+    size_t len;
+    if (rd_bin_view(r, &b, &len, name)) return TDM_E_PROTOCOL;
     if (len > cap) {
         if (r->why && r->why_len) snprintf(r->why, r->why_len, "field %s too long", name);
         return TDM_E_PROTOCOL;
     }
-    if (rd_bytes(r, len, &b)) return TDM_E_PROTOCOL;
     memcpy(dst, b, len);
     *n = len;
+    return TDM_OK;
+}
+
+static float le_float(const uint8_t *b)
+{
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+float tdm__kvx_hello_scale(const tdm__kvx_hello *h, int kv, uint32_t i)
+{
+    if (h->k_scales_le) return le_float((kv ? h->v_scales_le : h->k_scales_le) + 4 * (size_t)i);
+    return (kv ? h->v_scales : h->k_scales)[i];
+}
+
+/* The optional KV scale fields of a HELLO: kind, K scales, V scales (bins of little-endian
+ * float32, layout.num_layers * (1 or num_kv_heads) each, every one finite and > 0). */
+static int rd_hello_scales(rd *r, tdm__kvx_hello *h)
+{
+    uint32_t kind;
+    const uint8_t *kb, *vb;
+    size_t kn, vn;
+    if (rd_u32max(r, &kind, TDM_KV_SCALE_HEAD, "kv_scale_kind") || rd_bin_view(r, &kb, &kn, "k_scales") ||
+        rd_bin_view(r, &vb, &vn, "v_scales"))
+        return TDM_E_PROTOCOL;
+    if (kind == TDM_KV_SCALE_NONE) {
+        if (kn || vn) return rd_fail(r, "kv scales given with kv_scale_kind 0 (none)");
+        return TDM_OK;
+    }
+    if (h->layout.dtype != TDM_DTYPE_FP8_E4M3) return rd_fail(r, "kv scales given for a cache that is not fp8-e4m3");
+    uint32_t per = kind == TDM_KV_SCALE_TENSOR ? 1 : h->layout.num_kv_heads;
+    uint64_t count = (uint64_t)h->layout.num_layers * per;
+    if (count > TDM__KVX_MAX_SCALES) return rd_fail(r, "too many kv scales");
+    if (kn != 4 * count || vn != 4 * count) {
+        if (r->why && r->why_len)
+            snprintf(r->why, r->why_len, "kv scales: %zu and %zu bytes, expected %llu floats each (%u layers x %u)",
+                     kn, vn, (unsigned long long)count, h->layout.num_layers, per);
+        return TDM_E_PROTOCOL;
+    }
+    for (uint32_t i = 0; i < (uint32_t)count; i++)
+        for (int kv = 0; kv < 2; kv++) {
+            float f = le_float((kv ? vb : kb) + 4 * (size_t)i);
+            if (!isfinite(f) || !(f > 0.0f)) {
+                if (r->why && r->why_len)
+                    snprintf(r->why, r->why_len, "kv scale %s[%u] = %g is not finite and > 0", kv ? "v" : "k", i,
+                             (double)f);
+                return TDM_E_PROTOCOL;
+            }
+        }
+    h->scale_kind = kind;
+    h->scale_count = per;
+    h->k_scales_le = kb;
+    h->v_scales_le = vb;
     return TDM_OK;
 }
 
@@ -334,7 +400,7 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
 {
     rd r = { (const uint8_t *)buf, (const uint8_t *)buf + len, why, why_len };
     if (!buf || !m) return rd_fail(&r, "no message");
-    if (len > TDM__KVX_MAX_HEADER) return rd_fail(&r, "header frame too large");
+    if (len > TDM__KVX_MAX_HELLO) return rd_fail(&r, "header frame too large");
     memset(m, 0, sizeof(*m));
     uint32_t n;
     if (rd_array(&r, &n)) return TDM_E_PROTOCOL;
@@ -347,6 +413,8 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
     }
     if (rd_u32max(&r, &m->type, 255, "type")) return TDM_E_PROTOCOL;
     if (m->type == 0 || m->type > TDM__KVX_MSG_MAX) return rd_fail(&r, "unknown message type");
+    if (len > TDM__KVX_MAX_HEADER && m->type != TDM__KVX_HELLO && m->type != TDM__KVX_HELLO_ACK)
+        return rd_fail(&r, "header frame too large");
     uint32_t nf = n - 2;
     if (nf < min_fields[m->type]) return rd_fail(&r, "too few fields for the message type");
     int rc = TDM_OK;
@@ -356,6 +424,7 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
     case TDM__KVX_HELLO:
         rc = rd_hello(&r, &m->hello);
         if (!rc && nf >= parsed + 3) { rc = rd_hello_kv(&r, &m->hello); parsed += 3; }
+        if (!rc && nf >= parsed + 3) { rc = rd_hello_scales(&r, &m->hello); parsed += 3; }
         break;
     case TDM__KVX_HELLO_ACK:
         rc = rd_i64(&r, &st);
@@ -364,6 +433,7 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
         if (!rc) rc = rd_str(&r, m->reason, sizeof(m->reason), 0, "reason");
         if (!rc) rc = rd_hello(&r, &m->hello);
         if (!rc && nf >= parsed + 3) { rc = rd_hello_kv(&r, &m->hello); parsed += 3; }
+        if (!rc && nf >= parsed + 3) { rc = rd_hello_scales(&r, &m->hello); parsed += 3; }
         break;
     case TDM__KVX_XFER_REQ:
         rc = rd_u64(&r, &m->rid);
@@ -494,6 +564,23 @@ static void pk_hello_kv(msgpack_packer *pk, const tdm__kvx_hello *h)
     msgpack_pack_bin_body(pk, raw, 8 * n);
 }
 
+/* Written only when the kind is not NONE, so that a HELLO without scales stays as before. */
+static void pk_hello_scales(msgpack_packer *pk, const tdm__kvx_hello *h)
+{
+    uint32_t n = h->layout.num_layers * h->scale_count;
+    msgpack_pack_uint32(pk, h->scale_kind);
+    for (int kv = 0; kv < 2; kv++) {
+        msgpack_pack_bin(pk, 4 * n);
+        for (uint32_t i = 0; i < n; i++) {
+            float f = tdm__kvx_hello_scale(h, kv, i);
+            uint32_t u;
+            memcpy(&u, &f, sizeof(u));
+            uint8_t b[4] = { (uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24) };
+            msgpack_pack_bin_body(pk, b, 4);
+        }
+    }
+}
+
 void tdm__kvx_msg_init(tdm__kvx_msg *m, uint32_t type)
 {
     memset(m, 0, sizeof(*m));
@@ -507,7 +594,9 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
     msgpack_packer pk;
     msgpack_packer_init(&pk, &w, wr_cb);
     uint32_t nf = m->type <= TDM__KVX_MSG_MAX ? min_fields[m->type] : 0;
-    if (m->type == TDM__KVX_HELLO || m->type == TDM__KVX_HELLO_ACK) nf += 3;
+    int hello = m->type == TDM__KVX_HELLO || m->type == TDM__KVX_HELLO_ACK;
+    int scales = hello && m->hello.scale_kind != TDM_KV_SCALE_NONE;
+    if (hello) nf += scales ? 6 : 3;
     msgpack_pack_array(&pk, 2 + nf);
     msgpack_pack_uint32(&pk, m->version);
     msgpack_pack_uint32(&pk, m->type);
@@ -515,12 +604,14 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
     case TDM__KVX_HELLO:
         pk_hello(&pk, &m->hello);
         pk_hello_kv(&pk, &m->hello);
+        if (scales) pk_hello_scales(&pk, &m->hello);
         break;
     case TDM__KVX_HELLO_ACK:
         msgpack_pack_int32(&pk, m->status);
         pk_str(&pk, m->reason);
         pk_hello(&pk, &m->hello);
         pk_hello_kv(&pk, &m->hello);
+        if (scales) pk_hello_scales(&pk, &m->hello);
         break;
     case TDM__KVX_XFER_REQ:
         msgpack_pack_uint64(&pk, m->rid);

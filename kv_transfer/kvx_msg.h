@@ -29,7 +29,10 @@ enum {
 
 #define TDM__KVX_ID_LEN 64          /* engine / host ids and shm names, NUL included */
 #define TDM__KVX_REASON_LEN 128
-#define TDM__KVX_MAX_HEADER 2048    /* a header frame longer than this is rejected */
+#define TDM__KVX_MAX_HEADER 2048    /* a header frame longer than this is rejected ... */
+#define TDM__KVX_MAX_SCALES 16384   /* KV scales per K (and per V) a HELLO may carry */
+/* ... except a HELLO / HELLO_ACK carrying KV scales, up to this size */
+#define TDM__KVX_MAX_HELLO (TDM__KVX_MAX_HEADER + 8 * TDM__KVX_MAX_SCALES + 64)
 #define TDM__KVX_MAX_LAYERS 4096
 #define TDM__KVX_MAX_BLOCKS (1u << 24)
 #define TDM__KVX_NO_SLOT 0xFFFFFFFFu
@@ -54,6 +57,13 @@ typedef struct tdm__kvx_hello {
     uint64_t kv_size;
     uint32_t kv_layers;              /* entries in kv_off (= layout.num_layers when offered) */
     uint64_t kv_off[TDM__KVX_MAX_KV_LAYERS];
+    /* optional: the quantization scales of an fp8 cache (tdm_kvx_set_kv_scales) */
+    uint32_t scale_kind;             /* tdm_kv_scale_kind; NONE (0) when absent */
+    uint32_t scale_count;            /* floats per layer: 1 (TENSOR), layout.num_kv_heads (HEAD) */
+    const float *k_scales;           /* encoding: [num_layers * scale_count] host floats */
+    const float *v_scales;
+    const uint8_t *k_scales_le;      /* decoding: the same as little-endian float32, pointing */
+    const uint8_t *v_scales_le;      /* into the decoded buffer (valid while it is) */
 } tdm__kvx_hello;
 
 /* One decoded message; only the fields of its type are meaningful. */
@@ -91,5 +101,8 @@ void tdm__kvx_msg_init(tdm__kvx_msg *m, uint32_t type);
 /* Layout validity (dims non-zero, known dtype, strides non-negative and large enough that
  * elements do not overlap within a block). Returns TDM_OK or TDM_E_INVAL with why. */
 int tdm__kvx_layout_check(const tdm_kv_layout *l, char *why, size_t why_len);
+
+/* Scale i (0 .. num_layers * scale_count) of K (kv 0) or V (kv 1) of a decoded HELLO. */
+float tdm__kvx_hello_scale(const tdm__kvx_hello *h, int kv, uint32_t i);
 
 #endif /* TANDEM_KVX_MSG_H */

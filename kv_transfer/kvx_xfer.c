@@ -394,6 +394,7 @@ void tdm__kvx_peer_lost(tdm_kvx *k, kvx_peer *p, int status, const char *reason)
     p->shm = NULL;
     p->tx = p->rx = NULL;
     tdm__kvx_unmap_remote(p);
+    tdm__kvx_peer_scales_free(p);
 }
 
 void tdm__kvx_timers(tdm_kvx *k, double now)
