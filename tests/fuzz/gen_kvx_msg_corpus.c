@@ -1,10 +1,11 @@
 /*
  * gen_kvx_msg_corpus.c -- writes the seed corpus of fuzz_kvx_msg: one valid header frame of
  * every message type (tests/fuzz/corpus/kvx_msg/valid_<type>) and a few broken ones (a
- * truncated HELLO, a DATA with a bad range, another protocol version, trailing bytes, an
+ * truncated HELLO, HELLOs with fp8 KV scales, valid and broken, a DATA with a bad range, another protocol version, trailing bytes, an
  * unknown type, deep nesting in an extra field). Run by `make kvx-corpus`; its output is
  * committed.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -76,6 +77,29 @@ int main(int argc, char **argv)
             put("valid_hello_shared_kv", buf, enc(&m, buf));
             m.hello.kv_off[3] = m.hello.kv_size;   /* beyond the segment */
             put("broken_hello_kv_offset", buf, enc(&m, buf));
+            /* an fp8 cache with KV scales: per tensor, then per head (a smaller model) */
+            static float ks[256], vs[256];
+            for (int i = 0; i < 256; i++) { ks[i] = 0.01f * (float)(i + 1); vs[i] = 0.02f * (float)(i + 1); }
+            m.hello.kv_name[0] = '\0';
+            m.hello.kv_size = 0;
+            m.hello.kv_layers = 0;
+            tdm_kv_layout_init(&m.hello.layout, TDM_KV_LAYOUT_VLLM_NHD, 32, 1024, 16, 8, 128, TDM_DTYPE_FP8_E4M3);
+            m.hello.scale_kind = TDM_KV_SCALE_TENSOR;
+            m.hello.scale_count = 1;
+            m.hello.k_scales = ks;
+            m.hello.v_scales = vs;
+            put("valid_hello_kv_scales", buf, enc(&m, buf));
+            ks[7] = NAN;
+            put("broken_hello_kv_scale_nan", buf, enc(&m, buf));
+            ks[7] = 0.0f;
+            put("broken_hello_kv_scale_zero", buf, enc(&m, buf));
+            ks[7] = 0.08f;
+            m.hello.scale_count = 2;   /* twice the floats the layout calls for */
+            put("broken_hello_kv_scale_count", buf, enc(&m, buf));
+            tdm_kv_layout_init(&m.hello.layout, TDM_KV_LAYOUT_VLLM_NHD, 4, 64, 16, 8, 64, TDM_DTYPE_FP8_E4M3);
+            m.hello.scale_kind = TDM_KV_SCALE_HEAD;
+            m.hello.scale_count = 8;
+            put("valid_hello_kv_scales_head", buf, enc(&m, buf));
         }
         if (t == TDM__KVX_DATA) {
             buf[n++] = 0xc0;
