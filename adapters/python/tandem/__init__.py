@@ -16,7 +16,7 @@ from .scheduler import (Batch, BatchEntry, EntryKind, FinishReason, Mode, Param,
                         RemoteKVFailure, Request, RequestInfo, RequestState, RequestView, Role,
                         Scheduler, Stats, UpdateEntry, UpdateResult)
 from .kvx import (DType, Event, EventType, KVLayout, KVTransfer, KVXStats, LayoutKind,
-                  host_cache)
+                  ScaleKind, host_cache)
 from .kvx import Mode as KVMode
 
 __version__ = "0.1.0"
@@ -48,5 +48,5 @@ __all__ = [
     "Status", "TandemError", "UpdateEntry", "UpdateResult", "__version__", "library_version",
     "library_path", "has_scheduler", "has_kvx", "strerror", "ABI_VERSION",
     "DType", "Event", "EventType", "KVLayout", "KVTransfer", "KVXStats", "LayoutKind",
-    "host_cache", "KVMode",
+    "host_cache", "KVMode", "ScaleKind",
 ]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import json
-from ctypes import (POINTER, Structure, byref, c_char, c_char_p, c_int, c_int32, c_uint32,
-                    c_uint64, c_void_p)
+from ctypes import (POINTER, Structure, byref, c_char, c_char_p, c_float, c_int, c_int32,
+                    c_uint32, c_uint64, c_void_p)
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import List, Optional, Sequence, Union
@@ -34,6 +34,13 @@ class LayoutKind(IntEnum):
     VLLM_NHD = 1
     VLLM_HND = 2
     FLASHINFER = 3
+
+
+class ScaleKind(IntEnum):
+    """How an fp8 cache's values are scaled (tdm_kv_scale_kind)."""
+    NONE = 0
+    TENSOR = 1
+    HEAD = 2
 
 
 class Mode(IntEnum):
@@ -96,6 +103,8 @@ for _name, _proto in {
     "tdm_kvx_get_endpoint": (c_int, [_vp, c_char_p, ctypes.c_size_t]),
     "tdm_kvx_register": (c_int, [_vp, POINTER(_lib.KVLayoutC), POINTER(c_void_p), c_uint32,
                                  c_uint32]),
+    "tdm_kvx_set_kv_scales": (c_int, [_vp, c_uint32, POINTER(c_float), POINTER(c_float),
+                                      c_uint32]),
     "tdm_kvx_connect": (c_int, [_vp, c_char_p, c_char_p, POINTER(c_uint32)]),
     "tdm_kvx_find_peer": (c_int, [_vp, c_char_p, POINTER(c_uint32)]),
     "tdm_kvx_recv_desc_init": (c_int, [POINTER(RecvDescC)]),
@@ -273,6 +282,30 @@ class KVTransfer:
                                               mem_kind, head_offset))
         self._buffers = list(layers)
         self.layout = layout
+
+    def set_kv_scales(self, kind: Union[ScaleKind, int], k_scales: Sequence[float] = (),
+                      v_scales: Sequence[float] = (), count_per_layer: Optional[int] = None):
+        """Declare the fp8 cache's quantization scales (tdm_kvx_set_kv_scales), after
+        register() and before connecting: flat layer-major sequences of num_layers *
+        count_per_layer floats (count_per_layer defaults to 0 for NONE, 1 for TENSOR and the
+        layout's num_kv_heads for HEAD). The values are copied."""
+        kind = ScaleKind(int(kind))
+        layout = getattr(self, "layout", None)
+        if count_per_layer is None:
+            count_per_layer = (0 if kind == ScaleKind.NONE else 1 if kind == ScaleKind.TENSOR
+                               else layout.num_kv_heads if layout is not None else 0)
+        if layout is not None and kind != ScaleKind.NONE:
+            # the library reads num_layers * count_per_layer floats of each array
+            need = count_per_layer * layout.num_layers
+            if len(k_scales) != need or len(v_scales) != need:
+                raise TandemError(Status.INVAL, f"k_scales and v_scales need {need} floats each "
+                                  f"(num_layers x {count_per_layer}), got {len(k_scales)} and "
+                                  f"{len(v_scales)}", "tdm_kvx_set_kv_scales")
+        k = (c_float * len(k_scales))(*k_scales) if len(k_scales) else None
+        v = (c_float * len(v_scales))(*v_scales) if len(v_scales) else None
+        h = self._hh("tdm_kvx_set_kv_scales")
+        self._check("tdm_kvx_set_kv_scales",
+                    _call("tdm_kvx_set_kv_scales", h, int(kind), k, v, count_per_layer))
 
     def connect(self, endpoint: str, server_public_key: Optional[str] = None) -> int:
         peer = c_uint32()

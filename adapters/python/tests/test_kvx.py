@@ -6,7 +6,7 @@ import time
 import pytest
 
 import tandem
-from tandem import KVLayout, KVTransfer, Status, TandemError, host_cache
+from tandem import DType, KVLayout, KVTransfer, ScaleKind, Status, TandemError, host_cache
 
 
 @pytest.fixture
@@ -101,3 +101,43 @@ def test_kvx__closed_engine_raises_state(needs_kvx):
     with pytest.raises(TandemError) as ei:
         e.poll()
     assert ei.value.status == Status.STATE
+
+
+def test_kvx__set_kv_scales_rescales_fp8_into_fp16(needs_kvx, tmp_path):
+    """fp8 1.0 everywhere with K scale 2 and V scale 0.5 per layer arrives as fp16 2.0 / 0.5;
+    bad scales and calls after the handshake raise with the library's message."""
+    l8 = KVLayout(num_layers=2, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=8,
+                  dtype=DType.FP8_E4M3)
+    l16 = KVLayout(num_layers=2, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=8)
+    p = KVTransfer("p8", role="prefill", listen=f"ipc://{tmp_path}/p8.sock", heartbeat_ms=50)
+    d = KVTransfer("d16", role="decode", heartbeat_ms=50)
+    try:
+        pb, db = host_cache(l8), host_cache(l16)
+        for b in pb:
+            b[:] = b"\x38" * len(b)                 # fp8-e4m3 1.0
+        p.register(l8, pb)
+        d.register(l16, db)
+        with pytest.raises(TandemError) as ei:
+            p.set_kv_scales(ScaleKind.TENSOR, [2.0, float("nan")], [0.5, 0.5])
+        assert ei.value.status == Status.INVAL and "k_scales[1]" in ei.value.message
+        with pytest.raises(TandemError) as ei:
+            p.set_kv_scales(ScaleKind.HEAD, [1.0] * 2, [1.0] * 2)   # needs 2 x 2 floats
+        assert ei.value.status == Status.INVAL
+        p.set_kv_scales(ScaleKind.TENSOR, [2.0, 2.0], [0.5, 0.5])
+        peer = d.connect(p.endpoint)
+        p.send(request_id=5, block_ids=[1, 6])
+        d.recv(peer, request_id=5, block_ids=[3, 4])
+        assert wait(d)[0].ok
+        for b in db:
+            mv = memoryview(b)
+            for blk in (3, 4):
+                for kv, want in ((0, b"\x00\x40"), (1, b"\x00\x38")):   # fp16 2.0, 0.5
+                    o = l16.offset(kv, blk, 0, 0)
+                    n = l16.block_size * l16.num_kv_heads * l16.head_dim * 2
+                    assert bytes(mv[o:o + n]) == want * (n // 2)
+        with pytest.raises(TandemError) as ei:
+            p.set_kv_scales(ScaleKind.NONE)
+        assert ei.value.status == Status.STATE and "handshake" in ei.value.message
+    finally:
+        d.close()
+        p.close()
