@@ -6,8 +6,8 @@
  * Model. Each engine owns one tdm_kvx. It registers its paged KV cache (a tdm_kv_layout and
  * one base pointer per layer), listens on a ZeroMQ endpoint and connects to peers. A
  * handshake (once per peer) exchanges engine ids, the protocol version, the layouts, the
- * memory kinds, the transports and fp8 KV scales; after it, a transfer names only a request id, a transfer
- * id and block counts. Data always flows from the sending side (prefill) to the receiving
+ * memory kinds, the transports and fp8 KV scales; after it, a transfer names only a
+ * request id, a transfer id and block counts. Data always flows from the sending side (prefill) to the receiving
  * side (decode), and only after the receiver has reserved its destination blocks:
  *
  *   receiver: tdm_kvx_recv()  reserves dst blocks, skips the leading prefix-cached ones,
