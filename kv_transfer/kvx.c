@@ -451,6 +451,7 @@ int tdm_kvx_connect(tdm_kvx *k, const char *endpoint, const char *server_key, ui
     }
     p->state = PEER_HANDSHAKE;
     p->outgoing = 1;
+    k->handshaken = 1;   /* the HELLO will carry our KV scales: fixed from now on */
     p->hs_deadline = tdm__now() + k->cfg.handshake_timeout_ms / 1000.0;
     snprintf(p->ep, sizeof(p->ep), "%s", endpoint);
     if (server_key) memcpy(p->srvkey, server_key, 41);
