@@ -210,65 +210,64 @@ static int xfer_fields(const msgpack_object *m, uint64_t *mode, uint64_t *peer, 
     return get_blocks(m, "block_ids", blocks, n, e);
 }
 
-TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send)
+/* kvx_send and kvx_recv share every field but one: the sender's "num_blocks_ready" (default:
+ * all) and the receiver's "num_skip" (default: none). */
+static int xfer_op(tdm__serve_state *st, const msgpack_object *m, tdm__serve_reply *r,
+                   struct tdm__serve_err *e, bool send)
 {
     tdm__serve_kvx *k;
-    uint64_t mode = TDM_KVX_PULL, peer = TDM_KVX_PEER_ANY, rid = 0, tid = 0, to = 0, ready;
+    uint64_t mode = TDM_KVX_PULL, peer = send ? TDM_KVX_PEER_ANY : 0, rid = 0, tid = send ? 0 : 1, to = 0;
     uint32_t *blocks = NULL, n = 0;
     int rc = get_kvx(st, m, &k, e);
     if (!rc) rc = xfer_fields(m, &mode, &peer, &rid, &tid, &to, &blocks, &n, e);
     if (rc) return rc;
-    ready = n;
-    if ((rc = tdm__serve_get_u64(m, "num_blocks_ready", 0, n, &ready, e))) {
+    uint64_t count = send ? n : 0;
+    if ((rc = tdm__serve_get_u64(m, send ? "num_blocks_ready" : "num_skip", 0, n, &count, e))) {
         free(blocks);
         return rc;
     }
-    tdm_kvx_send_desc d;
-    tdm_kvx_send_desc_init(&d);
-    if (mode) d.mode = (uint32_t)mode;
-    d.peer = (uint32_t)peer;
-    d.num_blocks = n;
-    d.request_id = rid;
-    d.transfer_id = tid;
-    d.block_ids = blocks;
-    d.num_blocks_ready = (uint32_t)ready;
-    d.timeout_ms = (uint32_t)to;
     uint64_t h = 0;
-    rc = tdm_kvx_send(k->kvx, &d, &h);
+    if (send) {
+        tdm_kvx_send_desc d;
+        tdm_kvx_send_desc_init(&d);
+        if (mode) d.mode = (uint32_t)mode;
+        d.peer = (uint32_t)peer;
+        d.num_blocks = n;
+        d.request_id = rid;
+        d.transfer_id = tid;
+        d.block_ids = blocks;
+        d.num_blocks_ready = (uint32_t)count;
+        d.timeout_ms = (uint32_t)to;
+        rc = tdm_kvx_send(k->kvx, &d, &h);
+    } else {
+        tdm_kvx_recv_desc d;
+        tdm_kvx_recv_desc_init(&d);
+        if (mode) d.mode = (uint32_t)mode;
+        d.peer = (uint32_t)peer;
+        d.num_blocks = n;
+        d.request_id = rid;
+        d.transfer_id = tid;
+        d.block_ids = blocks;
+        d.num_skip = (uint32_t)count;
+        d.timeout_ms = (uint32_t)to;
+        rc = tdm_kvx_recv(k->kvx, &d, &h);
+    }
     free(blocks);
-    if (rc) return kvx_fail(e, rc, k->kvx, "kvx_send");
+    if (rc) return kvx_fail(e, rc, k->kvx, send ? "kvx_send" : "kvx_recv");
     msgpack_pack_uint64(tdm__serve_key(r, "handle"), h);
     return 0;
 }
 
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send)
+{
+    (void)unused;
+    return xfer_op(st, m, r, e, true);
+}
+
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_recv)
 {
-    tdm__serve_kvx *k;
-    uint64_t mode = TDM_KVX_PULL, peer = 0, rid = 0, tid = 1, to = 0, skip = 0;
-    uint32_t *blocks = NULL, n = 0;
-    int rc = get_kvx(st, m, &k, e);
-    if (!rc) rc = xfer_fields(m, &mode, &peer, &rid, &tid, &to, &blocks, &n, e);
-    if (rc) return rc;
-    if ((rc = tdm__serve_get_u64(m, "num_skip", 0, n, &skip, e))) {
-        free(blocks);
-        return rc;
-    }
-    tdm_kvx_recv_desc d;
-    tdm_kvx_recv_desc_init(&d);
-    if (mode) d.mode = (uint32_t)mode;
-    d.peer = (uint32_t)peer;
-    d.num_blocks = n;
-    d.request_id = rid;
-    d.transfer_id = tid;
-    d.block_ids = blocks;
-    d.num_skip = (uint32_t)skip;
-    d.timeout_ms = (uint32_t)to;
-    uint64_t h = 0;
-    rc = tdm_kvx_recv(k->kvx, &d, &h);
-    free(blocks);
-    if (rc) return kvx_fail(e, rc, k->kvx, "kvx_recv");
-    msgpack_pack_uint64(tdm__serve_key(r, "handle"), h);
-    return 0;
+    (void)unused;
+    return xfer_op(st, m, r, e, false);
 }
 
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_cancel)
