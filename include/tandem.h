@@ -154,7 +154,8 @@ typedef enum tdm_sched_param {
     TDM_SCHED_ENABLE_PREFIX_CACHING = 8,   /* ["enable_prefix_caching"] 0/1; default 1 */
     TDM_SCHED_WATERMARK_PPM = 9,           /* ["watermark"] free-block watermark for admission, parts per
                                               million of num_blocks (JSON: a fraction); default 0 */
-    TDM_SCHED_POLICY = 10,                 /* ["policy"] a tdm_policy_kind; default FCFS */
+    TDM_SCHED_POLICY = 10,                 /* ["policy"] a tdm_policy_kind ("fcfs", "priority",
+                                              "slo"); default FCFS */
     TDM_SCHED_MODE = 11,                   /* ["mode"] a tdm_sched_mode; default VLLM */
     TDM_SCHED_TBT_TARGET_US = 12,          /* ["tbt_target_ms" in JSON, float] time-between-tokens
                                               target; 0 = fixed token budget */
@@ -173,7 +174,10 @@ typedef enum tdm_sched_param {
 typedef enum tdm_policy_kind {
     TDM_POLICY_FCFS = 0,      /* arrival order; preempt the most recently admitted running request */
     TDM_POLICY_PRIORITY = 1,  /* lowest priority value first, then arrival; preempt the worst */
-    TDM_POLICY_CUSTOM = 2     /* set by tdm_sched_set_policy() / tdm_sched_load_policy() */
+    TDM_POLICY_CUSTOM = 2,    /* set by tdm_sched_set_policy() / tdm_sched_load_policy() */
+    TDM_POLICY_SLO = 3        /* earliest TTFT deadline (arrival_time + ttft_slo) first, then
+                                 requests without a TTFT SLO by arrival; preempt the request
+                                 with the latest deadline */
 } tdm_policy_kind;
 
 typedef enum tdm_sched_mode {

@@ -1,9 +1,11 @@
 /*
  * policy.c -- scheduling policies: the order of the waiting queue and the choice of the
- * preemption victim. FCFS and PRIORITY are built in (and match vLLM v1); a custom policy is
+ * preemption victim. FCFS and PRIORITY are built in (and match vLLM v1), and SLO (earliest
+ * TTFT deadline first, as SLO-aware schedulers order admission); a custom policy is
  * a versioned function table installed from C or loaded from a shared object.
  */
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,6 +37,17 @@ static int cmp_key(int32_t pa, double aa, int32_t pb, double ab)
     return 0;
 }
 
+/* SLO: the TTFT deadline, infinite for a request without a TTFT SLO. Fixed while it waits. */
+static double ttft_deadline(const tdm__req *r) { return r->ttft_slo > 0 ? r->arrival + r->ttft_slo : INFINITY; }
+
+static int cmp_slo(const tdm__req *a, const tdm__req *b)
+{
+    double da = ttft_deadline(a), db = ttft_deadline(b);
+    if (da != db) return da < db ? -1 : 1;
+    if (a->arrival != b->arrival) return a->arrival < b->arrival ? -1 : 1;
+    return 0;
+}
+
 /* < 0 when a goes before b. FCFS never calls this (its queue is a deque). */
 int tdm__policy_compare(const tdm_sched *s, const tdm__req *a, const tdm__req *b)
 {
@@ -44,11 +57,13 @@ int tdm__policy_compare(const tdm_sched *s, const tdm__req *a, const tdm__req *b
         tdm__policy_view(b, &vb);
         return s->policy.compare(s->policy.ctx, &va, &vb);
     }
+    if (s->prm.policy == TDM_POLICY_SLO) return cmp_slo(a, b);
     return cmp_key(a->priority, a->arrival, b->priority, b->arrival);
 }
 
 /* The running index of the request to preempt. FCFS: the most recently admitted (the tail
- * of running, as vLLM pops it). PRIORITY: the largest (priority, arrival). CUSTOM: the
+ * of running, as vLLM pops it). PRIORITY: the largest (priority, arrival). SLO: the latest
+ * TTFT deadline. CUSTOM: the
  * policy's pick_victim, or the request its compare ranks last (ties: latest admitted). */
 uint32_t tdm__policy_victim(tdm_sched *s)
 {
