@@ -167,7 +167,7 @@ void tdm__pool_touch(tdm__pool *p, uint32_t b)
 
 void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n)
 {
-    for (uint32_t k = 0; k < n; k++) {
+    for (uint32_t k = n; k-- > 0;) {
         uint32_t b = blocks[k];
         if (--p->refcnt[b] != 0) continue;
         if (p->hashed[b]) q_append(p, b);

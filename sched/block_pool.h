@@ -41,9 +41,9 @@ void tdm__pool_alloc(tdm__pool *p, uint32_t *out, uint32_t n);
  * queue if its refcount was 0). */
 void tdm__pool_touch(tdm__pool *p, uint32_t block);
 
-/* Drop one reference on each of blocks[0..n) in the given order; blocks reaching 0 go to
- * the free queue: hashed ones to the tail (kept longest), others to the head (reused
- * first). Callers pass a request's table in reverse so that its tail is evicted first. */
+/* Drop one reference on each of a block table's blocks[0..n), from the last to the first;
+ * blocks reaching 0 go to the free queue: hashed ones to the tail (kept longest), others to
+ * the head (reused first). Going backwards, a request's tail blocks are evicted first. */
 void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n);
 
 /* Look up a hash: the cached block id, or TDM__NO_BLOCK. */

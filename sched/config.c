@@ -138,14 +138,8 @@ static int commit(tdm_sched *s, const tdm__params *np)
                          (long long)np->max_num_seqs);
     bool repolicy = np->policy != s->prm.policy;
     /* A heap-ordered policy needs room for every live request; reserve before any change. */
-    if (np->policy != TDM_POLICY_FCFS && s->heap_cap < s->map_len + 1) {
-        uint32_t cap = s->heap_cap ? s->heap_cap : 64;
-        while (cap < s->map_len + 1) cap *= 2;
-        tdm__req **h = tdm__realloc(s->heap, (size_t)cap * sizeof(*h));
-        if (!h) return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for the waiting queue");
-        s->heap = h;
-        s->heap_cap = cap;
-    }
+    if (np->policy != TDM_POLICY_FCFS && tdm__heap_reserve(s, s->map_len + 1))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for the waiting queue");
     if (repolicy && tdm__waiting_len(s))
         return tdm__fail(&s->err, TDM_E_STATE,
                          "the policy can only change while the waiting queue is empty (%u waiting)",

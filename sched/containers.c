@@ -181,9 +181,9 @@ static void heap_down(tdm_sched *s, uint32_t i)
     heap_set(s, i, r);
 }
 
-int tdm__waiting_reserve(tdm_sched *s, uint32_t n)
+int tdm__heap_reserve(tdm_sched *s, uint32_t n)
 {
-    if (!tdm__waiting_uses_heap(s) || n <= s->heap_cap) return TDM_OK;
+    if (n <= s->heap_cap) return TDM_OK;
     uint32_t cap = s->heap_cap ? s->heap_cap : 64;
     while (cap < n) cap *= 2;
     tdm__req **h = tdm__realloc(s->heap, (size_t)cap * sizeof(*h));
@@ -191,6 +191,11 @@ int tdm__waiting_reserve(tdm_sched *s, uint32_t n)
     s->heap = h;
     s->heap_cap = cap;
     return TDM_OK;
+}
+
+int tdm__waiting_reserve(tdm_sched *s, uint32_t n)
+{
+    return tdm__waiting_uses_heap(s) ? tdm__heap_reserve(s, n) : TDM_OK;
 }
 
 static int heap_push(tdm_sched *s, tdm__req *r)

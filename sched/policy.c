@@ -119,15 +119,10 @@ static int check_policy_state(tdm_sched *s)
     return TDM_OK;
 }
 
+/* A custom policy orders the waiting queue with a heap: room for every live request. */
 static int reserve_heap(tdm_sched *s)
 {
-    uint32_t cap = s->heap_cap ? s->heap_cap : 64;
-    while (cap < s->map_len + 1) cap *= 2;
-    if (cap == s->heap_cap) return TDM_OK;
-    tdm__req **h = tdm__realloc(s->heap, (size_t)cap * sizeof(*h));
-    if (!h) return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory");
-    s->heap = h;
-    s->heap_cap = cap;
+    if (tdm__heap_reserve(s, s->map_len + 1)) return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory");
     return TDM_OK;
 }
 

@@ -4,7 +4,6 @@
  * hashing, freeing blocks, preemption, finishing (with the delayed-free holds of P/D roles)
  * and destruction. Moving between containers happens only through these functions.
  */
-#include <math.h>
 #include <string.h>
 
 #include "sched_internal.h"
@@ -107,10 +106,10 @@ void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r)
     }
 }
 
-/* Release the request's blocks, tail first, so that its last blocks are evicted first. */
+/* Release the request's blocks (tail first: its last blocks are evicted first). */
 void tdm__req_free_blocks(tdm_sched *s, tdm__req *r)
 {
-    for (uint32_t k = r->num_blocks; k > 0; k--) tdm__pool_release(&s->pool, &r->blocks[k - 1], 1);
+    tdm__pool_release(&s->pool, r->blocks, r->num_blocks);
     r->num_blocks = 0;
     r->num_cached_blocks = 0;
 }
@@ -167,11 +166,6 @@ static void detach(tdm_sched *s, tdm__req *r)
     }
 }
 
-static double deadline_after(double now, int64_t ms)
-{
-    return ms > 0 ? now + (double)ms / 1000.0 : INFINITY;
-}
-
 /* Finish r for `reason`. Its blocks are freed unless a remote decode will read them
  * (REMOTE_DECODE finishing normally: held until release or timeout) or a remote receive may
  * still write them (aborted while WAITING_REMOTE_KV: held until remote_kv_done or timeout).
@@ -196,7 +190,7 @@ void tdm__finish(tdm_sched *s, tdm__req *r, uint32_t reason, double now)
         (reason == TDM_FINISH_STOP || reason == TDM_FINISH_LENGTH)) {
         r->hold = HOLD_SEND;
         r->state = TDM_STATE_FINISHED_HELD;
-        r->deadline = deadline_after(now, s->prm.delay_free_timeout_ms);
+        r->deadline = tdm__deadline_after(now, s->prm.delay_free_timeout_ms);
         tdm__list_push_back(&s->held, r);
         return;
     }

@@ -419,8 +419,6 @@ int tdm_sched_reset_prefix_cache(tdm_sched *s, int reset_running)
         tdm__running_remove_at(s, s->num_running - 1);
         tdm__preempt(s, r);
     }
-    for (uint32_t i = 0; i < s->map_mask + 1 && s->map; i++) /* drop the hashes requests remember */
-        if (s->map[i]) s->map[i]->num_cached_blocks = 0;
     tdm__pool_reset_cache(&s->pool);
     return TDM_OK;
 }

@@ -14,6 +14,7 @@
 #ifndef TANDEM_SCHED_INTERNAL_H
 #define TANDEM_SCHED_INTERNAL_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -182,8 +183,6 @@ struct tdm_sched {
     tdm__vec upd_stop;         /* int32_t */
     tdm__vec upd_reqs;         /* tdm__req *: the records found while validating */
 
-    char *config_json;         /* last tdm_sched_get_config text (owned) */
-
     /* Run buffers of destroyed requests, kept by power-of-two size class for the next
      * admissions, so that steady-state steps do not call the allocator. */
     void *run_cache[40];
@@ -224,7 +223,8 @@ int tdm__waiting_push(tdm_sched *s, tdm__req *r);    /* a new request */
 int tdm__waiting_requeue(tdm_sched *s, tdm__req *r); /* preempted: front */
 int tdm__waiting_requeue_received(tdm_sched *s, tdm__req *r); /* back from a remote receive */
 void tdm__waiting_remove(tdm_sched *s, tdm__req *r);
-int tdm__waiting_reserve(tdm_sched *s, uint32_t n);
+int tdm__waiting_reserve(tdm_sched *s, uint32_t n);  /* heap room when the policy uses one */
+int tdm__heap_reserve(tdm_sched *s, uint32_t n);     /* heap room, whatever the policy */
 
 /* policy */
 void tdm__policy_view(const tdm__req *r, tdm_request_view *v);
@@ -258,5 +258,11 @@ int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs);
 double tdm__cost_estimate(const tdm_sched *s, const tdm_step_shape *sh);
 
 static inline uint32_t tdm__cdiv(uint64_t a, uint64_t b) { return (uint32_t)((a + b - 1) / b); }
+
+/* A deadline `ms` after `now` (seconds); no deadline (infinity) when ms is 0. */
+static inline double tdm__deadline_after(double now, int64_t ms)
+{
+    return ms > 0 ? now + (double)ms / 1000.0 : INFINITY;
+}
 
 #endif

@@ -274,8 +274,6 @@ static void run_running(step_ctx *c, int which)
     while (i < c->s->num_running && c->budget > 0 && !c->stop_running) schedule_running(c, &i, which);
 }
 
-static double deadline_after(double now, int64_t ms) { return ms > 0 ? now + (double)ms / 1000.0 : INFINITY; }
-
 static void run_waiting(step_ctx *c)
 {
     tdm_sched *s = c->s;
@@ -304,7 +302,7 @@ static void run_waiting(step_ctx *c)
                 r->num_cached = hit_tokens;
                 r->num_remote = ext;
                 r->state = TDM_STATE_WAITING_REMOTE_KV;
-                r->deadline = deadline_after(c->now, s->prm.remote_kv_timeout_ms);
+                r->deadline = tdm__deadline_after(c->now, s->prm.remote_kv_timeout_ms);
                 tdm__list_push_back(&s->remote, r);
                 TDM_VEC_AT(&s->out_recv_ready, uint64_t, s->out_recv_ready.len++) = r->id;
                 continue;
@@ -374,16 +372,9 @@ static void flush_and_expire(tdm_sched *s, double now)
 }
 
 /* Write the batch arrays and advance num_computed_tokens (optimistically, as vLLM does). */
-static int finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
+static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
 {
-    uint32_t nblocks = 0;
-    for (uint32_t i = 0; i < s->num_entries; i++) {
-        tdm__entry *e = &s->entries[i];
-        nblocks += e->req->num_blocks - (e->kind == TDM_ENTRY_CONTINUING ? e->first_new_block : 0);
-    }
-    if (tdm__vec_reserve(&s->out_blocks, nblocks, sizeof(uint32_t)))
-        return TDM_E_INTERNAL; /* cannot happen: reserved while scheduling */
-    uint32_t *blocks = s->out_blocks.data;
+    uint32_t *blocks = s->out_blocks.data; /* room reserved while scheduling (reserve_blocks_for) */
     uint32_t pos = 0, total = 0, prefills = 0;
     for (uint32_t i = 0; i < s->num_entries; i++) {
         tdm__entry *e = &s->entries[i];
@@ -429,7 +420,6 @@ static int finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
     b.num_recv_ready = s->out_recv_ready.len;
     b.recv_ready_ids = s->out_recv_ready.data;
     memcpy(out, &b, TDM_MIN(out->struct_size, (uint32_t)sizeof(b)));
-    return TDM_OK;
 }
 
 int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
@@ -461,5 +451,6 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
         run_running(&c, 0);
     }
     if (!c.preempted) run_waiting(&c);
-    return finalize(s, &c, out);
+    finalize(s, &c, out);
+    return TDM_OK;
 }

@@ -104,9 +104,8 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
     s->in_update = true;
     tdm__req **found = s->upd_reqs.data;
     for (uint32_t i = 0; i < n; i++) {
-        tdm__req *r = found[i];
-        /* Checked again: finishing an earlier entry cannot touch r, but stay defensive. */
-        if (!takes_output(r)) continue;
+        tdm__req *r = found[i]; /* NULL: skipped (finishing another request cannot change r) */
+        if (!r) continue;
         uint32_t a = o->token_offsets[i], k = o->token_offsets[i + 1] - a;
         if (k && r->num_spec_sched && r->state == TDM_STATE_RUNNING) {
             uint32_t rejected = r->num_spec_sched - (k - 1);
