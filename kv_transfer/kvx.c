@@ -9,8 +9,11 @@
 #include <stdio.h>
 #include <string.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +40,14 @@ const char *tdm_kvx_errmsg(const tdm_kvx *kvx)
 {
     (void)kvx;
     return tl_err;
+}
+
+void tdm__kvx_stage(tdm_kvx *k, int stage)
+{
+    if (k->test_stop == stage) {
+        k->test_stop = 0;
+        raise(SIGSTOP);
+    }
 }
 
 void tdm__kvx_wake(tdm_kvx *k)
@@ -174,6 +185,14 @@ static int check_config(const tdm_kvx_config *c)
     return TDM_OK;
 }
 
+/* The file an ipc:// endpoint binds: NULL for tcp, the abstract namespace ("ipc://@name")
+ * and the wildcard "*" after "ipc://" (ZeroMQ binds in a fresh private temporary directory). */
+static const char *ipc_file(const char *ep)
+{
+    if (strncmp(ep, "ipc://", 6) != 0 || ep[6] == '@' || !strcmp(ep + 6, "*")) return NULL;
+    return ep + 6;
+}
+
 static int start(tdm_kvx *k)
 {
     const tdm_kvx_config *c = &k->cfg;
@@ -198,10 +217,24 @@ static int start(tdm_kvx *k)
             zmq_setsockopt(k->router, ZMQ_CURVE_SECRETKEY, k->sec, 40);
             zmq_setsockopt(k->router, ZMQ_ZAP_DOMAIN, "tandem", 6);
         }
+        /* ZeroMQ replaces whatever is at an ipc path: never let it (docs/protocol.md §1) */
+        const char *path = ipc_file(c->listen_endpoint);
+        struct stat st;
+        if (path && lstat(path, &st) == 0)
+            return tdm__kvx_fail(TDM_E_EXISTS, "ipc path %s already exists (%s): refusing to replace it "
+                                 "(remove it first if it is the socket of a stopped engine)", path,
+                                 S_ISSOCK(st.st_mode) ? "a socket" : S_ISREG(st.st_mode) ? "a regular file" : "not a socket");
+        if (path && errno != ENOENT) return tdm__kvx_fail(TDM_E_CONFIG, "ipc path %s: %s", path, strerror(errno));
         if (zmq_bind(k->router, c->listen_endpoint) != 0)
             return tdm__kvx_fail(TDM_E_IO, "cannot bind %s: %s", c->listen_endpoint, zmq_strerror(errno));
         size_t len = sizeof(k->endpoint);
         zmq_getsockopt(k->router, ZMQ_LAST_ENDPOINT, k->endpoint, &len);
+        if (path && lstat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+            /* our socket: destroy unlinks this path only while it is still this one */
+            snprintf(k->ipc_path, sizeof(k->ipc_path), "%s", path);
+            k->ipc_dev = (uint64_t)st.st_dev;
+            k->ipc_ino = (uint64_t)st.st_ino;
+        }
     }
     if (pthread_create(&k->io_thread, NULL, tdm__kvx_io_main, k) != 0)
         return tdm__kvx_fail(TDM_E_IO, "cannot start the I/O thread");
@@ -229,6 +262,9 @@ int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out)
     make_host_id(k->host_id, sizeof(k->host_id));
     pthread_mutex_init(&k->mu, NULL);
     pthread_cond_init(&k->cond, NULL);
+    const char *stop = getenv("TDM_KVX_TEST_STOP_AT");
+    k->test_stop = stop ? atoi(stop) : 0;
+    tdm__kvx_shm_sweep();   /* segments of dead engines: before this one creates its own */
     k->outbox_tail = &k->outbox;
     k->ev_tail = &k->ev_head;
     k->next_handle = 1;
@@ -278,8 +314,10 @@ void tdm_kvx_destroy(tdm_kvx *k)
     } else if (k->router) {
         zmq_close(k->router);
     }
-    if (k->io_started && strncmp(k->endpoint, "ipc://", 6) == 0 && k->endpoint[6] != '@')
-        unlink(k->endpoint + 6);   /* the socket file we bound */
+    struct stat st;
+    if (k->ipc_path[0] && lstat(k->ipc_path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+        (uint64_t)st.st_dev == k->ipc_dev && (uint64_t)st.st_ino == k->ipc_ino)
+        unlink(k->ipc_path);   /* still the socket we bound (ZeroMQ usually removed it already) */
     if (k->zctx) {
         zmq_ctx_shutdown(k->zctx);
         if (k->zap_started) pthread_join(k->zap_thread, NULL);
@@ -345,21 +383,11 @@ int tdm_kvx_alloc_shared(tdm_kvx *k, size_t bytes, void **ptr)
     pthread_mutex_lock(&k->mu);
     int rc = TDM_OK;
     if (k->kvseg || k->registered) { rc = tdm__kvx_fail(TDM_E_STATE, "already allocated or registered"); goto out; }
-    char name[TDM__KVX_ID_LEN];
-    snprintf(name, sizeof(name), "/tdm-kvx-kv-%d-%lx", (int)getpid(), (unsigned long)((uintptr_t)k >> 4));
-    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) { rc = tdm__kvx_fail(TDM_E_IO, "shm_open %s: %s", name, strerror(errno)); goto out; }
-    void *m = MAP_FAILED;
-    if (ftruncate(fd, (off_t)bytes) == 0) m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        shm_unlink(name);
-        rc = tdm__kvx_fail(TDM_E_IO, "cannot size or map %zu bytes of shared memory", bytes);
-        goto out;
-    }
+    uint8_t *m;
+    rc = tdm__kvx_seg_create("kv", bytes, k->kvseg_name, sizeof(k->kvseg_name), &m);
+    if (rc) goto out;
     k->kvseg = m;
     k->kvseg_size = bytes;
-    snprintf(k->kvseg_name, sizeof(k->kvseg_name), "%s", name);
     *ptr = m;
 out:
     pthread_mutex_unlock(&k->mu);

@@ -48,16 +48,33 @@ int tdm__kvx_pool_create(size_t buf_bytes, uint32_t count, int wake_fd, tdm__kvx
 void tdm__kvx_pool_destroy(tdm__kvx_pool *p);
 extern const tdm__kvx_transport tdm__kvx_zmq_transport;   /* ctx: tdm__kvx_pool */
 
-/* Shared memory: one segment per peer pair, created by the connecting side; the first half
- * carries client->server chunks, the second server->client. */
+/* Shared memory (kvx_tp_shm.c; trust model in docs/protocol.md §5). A segment is created by
+ * the side that writes it, under a name it generates; a peer's segment is only ever opened
+ * read-only after checks; only the creator unlinks. */
+/* Creates "/tdm-kvx-NS-PID-<tag>-RAND" (O_EXCL, 0600) of size bytes, mapped read-write. */
+int tdm__kvx_seg_create(const char *tag, size_t size, char *name, size_t name_len, uint8_t **map);
+/* Maps a peer-named segment read-only after checking the name pattern (kind 'k' or 't'), and
+ * with fstat that it is a regular object of our uid, mode 0600, of exactly size bytes.
+ * TDM_E_NOT_FOUND: it cannot be opened (absent, no permission); TDM_E_PROTOCOL: a check
+ * failed; why says which. Never writes or unlinks anything. */
+int tdm__kvx_seg_open_ro(const char *name, int kind, uint64_t size, const uint8_t **map, char *why, size_t why_len);
+/* Unlinks the segments of dead owners: our uid and pid namespace, pid no longer alive. */
+void tdm__kvx_shm_sweep(void);
+/* A peer pair's segments: ours (tx, created) and the peer's (rx, mapped read-only). */
 typedef struct tdm__kvx_shm tdm__kvx_shm;
-int tdm__kvx_shm_create(size_t slot_bytes, uint32_t slots, unsigned seq, tdm__kvx_shm **out,
-                        char *name, size_t name_len);
-int tdm__kvx_shm_open(const char *name, size_t size, size_t slot_bytes, tdm__kvx_shm **out);
-/* The direction this side writes: 0 = first half (client), 1 = second half (server). */
-void tdm__kvx_shm_set_side(tdm__kvx_shm *s, int server);
+int tdm__kvx_shm_new(tdm__kvx_shm **out);
+int tdm__kvx_shm_create(tdm__kvx_shm *s, size_t slot_bytes, uint32_t slots, unsigned seq);
+int tdm__kvx_shm_attach(tdm__kvx_shm *s, const char *name, uint64_t size, size_t slot_bytes, char *why, size_t why_len);
+const char *tdm__kvx_shm_name(const tdm__kvx_shm *s);   /* ours, "" if none */
+uint64_t tdm__kvx_shm_size(const tdm__kvx_shm *s);      /* ours */
+int tdm__kvx_shm_can_send(const tdm__kvx_shm *s);
+int tdm__kvx_shm_can_recv(const tdm__kvx_shm *s);
+int tdm__kvx_shm_named(const tdm__kvx_shm *s);           /* our name still in /dev/shm */
+/* Our name leaves /dev/shm (the peer has mapped it, or never will); idempotent. */
+void tdm__kvx_shm_unlink(tdm__kvx_shm *s);
+/* Our segment is not used (the peer did not map it): unlink and unmap it. */
+void tdm__kvx_shm_drop_tx(tdm__kvx_shm *s);
 void tdm__kvx_shm_destroy(tdm__kvx_shm *s);
-uint64_t tdm__kvx_shm_size(const tdm__kvx_shm *s);
 extern const tdm__kvx_transport tdm__kvx_shm_transport;   /* ctx: tdm__kvx_shm */
 
 /* CUDA IPC: a capability only; without libtandem_cuda.so and a device it reports NO_CUDA. */
@@ -83,7 +100,7 @@ typedef struct kvx_peer {
     void *tx_ctx;
     const tdm__kvx_transport *rx;  /* for the chunks we receive */
     void *rx_ctx;
-    tdm__kvx_shm *shm;             /* the pair's segment, if any */
+    tdm__kvx_shm *shm;             /* the pair's segments, if any */
     uint8_t *rkv;                  /* the peer's KV segment mapped read-only (direct reads) */
     size_t rkv_size;
     void **rkv_bases;              /* its layer bases in our address space */
@@ -181,6 +198,10 @@ struct tdm_kvx {
     uint8_t *kvseg;                /* tdm_kvx_alloc_shared: the shareable KV segment */
     size_t kvseg_size;
     char kvseg_name[TDM__KVX_ID_LEN];
+    /* an ipc:// endpoint we bound: its path and the socket's identity, unlinked on destroy
+     * only if that path is still this socket */
+    char ipc_path[256];
+    uint64_t ipc_dev, ipc_ino;
     int kv_direct;                 /* every registered layer lies in kvseg */
     uint64_t kv_off[TDM__KVX_MAX_KV_LAYERS];
     uint8_t *bounce;               /* direct reads: cache-sized bounce buffer */
@@ -200,8 +221,26 @@ struct tdm_kvx {
     uint64_t next_handle;
     tdm__kvx_pool *pool;
     uint32_t shm_seq;
+    int test_stop;                 /* TDM_KVX_TEST_STOP_AT, 0 = none */
     tdm_kvx_stats st;
 };
+
+/* Test hook: stages of the handshake and transfer at which a test can stop this process.
+ * With TDM_KVX_TEST_STOP_AT=<stage> in the environment when an engine is created, that engine
+ * stops its process (SIGSTOP) the first time it reaches the stage, so that a test can SIGKILL
+ * it exactly there; otherwise nothing happens. Called with mu held. (kvx.c) */
+enum {
+    TDM__KVX_STAGE_CLIENT_CREATED = 1,   /* client: own segment created, HELLO not sent */
+    TDM__KVX_STAGE_CLIENT_ACK,           /* client: HELLO_ACK received, not processed */
+    TDM__KVX_STAGE_CLIENT_MAPPED,        /* client: server's segment mapped, no confirmation sent */
+    TDM__KVX_STAGE_SERVER_MAPPED,        /* server: client's segment mapped, own not created */
+    TDM__KVX_STAGE_SERVER_CREATED,       /* server: own segment created, HELLO_ACK not sent */
+    TDM__KVX_STAGE_SERVER_CONFIRM,       /* server: client's first message, own name not unlinked */
+    TDM__KVX_STAGE_SEND_DATA,            /* sender: first chunk sent */
+    TDM__KVX_STAGE_RECV_DATA,            /* receiver: first chunk received, not unpacked */
+    TDM__KVX_STAGE_MAX = TDM__KVX_STAGE_RECV_DATA
+};
+void tdm__kvx_stage(tdm_kvx *k, int stage);
 
 /* kvx.c */
 void tdm__kvx_wake(tdm_kvx *k);

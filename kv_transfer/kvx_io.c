@@ -149,30 +149,33 @@ void tdm__kvx_unmap_remote(kvx_peer *p)
 
 /* Maps a same-host peer's shared KV read-only when we can read its blocks directly: it
  * offers one, we receive from it, the packed formats are identical, and every layer's
- * extent lies inside the segment. Failure only means no direct reads. */
-static void map_remote_kv(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h)
+ * extent lies inside the segment. A segment that cannot be opened only means no direct
+ * reads; one that opens but fails the checks of tdm__kvx_seg_open_ro (not our uid, not 0600,
+ * another size) refuses the handshake: TDM_E_PROTOCOL with why. */
+static int map_remote_kv(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, char *why, size_t why_len)
 {
     size_t lbytes;
     if (!h->kv_name[0] || !p->scales_same || !(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || strcmp(h->host_id, k->host_id) ||
         k->cfg.role == TDM_KVX_ROLE_PREFILL || h->role == TDM_KVX_ROLE_DECODE || k->mem_kind != TDM_MEM_HOST ||
         tdm__kvx_compat(&h->layout, h->head_offset, &k->layout, k->head_offset, NULL, 0) != 0 ||
         tdm_kv_layout_layer_bytes(&h->layout, &lbytes) != TDM_OK)
-        return;
+        return TDM_OK;
     for (uint32_t l = 0; l < h->kv_layers; l++)
-        if (h->kv_off[l] > h->kv_size || lbytes > h->kv_size - h->kv_off[l]) return;
-    int fd = shm_open(h->kv_name, O_RDONLY, 0);
-    if (fd < 0) return;
-    struct stat st;
-    void *m = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size == h->kv_size)
-        m = mmap(NULL, h->kv_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) return;
+        if (h->kv_off[l] > h->kv_size || lbytes > h->kv_size - h->kv_off[l]) return TDM_OK;
+    const uint8_t *m = NULL;
+    char w[TDM__KVX_REASON_LEN];
+    int rc = tdm__kvx_seg_open_ro(h->kv_name, 'k', h->kv_size, &m, w, sizeof(w));
+    if (rc == TDM_E_PROTOCOL) {
+        snprintf(why, why_len, "shared KV offer refused: %.90s", w);
+        return rc;
+    }
+    if (rc) return TDM_OK;
     p->rkv_bases = tdm__calloc(h->kv_layers, sizeof(void *));
-    if (!p->rkv_bases) { munmap(m, h->kv_size); return; }
-    p->rkv = m;
+    if (!p->rkv_bases) { munmap((void *)m, h->kv_size); return TDM_OK; }
+    p->rkv = (uint8_t *)m;
     p->rkv_size = h->kv_size;
     for (uint32_t l = 0; l < h->kv_layers; l++) p->rkv_bases[l] = p->rkv + h->kv_off[l];
+    return TDM_OK;
 }
 
 /* Checks each direction the roles allow. */
@@ -200,17 +203,56 @@ static int peer_adopt(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, char *wh
     return tdm__kvx_peer_scales(k, p, h, why, why_len);
 }
 
+/* Each direction uses shared memory when its segment is mapped by both sides: chunks we send
+ * go into our segment, chunks we receive come from the peer's. */
 static void peer_up(tdm_kvx *k, kvx_peer *p)
 {
     k->handshaken = 1;
     p->state = PEER_ALIVE;
     p->last_rx = p->last_tx = tdm__now();
-    if (p->shm) {
-        p->tx = p->rx = &tdm__kvx_shm_transport;
-        p->tx_ctx = p->rx_ctx = p->shm;
-    } else {
-        use_zmq(k, p);
+    use_zmq(k, p);
+    if (tdm__kvx_shm_can_send(p->shm)) { p->tx = &tdm__kvx_shm_transport; p->tx_ctx = p->shm; }
+    if (tdm__kvx_shm_can_recv(p->shm)) { p->rx = &tdm__kvx_shm_transport; p->rx_ctx = p->shm; }
+}
+
+/* The server's side of shared memory for a HELLO h: map the client's segment read-only if it
+ * offers one for chunks we receive, create our own for chunks we send and name it in the ACK.
+ * Bit 2 of the ACK's transports says the client's segment is mapped. A segment that opens but
+ * fails a check refuses the handshake (TDM_E_PROTOCOL, why). */
+static int server_shm(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, tdm__kvx_hello *ack, char *why, size_t why_len)
+{
+    ack->transports &= ~(uint32_t)TDM_KVX_TRANSPORT_SHM;
+    if (!(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || !(h->transports & TDM_KVX_TRANSPORT_SHM) ||
+        strcmp(h->host_id, k->host_id))
+        return TDM_OK;
+    int we_recv = k->cfg.role != TDM_KVX_ROLE_PREFILL && h->role != TDM_KVX_ROLE_DECODE;
+    int we_send = k->cfg.role != TDM_KVX_ROLE_DECODE && h->role != TDM_KVX_ROLE_PREFILL;
+    int theirs = h->shm_name[0] && we_recv && h->slot_bytes == k->cfg.max_chunk_bytes;
+    if (!theirs && !we_send) return TDM_OK;
+    if (tdm__kvx_shm_new(&p->shm)) { snprintf(why, why_len, "out of memory"); return TDM_E_NOMEM; }
+    if (theirs) {
+        char w[TDM__KVX_REASON_LEN];
+        int rc = tdm__kvx_shm_attach(p->shm, h->shm_name, h->shm_size, h->slot_bytes, w, sizeof(w));
+        if (rc == TDM_E_PROTOCOL) {
+            snprintf(why, why_len, "shared-memory offer refused: %.90s", w);
+            return rc;
+        }
+        if (rc == TDM_OK) {
+            ack->transports |= TDM_KVX_TRANSPORT_SHM;
+            tdm__kvx_stage(k, TDM__KVX_STAGE_SERVER_MAPPED);
+        }
     }
+    if (we_send && tdm__kvx_shm_create(p->shm, k->cfg.max_chunk_bytes, k->cfg.shm_slots, k->shm_seq++) == TDM_OK) {
+        snprintf(ack->shm_name, sizeof(ack->shm_name), "%s", tdm__kvx_shm_name(p->shm));
+        ack->shm_size = tdm__kvx_shm_size(p->shm);
+        ack->slot_bytes = k->cfg.max_chunk_bytes;
+        tdm__kvx_stage(k, TDM__KVX_STAGE_SERVER_CREATED);
+    }
+    if (!tdm__kvx_shm_can_send(p->shm) && !tdm__kvx_shm_can_recv(p->shm)) {
+        tdm__kvx_shm_destroy(p->shm);
+        p->shm = NULL;
+    }
+    return TDM_OK;
 }
 
 static int engine_taken(tdm_kvx *k, const char *id, uint32_t except, int *outgoing)
@@ -255,28 +297,27 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
         if (other >= 0) tdm__kvx_peer_lost(k, &k->peers[other], TDM_E_PEER, "the peer reconnected");
         p = tdm__kvx_peer_new(k);
         if (!p) { st = TDM_E_NO_SPACE; snprintf(why, sizeof(why), "too many peers"); }
-        else if ((st = peer_adopt(k, p, &m->hello, why, sizeof(why)))) p->state = PEER_DEAD;
+        else if ((st = peer_adopt(k, p, &m->hello, why, sizeof(why))) ||
+                 (st = map_remote_kv(k, p, &m->hello, why, sizeof(why))) ||
+                 (st = server_shm(k, p, &m->hello, &a.hello, why, sizeof(why)))) {
+            tdm__kvx_shm_destroy(p->shm);
+            p->shm = NULL;
+            tdm__kvx_unmap_remote(p);
+            p->state = PEER_DEAD;
+        }
     }
     if (st) {
         a.status = st;
         snprintf(a.reason, sizeof(a.reason), "%s", why);
         a.hello.scale_kind = TDM_KV_SCALE_NONE;   /* a refusal needs no scales */
+        a.hello.shm_name[0] = '\0';
+        a.hello.shm_size = a.hello.slot_bytes = 0;
         tdm__kvx_send_frames(k, &tmp, &a, NULL);
         return;
     }
     memcpy(p->rtid, rtid, rtid_len);
     p->rtid_len = rtid_len;
-    const tdm__kvx_hello *h = &m->hello;
-    if (h->shm_name[0] && (k->cfg.transports & TDM_KVX_TRANSPORT_SHM) && !strcmp(h->host_id, k->host_id) &&
-        h->slot_bytes == k->cfg.max_chunk_bytes &&
-        tdm__kvx_shm_open(h->shm_name, h->shm_size, h->slot_bytes, &p->shm) == TDM_OK) {
-        tdm__kvx_shm_set_side(p->shm, 1);
-        a.hello.transports |= TDM_KVX_TRANSPORT_SHM;
-    } else {
-        a.hello.transports &= ~TDM_KVX_TRANSPORT_SHM;
-    }
     peer_up(k, p);
-    map_remote_kv(k, p, h);
     tdm__kvx_send_frames(k, p, &a, NULL);
 }
 
@@ -295,24 +336,43 @@ static void hs_finish(tdm_kvx *k, kvx_peer *p, int status, const char *reason)
     pthread_cond_broadcast(&k->cond);
 }
 
+static void send_ping(tdm_kvx *k, kvx_peer *p, double now);
+
 static void on_hello_ack(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
 {
     char why[TDM__KVX_REASON_LEN];
     int other_out;
+    tdm__kvx_stage(k, TDM__KVX_STAGE_CLIENT_ACK);
+    tdm__kvx_shm_unlink(p->shm);   /* the server has mapped our segment, or never will */
     if (m->status) { hs_finish(k, p, m->status, m->reason); return; }
     if (check_peer_layout(k, &m->hello, why, sizeof(why))) { hs_finish(k, p, TDM_E_LAYOUT, why); return; }
     if (engine_taken(k, m->hello.engine_id, p->id & 0xffffu, &other_out) >= 0) {
         hs_finish(k, p, TDM_E_EXISTS, "already connected to that engine");
         return;
     }
-    if (!(m->hello.transports & TDM_KVX_TRANSPORT_SHM)) {
+    if (!(m->hello.transports & TDM_KVX_TRANSPORT_SHM)) tdm__kvx_shm_drop_tx(p->shm);
+    int rc = peer_adopt(k, p, &m->hello, why, sizeof(why));
+    if (!rc) rc = map_remote_kv(k, p, &m->hello, why, sizeof(why));
+    if (rc) { hs_finish(k, p, rc, why); return; }
+    /* the server's segment, for the chunks it sends us: only if we offered shared memory */
+    const tdm__kvx_hello *h = &m->hello;
+    if (h->shm_name[0] && p->shm && k->cfg.role != TDM_KVX_ROLE_PREFILL && h->role != TDM_KVX_ROLE_DECODE) {
+        char w[TDM__KVX_REASON_LEN];
+        rc = tdm__kvx_shm_attach(p->shm, h->shm_name, h->shm_size, h->slot_bytes, w, sizeof(w));
+        if (rc) {
+            snprintf(why, sizeof(why), "the server's shared-memory segment: %.90s", w);
+            hs_finish(k, p, rc == TDM_E_PROTOCOL ? TDM_E_PROTOCOL : TDM_E_IO, why);
+            return;
+        }
+        tdm__kvx_stage(k, TDM__KVX_STAGE_CLIENT_MAPPED);
+    }
+    if (!tdm__kvx_shm_can_send(p->shm) && !tdm__kvx_shm_can_recv(p->shm)) {
         tdm__kvx_shm_destroy(p->shm);
         p->shm = NULL;
     }
-    int rc = peer_adopt(k, p, &m->hello, why, sizeof(why));
-    if (rc) { hs_finish(k, p, rc, why); return; }
     peer_up(k, p);
-    map_remote_kv(k, p, &m->hello);
+    /* tells the server we have mapped its segment: it unlinks the name on our first message */
+    if (tdm__kvx_shm_can_recv(p->shm)) send_ping(k, p, tdm__now());
     hs_finish(k, p, TDM_OK, "");
 }
 
@@ -348,12 +408,15 @@ static void open_dealer(tdm_kvx *k, kvx_peer *p)
     tdm__kvx_msg_init(&h, TDM__KVX_HELLO);
     fill_hello(k, &h.hello);
     k->handshaken = 1;   /* our scales are on their way: fixed from now on */
-    if (k->cfg.transports & TDM_KVX_TRANSPORT_SHM &&
-        tdm__kvx_shm_create(k->cfg.max_chunk_bytes, k->cfg.shm_slots, k->shm_seq++, &p->shm,
-                            h.hello.shm_name, sizeof(h.hello.shm_name)) == TDM_OK) {
+    /* shared memory: our segment for the chunks we may send; the server creates its own */
+    if ((k->cfg.transports & TDM_KVX_TRANSPORT_SHM) && tdm__kvx_shm_new(&p->shm) != TDM_OK)
+        h.hello.transports &= ~(uint32_t)TDM_KVX_TRANSPORT_SHM;
+    if (p->shm && k->cfg.role != TDM_KVX_ROLE_DECODE &&
+        tdm__kvx_shm_create(p->shm, k->cfg.max_chunk_bytes, k->cfg.shm_slots, k->shm_seq++) == TDM_OK) {
+        snprintf(h.hello.shm_name, sizeof(h.hello.shm_name), "%s", tdm__kvx_shm_name(p->shm));
         h.hello.shm_size = tdm__kvx_shm_size(p->shm);
         h.hello.slot_bytes = k->cfg.max_chunk_bytes;
-        tdm__kvx_shm_set_side(p->shm, 0);
+        tdm__kvx_stage(k, TDM__KVX_STAGE_CLIENT_CREATED);
     }
     if (tdm__kvx_send_frames(k, p, &h, NULL) != TDM_OK) hs_finish(k, p, TDM_E_IO, "cannot send HELLO");
 }
@@ -435,6 +498,11 @@ static void dispatch(tdm_kvx *k, kvx_peer *p, const zmq_msg_t *rt, zmq_msg_t *fr
     }
     if (p->state != PEER_ALIVE) { k->st.msgs_rejected++; return; }
     p->last_rx = tdm__now();
+    if (!p->outgoing && tdm__kvx_shm_named(p->shm)) {
+        /* the client's first message after our HELLO_ACK: it has mapped our segment */
+        tdm__kvx_stage(k, TDM__KVX_STAGE_SERVER_CONFIRM);
+        tdm__kvx_shm_unlink(p->shm);
+    }
     switch (m.type) {
     case TDM__KVX_XFER_REQ: tdm__kvx_on_xfer_req(k, p, &m); break;
     case TDM__KVX_DATA: tdm__kvx_on_data(k, p, &m, nf == 2 ? &frames[1] : NULL); break;

@@ -343,6 +343,38 @@ static int rd_hello_scales(rd *r, tdm__kvx_hello *h)
     return TDM_OK;
 }
 
+/* n decimal digits without a leading zero (1..10 of them), value into *v. */
+static const char *name_num(const char *s, uint64_t *v)
+{
+    uint64_t x = 0;
+    int n = 0;
+    if (*s == '0' && s[1] >= '0' && s[1] <= '9') return NULL;
+    while (*s >= '0' && *s <= '9' && n < 11) { x = 10 * x + (uint64_t)(*s++ - '0'); n++; }
+    if (n == 0 || n > 10) return NULL;
+    *v = x;
+    return s;
+}
+
+int tdm__kvx_shm_name_parse(const char *name, int kind, uint64_t *ns, uint64_t *pid)
+{
+    static const char pre[] = "/tdm-kvx-";
+    uint64_t a, b, seq;
+    if (!name || strlen(name) >= TDM__KVX_ID_LEN || strncmp(name, pre, sizeof(pre) - 1)) return 0;
+    const char *s = name_num(name + sizeof(pre) - 1, &a);
+    if (!s || *s++ != '-' || !(s = name_num(s, &b)) || *s++ != '-' || b == 0) return 0;
+    if (s[0] == 'k' && s[1] == 'v' && (kind == 0 || kind == 'k')) s += 2;
+    else if (s[0] == 't' && s[1] == 'x' && (kind == 0 || kind == 't')) {
+        if (!(s = name_num(s + 2, &seq))) return 0;
+    } else return 0;
+    if (*s++ != '-') return 0;
+    for (int i = 0; i < 16; i++, s++)
+        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'))) return 0;
+    if (*s) return 0;
+    if (ns) *ns = a;
+    if (pid) *pid = b;
+    return 1;
+}
+
 /* The optional shared-KV fields of a HELLO: name, size, offsets (bin of u64 little-endian). */
 static int rd_hello_kv(rd *r, tdm__kvx_hello *h)
 {
@@ -355,8 +387,9 @@ static int rd_hello_kv(rd *r, tdm__kvx_hello *h)
         if (h->kv_size || n) return rd_fail(r, "shared KV fields without a name");
         return TDM_OK;
     }
-    if (h->kv_name[0] != '/' || strchr(h->kv_name + 1, '/') || h->kv_size == 0 ||
-        h->kv_size > ((uint64_t)1 << 40) || n != 8u * h->layout.num_layers)
+    if (!tdm__kvx_shm_name_parse(h->kv_name, 'k', NULL, NULL))
+        return rd_fail(r, "shared KV name is not an engine-generated one (/tdm-kvx-NS-PID-kv-RAND)");
+    if (h->kv_size == 0 || h->kv_size > ((uint64_t)1 << 40) || n != 8u * h->layout.num_layers)
         return rd_fail(r, "bad shared KV offer");
     h->kv_layers = h->layout.num_layers;
     for (uint32_t l = 0; l < h->kv_layers; l++) {
@@ -383,9 +416,12 @@ static int rd_hello(rd *r, tdm__kvx_hello *h)
     if (h->engine_id[0] == '\0') return rd_fail(r, "empty engine_id");
     if (shm_size > ((uint64_t)1 << 36)) return rd_fail(r, "shm_size out of range");
     h->shm_size = shm_size;
-    if (h->shm_name[0] && (h->shm_name[0] != '/' || h->slot_bytes == 0 ||
-                           shm_size < h->slot_bytes || strchr(h->shm_name + 1, '/')))
-        return rd_fail(r, "bad shared-memory offer");
+    if (!h->shm_name[0]) return TDM_OK;   /* no segment offered: size and slot_bytes unused */
+    if (!tdm__kvx_shm_name_parse(h->shm_name, 't', NULL, NULL))
+        return rd_fail(r, "shared-memory name is not an engine-generated one (/tdm-kvx-NS-PID-txSEQ-RAND)");
+    if (h->slot_bytes == 0 || shm_size % h->slot_bytes || shm_size / h->slot_bytes == 0 ||
+        shm_size / h->slot_bytes > TDM__KVX_MAX_SHM_SLOTS)
+        return rd_fail(r, "shm_size is not 1..1024 slots of slot_bytes");
     return TDM_OK;
 }
 

@@ -39,6 +39,7 @@ enum {
 #define TDM__KVX_DIRECT_SLOT 0xFFFFFFFEu  /* DATA: the payload lists the sender's block ids */
 #define TDM__KVX_MODE_DIRECT 0x100u       /* XFER_REQ mode flag: the receiver mapped our KV */
 #define TDM__KVX_MAX_KV_LAYERS 128        /* layers whose KV offsets a HELLO can carry */
+#define TDM__KVX_MAX_SHM_SLOTS 1024       /* slots of one shared-memory segment */
 
 /* The handshake body (HELLO and HELLO_ACK). */
 typedef struct tdm__kvx_hello {
@@ -101,6 +102,13 @@ void tdm__kvx_msg_init(tdm__kvx_msg *m, uint32_t type);
 /* Layout validity (dims non-zero, known dtype, strides non-negative and large enough that
  * elements do not overlap within a block). Returns TDM_OK or TDM_E_INVAL with why. */
 int tdm__kvx_layout_check(const tdm_kv_layout *l, char *why, size_t why_len);
+
+/* A shared-memory object name as engines generate them (docs/protocol.md §5):
+ * "/tdm-kvx-NS-PID-TAG-RAND", NS the creator's pid-namespace inode and PID its pid (decimal,
+ * no leading zero, PID > 0), TAG "kv" (a tdm_kvx_alloc_shared cache) or "tx" + a decimal
+ * sequence number (a transfer segment), RAND 16 lowercase hex digits. kind 'k' or 't' accepts
+ * only that tag, 0 either. Returns 1 (and *ns, *pid where not NULL) for such a name, else 0. */
+int tdm__kvx_shm_name_parse(const char *name, int kind, uint64_t *ns, uint64_t *pid);
 
 /* Scale i (0 .. num_layers * scale_count) of K (kv 0) or V (kv 1) of a decoded HELLO. */
 float tdm__kvx_hello_scale(const tdm__kvx_hello *h, int kv, uint32_t i);

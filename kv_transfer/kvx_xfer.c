@@ -244,6 +244,7 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
 {
     char why[160];
     int status = TDM_E_PROTOCOL;
+    tdm__kvx_stage(k, TDM__KVX_STAGE_RECV_DATA);
     kvx_xfer *x = tdm__kvx_find(k, TDM_KVX_SIDE_RECV, p->id, m->rid, m->xid);
     if (!x || x->state != XS_ACTIVE) {
         if (!x || x->state != XS_CANCELLING) k->st.msgs_rejected++;
@@ -467,6 +468,7 @@ static void chunk_sent(tdm_kvx *k, kvx_xfer *x, uint32_t lb, uint32_t le, uint32
     x->bytes += nbytes;
     k->st.bytes_sent += nbytes;
     x->deadline = tdm__now() + x->timeout_ms / 1000.0;
+    tdm__kvx_stage(k, TDM__KVX_STAGE_SEND_DATA);
     if (all_sent(k, x)) x->state = XS_DRAIN;
 }
 
