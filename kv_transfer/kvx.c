@@ -4,6 +4,7 @@
  * send / receive / streaming / cancel calls that set up transfer state for the I/O thread,
  * and the event queue (poll + eventfd). Every call validates first, then takes kvx->mu.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -185,12 +186,44 @@ static int check_config(const tdm_kvx_config *c)
     return TDM_OK;
 }
 
-/* The file an ipc:// endpoint binds: NULL for tcp, the abstract namespace ("ipc://@name")
- * and the wildcard "*" after "ipc://" (ZeroMQ binds in a fresh private temporary directory). */
+/* The file an ipc:// endpoint binds: NULL for tcp and the abstract namespace ("ipc://@name"). */
 static const char *ipc_file(const char *ep)
 {
-    if (strncmp(ep, "ipc://", 6) != 0 || ep[6] == '@' || !strcmp(ep + 6, "*")) return NULL;
+    if (strncmp(ep, "ipc://", 6) != 0 || ep[6] == '@') return NULL;
     return ep + 6;
+}
+
+static const char *tmp_dir(void)
+{
+    const char *t = getenv("TMPDIR");
+    return t && t[0] == '/' && strlen(t) < 64 ? t : "/tmp";
+}
+
+/* Removes the private ipc directories of dead engines: TMPDIR/tdm-kvx-PID-XXXXXX of our uid
+ * whose PID is not alive, and the socket inside. */
+static void ipc_sweep(void)
+{
+    DIR *d = opendir(tmp_dir());
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        if (strncmp(e->d_name, "tdm-kvx-", 8) != 0 || e->d_name[8] < '1' || e->d_name[8] > '9') continue;
+        long pid = strtol(e->d_name + 8, &end, 10);
+        if (*end != '-' || strlen(end) != 7 || pid <= 0 || pid > 0x7fffffffL || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
+            st.st_uid != geteuid())
+            continue;
+        int dfd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0) continue;
+        if (fstatat(dfd, "kvx.sock", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISSOCK(st.st_mode))
+            unlinkat(dfd, "kvx.sock", 0);
+        close(dfd);
+        unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);   /* only if now empty */
+    }
+    closedir(d);
 }
 
 static int start(tdm_kvx *k)
@@ -217,15 +250,28 @@ static int start(tdm_kvx *k)
             zmq_setsockopt(k->router, ZMQ_CURVE_SECRETKEY, k->sec, 40);
             zmq_setsockopt(k->router, ZMQ_ZAP_DOMAIN, "tandem", 6);
         }
-        /* ZeroMQ replaces whatever is at an ipc path: never let it (docs/protocol.md §1) */
-        const char *path = ipc_file(c->listen_endpoint);
+        /* ZeroMQ replaces whatever is at an ipc path: never let it (docs/protocol.md §1).
+         * The wildcard ("ipc://" then "*"): a socket in a directory of our own (mode 0700). */
+        const char *bind_ep = c->listen_endpoint;
+        char own[256];
+        if (!strcmp(bind_ep, "ipc://*")) {
+            snprintf(k->ipc_dir, sizeof(k->ipc_dir), "%s/tdm-kvx-%d-XXXXXX", tmp_dir(), (int)getpid());
+            if (!mkdtemp(k->ipc_dir)) {
+                int err = errno;
+                k->ipc_dir[0] = '\0';
+                return tdm__kvx_fail(TDM_E_IO, "cannot create a private ipc directory in %s: %s", tmp_dir(), strerror(err));
+            }
+            snprintf(own, sizeof(own), "ipc://%s/kvx.sock", k->ipc_dir);
+            bind_ep = own;
+        }
+        const char *path = ipc_file(bind_ep);
         struct stat st;
         if (path && lstat(path, &st) == 0)
             return tdm__kvx_fail(TDM_E_EXISTS, "ipc path %s already exists (%s): refusing to replace it "
                                  "(remove it first if it is the socket of a stopped engine)", path,
                                  S_ISSOCK(st.st_mode) ? "a socket" : S_ISREG(st.st_mode) ? "a regular file" : "not a socket");
         if (path && errno != ENOENT) return tdm__kvx_fail(TDM_E_CONFIG, "ipc path %s: %s", path, strerror(errno));
-        if (zmq_bind(k->router, c->listen_endpoint) != 0)
+        if (zmq_bind(k->router, bind_ep) != 0)
             return tdm__kvx_fail(TDM_E_IO, "cannot bind %s: %s", c->listen_endpoint, zmq_strerror(errno));
         size_t len = sizeof(k->endpoint);
         zmq_getsockopt(k->router, ZMQ_LAST_ENDPOINT, k->endpoint, &len);
@@ -264,7 +310,8 @@ int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out)
     pthread_cond_init(&k->cond, NULL);
     const char *stop = getenv("TDM_KVX_TEST_STOP_AT");
     k->test_stop = stop ? atoi(stop) : 0;
-    tdm__kvx_shm_sweep();   /* segments of dead engines: before this one creates its own */
+    tdm__kvx_shm_sweep();   /* segments and ipc directories of dead engines */
+    ipc_sweep();
     k->outbox_tail = &k->outbox;
     k->ev_tail = &k->ev_head;
     k->next_handle = 1;
@@ -314,15 +361,16 @@ void tdm_kvx_destroy(tdm_kvx *k)
     } else if (k->router) {
         zmq_close(k->router);
     }
-    struct stat st;
-    if (k->ipc_path[0] && lstat(k->ipc_path, &st) == 0 && S_ISSOCK(st.st_mode) &&
-        (uint64_t)st.st_dev == k->ipc_dev && (uint64_t)st.st_ino == k->ipc_ino)
-        unlink(k->ipc_path);   /* still the socket we bound (ZeroMQ usually removed it already) */
     if (k->zctx) {
         zmq_ctx_shutdown(k->zctx);
         if (k->zap_started) pthread_join(k->zap_thread, NULL);
-        zmq_ctx_term(k->zctx);
+        zmq_ctx_term(k->zctx);   /* the listening socket is closed from here on */
     }
+    struct stat st;
+    if (k->ipc_path[0] && lstat(k->ipc_path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+        (uint64_t)st.st_dev == k->ipc_dev && (uint64_t)st.st_ino == k->ipc_ino)
+        unlink(k->ipc_path);   /* still the socket we bound */
+    if (k->ipc_dir[0]) rmdir(k->ipc_dir);
     while (k->xfers) {
         kvx_xfer *x = k->xfers;
         k->xfers = x->next;

@@ -202,6 +202,7 @@ struct tdm_kvx {
      * only if that path is still this socket */
     char ipc_path[256];
     uint64_t ipc_dev, ipc_ino;
+    char ipc_dir[200];             /* wildcard "ipc://" + "*": the private directory (0700) we made */
     int kv_direct;                 /* every registered layer lies in kvseg */
     uint64_t kv_off[TDM__KVX_MAX_KV_LAYERS];
     uint8_t *bounce;               /* direct reads: cache-sized bounce buffer */

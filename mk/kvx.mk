@@ -12,8 +12,9 @@ kvx-corpus: $(BUILD)/fuzz/gen_kvx_msg_corpus
 	@mkdir -p tests/fuzz/corpus/kvx_msg
 	$(BUILD)/fuzz/gen_kvx_msg_corpus tests/fuzz/corpus/kvx_msg
 
-# test_kvx_proc forks, which ThreadSanitizer's own threads do not survive: it is left out.
-KVX_TSAN_BINS = $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(filter-out %/test_kvx_proc,$(filter $(BUILD)/tests/kvx/%,$(TEST_BINS))))
+# test_kvx_proc and test_kvx_crash fork engines, which ThreadSanitizer's own threads do not
+# survive: they are left out.
+KVX_TSAN_BINS = $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(filter-out %/test_kvx_proc %/test_kvx_crash,$(filter $(BUILD)/tests/kvx/%,$(TEST_BINS))))
 
 kvx-tsan:
 	@$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan HAVE_CUDA=0 O=1 \
