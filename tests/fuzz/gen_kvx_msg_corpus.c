@@ -1,7 +1,9 @@
 /*
  * gen_kvx_msg_corpus.c -- writes the seed corpus of fuzz_kvx_msg: one valid header frame of
  * every message type (tests/fuzz/corpus/kvx_msg/valid_<type>) and a few broken ones (a
- * truncated HELLO, HELLOs with fp8 KV scales, valid and broken, a DATA with a bad range, another protocol version, trailing bytes, an
+ * truncated HELLO, HELLOs with fp8 KV scales, valid and broken, HELLOs naming segments that are
+ * not engine-generated or whose size is not a whole number of slots, a HELLO_ACK naming the
+ * server's own segment, a DATA with a bad range, another protocol version, trailing bytes, an
  * unknown type, deep nesting in an extra field). Run by `make kvx-corpus`; its output is
  * committed.
  */
@@ -45,7 +47,7 @@ int main(int argc, char **argv)
         m.hello.transports = 3;
         snprintf(m.hello.host_id, sizeof(m.hello.host_id), "host/1234abcd");
         if (t == TDM__KVX_HELLO) {
-            snprintf(m.hello.shm_name, sizeof(m.hello.shm_name), "/tdm-kvx-1-0-abc");
+            snprintf(m.hello.shm_name, sizeof(m.hello.shm_name), "/tdm-kvx-4026531836-4242-tx0-0123456789abcdef");
             m.hello.shm_size = 2 * 8 * 8388608ull;
             m.hello.slot_bytes = 8388608;
         }
@@ -70,7 +72,7 @@ int main(int argc, char **argv)
         put(name, buf, n);
         if (t == TDM__KVX_HELLO) {
             put("broken_hello_truncated", buf, n / 2);
-            snprintf(m.hello.kv_name, sizeof(m.hello.kv_name), "/tdm-kvx-kv-1-abc");
+            snprintf(m.hello.kv_name, sizeof(m.hello.kv_name), "/tdm-kvx-4026531836-4242-kv-fedcba9876543210");
             m.hello.kv_layers = 32;
             m.hello.kv_size = 32ull << 26;
             for (uint32_t l = 0; l < 32; l++) m.hello.kv_off[l] = (uint64_t)l << 26;
@@ -100,6 +102,47 @@ int main(int argc, char **argv)
             m.hello.scale_kind = TDM_KV_SCALE_HEAD;
             m.hello.scale_count = 8;
             put("valid_hello_kv_scales_head", buf, enc(&m, buf));
+            /* hostile shared-memory offers: foreign names, wrong tags, sizes that are not slots */
+            m.hello.scale_kind = TDM_KV_SCALE_NONE;
+            m.hello.scale_count = 0;
+            static const char *foreign[] = { "/victim", "/tdm-kvx-1-0-abc", "/tdm-kvx-1-2-kv-0123456789abcdef",
+                                             "/tdm-kvx-1-2-tx0-0123456789ABCDEF", "/tdm-kvx-1-2-tx0-0123456789abcdef0",
+                                             "/../dev/shm/tdm-kvx-1-2-tx0-0123456789abcdef" };
+            for (int i = 0; i < 6; i++) {
+                snprintf(m.hello.shm_name, sizeof(m.hello.shm_name), "%s", foreign[i]);
+                snprintf(name, sizeof(name), "broken_hello_shm_name_%d", i);
+                put(name, buf, enc(&m, buf));
+            }
+            snprintf(m.hello.shm_name, sizeof(m.hello.shm_name), "/tdm-kvx-4026531836-4242-tx7-0123456789abcdef");
+            m.hello.shm_size = 1048576 + 1;
+            m.hello.slot_bytes = 65536;
+            put("broken_hello_shm_size_not_slots", buf, enc(&m, buf));
+            m.hello.shm_size = 1025ull * 65536;
+            put("broken_hello_shm_too_many_slots", buf, enc(&m, buf));
+            m.hello.shm_size = 1024ull * 65536;
+            put("valid_hello_shm_max_slots", buf, enc(&m, buf));
+            m.hello.shm_name[0] = '\0';
+            m.hello.shm_size = 0;
+            m.hello.slot_bytes = 0;
+            snprintf(m.hello.kv_name, sizeof(m.hello.kv_name), "/tdm-kvx-4026531836-4242-tx1-0123456789abcdef");
+            m.hello.kv_layers = 4;
+            m.hello.kv_size = 1 << 20;
+            for (uint32_t l = 0; l < 4; l++) m.hello.kv_off[l] = (uint64_t)l << 18;
+            put("broken_hello_kv_name_tx_tag", buf, enc(&m, buf));
+            snprintf(m.hello.kv_name, sizeof(m.hello.kv_name), "/dev-shm-victim");
+            put("broken_hello_kv_name_foreign", buf, enc(&m, buf));
+            m.hello.kv_name[0] = '\0';
+            m.hello.kv_layers = 0;
+            m.hello.kv_size = 0;
+        }
+        if (t == TDM__KVX_HELLO_ACK) {
+            /* the server names its own segment for the chunks it sends */
+            snprintf(m.hello.shm_name, sizeof(m.hello.shm_name), "/tdm-kvx-4026531836-777-tx3-00000000deadbeef");
+            m.hello.shm_size = 8 * 8388608ull;
+            m.hello.slot_bytes = 8388608;
+            put("valid_hello_ack_shm", buf, enc(&m, buf));
+            snprintf(m.hello.shm_name, sizeof(m.hello.shm_name), "/psm_victim");
+            put("broken_hello_ack_shm_name", buf, enc(&m, buf));
         }
         if (t == TDM__KVX_DATA) {
             buf[n++] = 0xc0;
