@@ -70,7 +70,9 @@ typedef struct tdm_kvx_config {
     uint32_t struct_size;           /* sizeof(tdm_kvx_config) */
     uint32_t role;                  /* tdm_kvx_role; default BOTH */
     const char *engine_id;          /* 1..63 printable chars; required */
-    const char *listen_endpoint;    /* "tcp://127.0.0.1:PORT" (PORT may be "*"), "ipc:///path";
+    const char *listen_endpoint;    /* "tcp://127.0.0.1:PORT" (PORT may be "*"), "ipc:///path"
+                                       (refused if the path exists), "ipc://@name" (abstract),
+                                       "ipc://" + "*" (a socket in a new 0700 directory);
                                        NULL: do not listen (connect only) */
     const char *curve_secret_key;   /* Z85 (40 chars): this engine's CURVE secret key; NULL = no CURVE */
     const char *curve_public_key;   /* Z85: its public key (derived from the secret when NULL) */
@@ -83,16 +85,20 @@ typedef struct tdm_kvx_config {
     uint32_t transfer_timeout_ms;   /* a transfer without progress this long fails; default 30000 */
     uint32_t cancel_timeout_ms;     /* CANCELLED without the peer's ack after; default 5000 */
     uint32_t max_chunk_bytes;       /* largest data message; default 8 MiB (>= 4 KiB) */
-    uint32_t shm_slots;             /* shared-memory segment = shm_slots * max_chunk_bytes; default 8 */
+    uint32_t shm_slots;             /* one shared-memory segment per peer and direction sent:
+                                       shm_slots * max_chunk_bytes; default 8 */
 } tdm_kvx_config;
 
 /* Fill *c with the defaults above (engine_id NULL). Errors: TDM_E_INVAL (NULL). */
 TDM_API int tdm_kvx_config_init(tdm_kvx_config *c);
 
 /* Create an engine: validates the configuration, binds the listen endpoint, starts the I/O
- * thread (and the CURVE ZAP handler). *out receives the handle.
- * Errors: TDM_E_INVAL, TDM_E_CONFIG (bad key, CURVE not built into libzmq), TDM_E_IO (bind
- * failed: the message gives zmq's reason), TDM_E_NOMEM. */
+ * thread (and the CURVE ZAP handler). *out receives the handle. First it removes what dead
+ * engines of this user left behind: /dev/shm segments and private ipc directories whose
+ * owner pid (in their name) is no longer alive. An ipc path is never replaced: if anything
+ * exists there, create fails; destroy removes the socket only while the path is still it.
+ * Errors: TDM_E_INVAL, TDM_E_CONFIG (bad key, CURVE not built into libzmq), TDM_E_EXISTS
+ * (the ipc path exists), TDM_E_IO (bind failed: the message gives zmq's reason), TDM_E_NOMEM. */
 TDM_API int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out);
 
 /* The same from a JSON object with the keys engine_id, role ("prefill"|"decode"|"both"),
@@ -122,7 +128,9 @@ TDM_API int tdm_kvx_get_public_key(tdm_kvx *kvx, char buf[41]);
 TDM_API int tdm_kvx_curve_keypair(char public_key[41], char secret_key[41]);
 
 /* Allocate `bytes` of host memory that same-host peers can map read-only (a POSIX shared-
- * memory segment, mode 0600, named in the handshake, removed by tdm_kvx_destroy). A KV cache
+ * memory segment, mode 0600, under a name this engine generates ("/tdm-kvx-NS-PID-kv-RAND"),
+ * named in the handshake, removed by tdm_kvx_destroy, or at the next engine's start-up on
+ * this host if this process dies). A KV cache
  * registered inside it lets a same-host receiver with the identical packed format (dtype,
  * heads, block size) copy blocks straight from this engine's cache: one copy instead of pack
  * + unpack ("direct" shared-memory transfers). At most once per engine, before
