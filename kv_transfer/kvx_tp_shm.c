@@ -129,7 +129,8 @@ void tdm__kvx_shm_sweep(void)
         char name[TDM__KVX_ID_LEN + 1];
         uint64_t ons, pid;
         if (strncmp(e->d_name, "tdm-kvx-", 8) != 0 || strlen(e->d_name) >= TDM__KVX_ID_LEN - 1) continue;
-        snprintf(name, sizeof(name), "/%s", e->d_name);
+        name[0] = '/';
+        memcpy(name + 1, e->d_name, strlen(e->d_name) + 1);   /* length checked above */
         if (!tdm__kvx_shm_name_parse(name, 0, &ons, &pid) || ons != ns || pid == me || pid > 0x7fffffffu) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   /* alive (or not ours to ask) */
         struct stat st;

@@ -43,7 +43,8 @@ static int shm_names_of(pid_t pid, int tx_only)
         char name[TDM__KVX_ID_LEN + 1];
         uint64_t ns, owner;
         if (strlen(e->d_name) >= TDM__KVX_ID_LEN - 1) continue;
-        snprintf(name, sizeof(name), "/%s", e->d_name);
+        name[0] = '/';
+        memcpy(name + 1, e->d_name, strlen(e->d_name) + 1);   /* length checked above */
         if (tdm__kvx_shm_name_parse(name, tx_only ? 't' : 0, &ns, &owner) && owner == (uint64_t)pid) n++;
     }
     closedir(d);

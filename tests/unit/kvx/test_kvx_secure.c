@@ -293,6 +293,22 @@ static void secure__hello_naming_a_foreign_segment_is_refused_victim_intact(void
     assert_true(victim_intact(victim, vsize));
     shm_unlink(victim);
 
+    /* an engine-like name and size, mode 0600, but another user's (root can open it) */
+    if (geteuid() == 0) {
+        engine_name(victim, sizeof(victim), "tx4");
+        victim_make(victim, vsize, 0600);
+        int fd = shm_open(victim, O_RDWR, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(fchown(fd, 65534, 65534), 0);
+        close(fd);
+        h = hello_for(&p, TDM_KVX_ROLE_BOTH, victim, vsize);
+        expect_refused(&p, &h, "uid");
+        assert_true(victim_intact(victim, vsize));
+        shm_unlink(victim);
+    } else {
+        print_message("not root: the other user's segment case is skipped\n");
+    }
+
     /* a shared KV offer naming the victim, with the wrong size */
     engine_name(victim, sizeof(victim), "kv");
     size_t lbytes = p.layer_bytes;
