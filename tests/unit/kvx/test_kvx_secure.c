@@ -6,8 +6,8 @@
  * name, an engine-like name with the wrong size or mode) is refused and the object keeps its
  * name and every byte; a same-user segment of the right shape is only mapped read-only (its
  * bytes unchanged after a transfer), the engine's own segment carries the chunks it sends and
- * leaves /dev/shm once the peer has mapped it. Start-up sweeps the segments of dead owners and
- * nothing else.
+ * leaves /dev/shm once the peer has mapped it. Start-up sweeps the segments and private ipc
+ * directories of dead owners and nothing else.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -435,10 +435,37 @@ static void secure__startup_sweeps_dead_owners_segments_only(void **state)
     snprintf(foreign, sizeof(foreign), "/tdm-kvx-%d-not-ours", (int)dead);
     const char *all[] = { stale, stale_kv, live, other_ns, foreign };
     for (int i = 0; i < 5; i++) victim_make(all[i], 4096, 0600);
+    /* private ipc directories: a dead owner's (with its socket), a live one's, a dead owner's
+     * holding something else than the engine's socket */
+    const char *t = getenv("TMPDIR");
+    const char *tmp = t && t[0] == '/' && strlen(t) < 64 ? t : "/tmp";
+    char ddead[80], dlive[80], dother[80], sock[100], other[100];
+    snprintf(ddead, sizeof(ddead), "%s/tdm-kvx-%d-XXXXXX", tmp, (int)dead);
+    snprintf(dlive, sizeof(dlive), "%s/tdm-kvx-%d-XXXXXX", tmp, (int)getppid());
+    snprintf(dother, sizeof(dother), "%s/tdm-kvx-%d-XXXXXX", tmp, (int)dead);
+    assert_non_null(mkdtemp(ddead));
+    assert_non_null(mkdtemp(dlive));
+    assert_non_null(mkdtemp(dother));
+    snprintf(sock, sizeof(sock), "%s/kvx.sock", ddead);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof(a));
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    close(fd);
+    snprintf(other, sizeof(other), "%s/kvx.sock", dother);
+    write_file(other, "not a socket\n");
     tdm_kvx_config c;
     t_config(&c, "sweeper", TDM_KVX_ROLE_BOTH, NULL);
     tdm_kvx *k;
     assert_int_equal(tdm_kvx_create(&c, &k), TDM_OK);
+    assert_int_equal(lstat(ddead, &st), -1);      /* swept, socket and all */
+    assert_int_equal(lstat(dlive, &st), 0);
+    assert_true(file_is(other, "not a socket\n"));
+    unlink(other);
+    rmdir(dother);
+    rmdir(dlive);
     assert_false(victim_intact(stale, 4096));
     assert_false(victim_intact(stale_kv, 4096));
     assert_true(victim_intact(live, 4096));       /* its owner runs */
