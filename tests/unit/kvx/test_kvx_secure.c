@@ -6,11 +6,13 @@
  * name, an engine-like name with the wrong size or mode) is refused and the object keeps its
  * name and every byte; a same-user segment of the right shape is only mapped read-only (its
  * bytes unchanged after a transfer), the engine's own segment carries the chunks it sends and
- * leaves /dev/shm once the peer has mapped it. Start-up sweeps the segments and private ipc
+ * leaves /dev/shm once the peer has mapped it; a server's HELLO_ACK naming a foreign object
+ * fails tdm_kvx_connect with it intact. Start-up sweeps the segments and private ipc
  * directories of dead owners and nothing else.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -418,6 +420,94 @@ static void secure__peer_segment_only_read_own_segment_carries_data(void **state
     shm_unlink(seg);
 }
 
+/* A raw server: answers one HELLO with the ACK in *arg (its host id and layout copied from
+ * the HELLO), then waits for the client to go. */
+typedef struct fake_srv {
+    void *ctx, *sock;
+    tdm__kvx_msg ack;
+} fake_srv;
+
+static void *fake_server(void *arg)
+{
+    fake_srv *f = arg;
+    static uint8_t buf[TDM__KVX_MAX_HELLO];
+    uint8_t rtid[256];
+    int rl = zmq_recv(f->sock, rtid, sizeof(rtid), 0);
+    int n = zmq_recv(f->sock, buf, sizeof(buf), 0);
+    tdm__kvx_msg h;
+    if (rl <= 0 || n <= 0 || tdm__kvx_msg_decode(buf, (size_t)n, &h, NULL, 0) != TDM_OK) return NULL;
+    f->ack.hello.layout = h.hello.layout;
+    snprintf(f->ack.hello.host_id, sizeof(f->ack.hello.host_id), "%s", h.hello.host_id);
+    size_t len;
+    if (tdm__kvx_msg_encode(&f->ack, buf, sizeof(buf), &len) != TDM_OK) return NULL;
+    zmq_send(f->sock, rtid, (size_t)rl, ZMQ_SNDMORE);
+    zmq_send(f->sock, buf, len, 0);
+    return NULL;
+}
+
+/* tdm_kvx_connect to a raw server whose ACK names shm (size bytes); returns its status. */
+static int connect_to_fake(const char *shm, uint64_t size, char *why, size_t why_len)
+{
+    fake_srv f;
+    f.ctx = zmq_ctx_new();
+    f.sock = zmq_socket(f.ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(f.sock, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(f.sock, "tcp://127.0.0.1:*"), 0);
+    char ep[128];
+    size_t el = sizeof(ep);
+    zmq_getsockopt(f.sock, ZMQ_LAST_ENDPOINT, ep, &el);
+    tdm__kvx_msg_init(&f.ack, TDM__KVX_HELLO_ACK);
+    snprintf(f.ack.hello.engine_id, sizeof(f.ack.hello.engine_id), "fake-server");
+    f.ack.hello.role = TDM_KVX_ROLE_BOTH;
+    f.ack.hello.transports = WITH_SHM;
+    snprintf(f.ack.hello.shm_name, sizeof(f.ack.hello.shm_name), "%s", shm);
+    f.ack.hello.shm_size = size;
+    f.ack.hello.slot_bytes = SLOT;
+    eng d;
+    tdm_kvx_config c;
+    t_config(&c, "client", TDM_KVX_ROLE_BOTH, NULL);
+    c.max_chunk_bytes = SLOT;
+    tdm_kv_layout l;
+    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    t_engine_cfg(&d, &c, &l, 3);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fake_server, &f), 0);
+    uint32_t peer;
+    int rc = tdm_kvx_connect(d.kvx, ep, NULL, &peer);
+    snprintf(why, why_len, "%s", tdm_kvx_errmsg(d.kvx));
+    pthread_join(th, NULL);
+    t_free(&d);
+    zmq_close(f.sock);
+    zmq_ctx_term(f.ctx);
+    return rc;
+}
+
+static void secure__ack_naming_a_foreign_segment_fails_connect_victim_intact(void **state)
+{
+    (void)state;
+    const size_t vsize = 8 * SLOT;
+    char victim[TDM__KVX_ID_LEN], why[256];
+    snprintf(victim, sizeof(victim), "/tdm-test-victim-%d", (int)getpid());
+    victim_make(victim, vsize, 0600);
+    assert_int_equal(connect_to_fake(victim, vsize, why, sizeof(why)), TDM_E_PROTOCOL);
+    assert_non_null(strstr(why, "malformed HELLO_ACK"));
+    assert_true(victim_intact(victim, vsize));
+    shm_unlink(victim);
+    engine_name(victim, sizeof(victim), "tx5");
+    victim_make(victim, vsize, 0640);
+    assert_int_equal(connect_to_fake(victim, vsize, why, sizeof(why)), TDM_E_PROTOCOL);
+    assert_non_null(strstr(why, "mode"));
+    assert_true(victim_intact(victim, vsize));
+    shm_unlink(victim);
+    engine_name(victim, sizeof(victim), "tx6");
+    victim_make(victim, vsize, 0600);
+    assert_int_equal(connect_to_fake(victim, 2 * vsize, why, sizeof(why)), TDM_E_PROTOCOL);
+    assert_non_null(strstr(why, "bytes"));
+    assert_true(victim_intact(victim, vsize));
+    shm_unlink(victim);
+}
+
 static void secure__startup_sweeps_dead_owners_segments_only(void **state)
 {
     (void)state;
@@ -481,6 +571,7 @@ int main(void)
         cmocka_unit_test(secure__existing_ipc_path_is_refused_and_left_alone),
         cmocka_unit_test(secure__hello_naming_a_foreign_segment_is_refused_victim_intact),
         cmocka_unit_test(secure__peer_segment_only_read_own_segment_carries_data),
+        cmocka_unit_test(secure__ack_naming_a_foreign_segment_fails_connect_victim_intact),
         cmocka_unit_test(secure__startup_sweeps_dead_owners_segments_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
