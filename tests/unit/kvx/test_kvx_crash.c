@@ -69,8 +69,8 @@ static void child(int server, const run *r, const char *ep, int ready_fd, int qu
     tdm_kvx_config c;
     t_config(&c, server ? "crash-server" : "crash-client", TDM_KVX_ROLE_BOTH, server ? ep : NULL);
     c.transports = WITH_SHM;
-    c.peer_timeout_ms = 400;
-    c.handshake_timeout_ms = 1000;
+    c.peer_timeout_ms = 1000;        /* generous: a loaded machine must not fake a death */
+    c.handshake_timeout_ms = 3000;
     tdm_kv_layout l;
     t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
     eng e;
