@@ -94,7 +94,8 @@ int tdm__kvx_seg_open_ro(const char *name, int kind, uint64_t size, const uint8_
         snprintf(why, why_len, "segment size %llu out of range", (unsigned long long)size);
         return TDM_E_PROTOCOL;
     }
-    int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    /* O_NONBLOCK: a FIFO planted under an engine-like name must not block us (S_ISREG below) */
+    int fd = shm_open(name, O_RDONLY | O_NONBLOCK | O_CLOEXEC, 0);
     if (fd < 0) {
         int err = errno;
         snprintf(why, why_len, "cannot open segment %s: %s", name, strerror(err));

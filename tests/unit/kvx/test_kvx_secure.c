@@ -295,6 +295,18 @@ static void secure__hello_naming_a_foreign_segment_is_refused_victim_intact(void
     assert_true(victim_intact(victim, vsize));
     shm_unlink(victim);
 
+    /* a FIFO under an engine-like name: refused at once, not waited on */
+    engine_name(victim, sizeof(victim), "tx3");
+    char fifo[96];
+    snprintf(fifo, sizeof(fifo), "/dev/shm%s", victim);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    h = hello_for(&p, TDM_KVX_ROLE_BOTH, victim, vsize);
+    expect_refused(&p, &h, "not a shared-memory object");
+    struct stat fst;
+    assert_int_equal(lstat(fifo, &fst), 0);
+    assert_true(S_ISFIFO(fst.st_mode));
+    unlink(fifo);
+
     /* an engine-like name and size, mode 0600, but another user's (root can open it) */
     if (geteuid() == 0) {
         engine_name(victim, sizeof(victim), "tx4");
