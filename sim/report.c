@@ -77,8 +77,13 @@ void tdm_sim_print_table(FILE *f, const tdm_sim_result *r)
     row(f, "E2E (s)", &s->e2e, 1.0);
     fprintf(f, "  requests        %zu completed of %zu (%zu rejected, %zu unfinished)\n",
             s->completed, s->requests, s->rejected, s->requests - s->completed - s->rejected);
-    fprintf(f, "  throughput      %.3f req/s, %.1f output tok/s, %.1f total tok/s\n",
-            s->request_throughput, s->output_throughput_tok_s, s->total_throughput_tok_s);
+    if (s->concurrency || s->warmup)
+        fprintf(f, "  load            %s%u, first %zu requests excluded as warm-up\n",
+                s->concurrency ? "closed loop, concurrency " : "open loop", s->concurrency,
+                s->warmup);
+    fprintf(f, "  throughput      %.3f req/s, %.1f output tok/s (%.1f per GPU), %.1f total tok/s\n",
+            s->request_throughput, s->output_throughput_tok_s,
+            s->output_throughput_tok_s / (s->gpus ? s->gpus : 1), s->total_throughput_tok_s);
     fprintf(f, "  SLO             TTFT <= %.0f ms: %.1f%%   TPOT <= %.0f ms: %.1f%%   both: %.1f%%\n",
             s->slo_ttft_s * 1e3, 100 * s->attain_ttft, s->slo_tpot_s * 1e3,
             100 * s->attain_tpot, 100 * s->attainment);
@@ -151,6 +156,8 @@ static void write_body(FILE *f, const tdm_sim_result *r, const char *extra)
     jkey(f, "request_throughput", s->request_throughput);
     jkey(f, "output_throughput_tok_s", s->output_throughput_tok_s);
     jkey(f, "total_throughput_tok_s", s->total_throughput_tok_s);
+    jkey(f, "output_throughput_tok_s_per_gpu", s->output_throughput_tok_s / (s->gpus ? s->gpus : 1));
+    fprintf(f, "  \"concurrency\": %u,\n  \"warmup_requests\": %zu,\n", s->concurrency, s->warmup);
     jstat(f, "ttft_s", &s->ttft);
     jstat(f, "tpot_s", &s->tpot);
     jstat(f, "itl_s", &s->itl);

@@ -79,7 +79,7 @@ int tdm_cmd_ab(int argc, char **argv)
                 cfg[i].name[sizeof cfg[i].name - 1] = '\0';
                 break;
             }
-    tdm_sim_cli_describe(stdout, &c);
+    tdm_sim_cli_describe(stdout, &c, NULL);
     for (size_t i = 0; i < n; i++, nres++) {
         c.ropts.label = cfg[i].name;
         if (tdm_sim_run(&c.t, &cfg[i], &c.ropts, &res[i], err, sizeof err) != 0) {
