@@ -177,6 +177,10 @@ typedef struct tdm_sim_shape {
     uint64_t prefill_kv_read;    /* sum of (context + chunk) over prefill chunks */
 } tdm_sim_shape;
 
+/* The shape of a batch written as a spec ("prefill:512@2048,chunk:1024,decode:64@1024") or a
+ * JSON array of {"kind", "tokens", "context", "count"} items (batchspec.c, docs/simulator.md). */
+int tdm_sim_batch_parse(const char *spec, tdm_sim_shape *sh, char *err, size_t errlen);
+
 typedef struct tdm_sim_cost_terms {
     double total_s;
     double linear_s, linear_compute_s, linear_memory_s;
