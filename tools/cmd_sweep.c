@@ -16,7 +16,7 @@
 static const char USAGE[] =
     "usage: tandem sweep [BASE.json] [--budget LIST] [--max-seqs LIST] [--long-prefill LIST]\n"
     "                    [--policy LIST] [--mode LIST] [--tbt-ms LIST] [--plot FILE.png] [options]\n"
-    "  LIST is comma-separated, e.g. --budget 512,2048,8192 --mode vllm,decode_first.\n"
+    "  LIST is comma-separated, e.g. --budget 512,2048,8192 --mode vllm,decode_first,prefill_first.\n"
     "  BASE is a config (scheduler JSON or wrapper) whose scheduler keys the grid overrides.\n";
 
 #define MAXV 16
