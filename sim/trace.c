@@ -190,7 +190,11 @@ int tdm_sim_trace_fixed(tdm_sim_trace *t, const tdm_sim_trace_opts *o)
     tdm_sim_rng_seed(&rng, o->seed ^ 0xf1edull);
     size_t n = o->max_requests ? o->max_requests : 1000;
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "fixed:isl=%u,osl=%u", o->isl, o->osl ? o->osl : 1);
+    if (o->len_range > 0)
+        snprintf(t->name, sizeof t->name, "fixed:isl=%u,osl=%u,range=%g", o->isl, o->osl ? o->osl : 1,
+                 o->len_range);
+    else
+        snprintf(t->name, sizeof t->name, "fixed:isl=%u,osl=%u", o->isl, o->osl ? o->osl : 1);
     for (size_t i = 0; i < n; i++) {
         tdm_sim_req r = {0};
         r.prompt_len = draw_len(&rng, o->isl, o->len_range);

@@ -97,8 +97,10 @@ int tdm_cmd_ab(int argc, char **argv)
             res[i].sum.goodput_scale = s;
         }
         rp[i] = &res[i];
-        printf("  %-24s %u GPU%s%s\n", cfg[i].name, res[i].sum.gpus,
-               res[i].sum.gpus == 1 ? "" : "s", cfg[i].disagg ? ", disaggregated" : "");
+        char hw[160];
+        tdm_sim_config_hw_label(&cfg[i], hw, sizeof hw);
+        printf("  %-24s %u GPU%s on %s%s\n", cfg[i].name, res[i].sum.gpus,
+               res[i].sum.gpus == 1 ? "" : "s", hw, cfg[i].disagg ? ", disaggregated" : "");
     }
     printf("SLO: TTFT <= %.0f ms, TPOT <= %.0f ms\n", c.ropts.slo_ttft_s * 1e3,
            c.ropts.slo_tpot_s * 1e3);
