@@ -567,6 +567,12 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
         goto done;
     }
     if (resolve_slo_classes(&e) != 0) goto done;
+    res->n_classes = t->n_slo;
+    for (uint32_t k = 0; k < t->n_slo; k++) {
+        memcpy(res->classes[k].name, t->slo_names[k], sizeof res->classes[k].name);
+        res->classes[k].ttft_s = e.cls_ttft[k + 1];
+        res->classes[k].tpot_s = e.cls_tpot[k + 1];
+    }
     e.warmup = o->warmup >= 0 ? (size_t)o->warmup : o->concurrency;
     if (e.warmup >= t->n && t->n) {
         snprintf(err, errlen, "warm-up of %zu requests leaves none of the %zu to measure",
@@ -582,6 +588,7 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
         q->instance = q->prefill_instance = -1;
         uint32_t k = t->reqs[i].slo_class <= t->n_slo ? t->reqs[i].slo_class : 0;
         q->has_slo = k > 0;
+        q->slo_class = (uint8_t)k;
         q->slo_ttft_s = k ? e.cls_ttft[k] : o->slo_ttft_s;
         q->slo_tpot_s = k ? e.cls_tpot[k] : o->slo_tpot_s;
     }

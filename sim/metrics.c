@@ -128,6 +128,8 @@ int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s)
     s->requests = 0;
     s->completed = s->rejected = 0;
     size_t k = 0, ok_t = 0, ok_p = 0, ok_b = 0, measured = 0;
+    size_t cls_t[TDM_SIM_MAX_SLO_CLASSES] = {0}, cls_b[TDM_SIM_MAX_SLO_CLASSES] = {0};
+    memset(s->class_n, 0, sizeof s->class_n);
     uint64_t out_tokens = 0, in_tokens = 0;
     for (size_t i = 0; i < n; i++) {
         const tdm_sim_req_out *r = &res->reqs[i];
@@ -145,6 +147,15 @@ int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s)
         ok_t += mt;
         ok_p += mp;
         ok_b += mt && mp;
+        if (r->slo_class > 0 && r->slo_class <= TDM_SIM_MAX_SLO_CLASSES) {
+            s->class_n[r->slo_class - 1]++;
+            cls_t[r->slo_class - 1] += mt;
+            cls_b[r->slo_class - 1] += mt && mp;
+        }
+    }
+    for (size_t c = 0; c < TDM_SIM_MAX_SLO_CLASSES; c++) {
+        s->class_attain_ttft[c] = s->class_n[c] ? (double)cls_t[c] / (double)s->class_n[c] : 0;
+        s->class_attain[c] = s->class_n[c] ? (double)cls_b[c] / (double)s->class_n[c] : 0;
     }
     for (size_t i = 0; i < n; i++)
         if (!res->reqs[i].warmup && res->reqs[i].first_token >= 0) buf[k++] = res->reqs[i].first_token - res->reqs[i].arrival;

@@ -310,6 +310,7 @@ typedef struct tdm_sim_req_out {
     uint8_t status;                  /* 0 unfinished, 1 finished, 2 rejected */
     uint8_t warmup;                  /* 1: excluded from the metrics */
     uint8_t has_slo;                 /* 1: slo_ttft_s/slo_tpot_s are this request's own */
+    uint8_t slo_class;               /* 0 none, k: the result's classes[k - 1] */
     double slo_ttft_s, slo_tpot_s;   /* 0 = none (best effort) */
 } tdm_sim_req_out;
 
@@ -339,6 +340,9 @@ typedef struct tdm_sim_summary {
     uint32_t gpus;
     double wall_s;
     size_t warmup;                   /* requests excluded as warm-up */
+    /* per SLO class of the trace (the result's classes): measured requests, attainment */
+    size_t class_n[TDM_SIM_MAX_SLO_CLASSES];
+    double class_attain_ttft[TDM_SIM_MAX_SLO_CLASSES], class_attain[TDM_SIM_MAX_SLO_CLASSES];
     uint32_t concurrency;            /* closed loop; 0 = open loop */
 } tdm_sim_summary;
 
@@ -349,6 +353,8 @@ typedef struct tdm_sim_result {
     size_t n_gaps, cap_gaps;
     tdm_sim_summary sum;
     char name[64];
+    tdm_sim_slo_class classes[TDM_SIM_MAX_SLO_CLASSES];  /* the trace's, as resolved */
+    uint32_t n_classes;
 } tdm_sim_result;
 
 void tdm_sim_result_free(tdm_sim_result *r);

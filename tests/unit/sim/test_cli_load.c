@@ -189,6 +189,15 @@ static void sim_command__slo_classes_from_the_trace(void **state)
     /* 1 us TTFT for chat cannot be met; the best-effort batch request meets it by definition */
     double att = json_number_value(json_object_get(json_object_get(o, "slo"), "ttft_attainment"));
     assert_float_equal(att, 1.0 / 3.0, 1e-9);
+    json_t *cl = json_object_get(o, "slo_classes");
+    assert_int_equal(json_array_size(cl), 2);
+    json_t *chat = json_array_get(cl, 0), *batch = json_array_get(cl, 1);
+    assert_string_equal(json_string_value(json_object_get(chat, "name")), "chat");
+    assert_int_equal(json_integer_value(json_object_get(chat, "requests")), 2);
+    assert_float_equal(json_number_value(json_object_get(chat, "ttft_s")), 1e-6, 1e-12);
+    assert_float_equal(json_number_value(json_object_get(chat, "ttft_attainment")), 0.0, 0);
+    assert_string_equal(json_string_value(json_object_get(batch, "name")), "batch");
+    assert_float_equal(json_number_value(json_object_get(batch, "attainment")), 1.0, 0);
     json_decref(o);
     assert_int_equal(SH("%s sim --slo-class chat --quiet 2>/dev/null >/dev/null", g_tool), 2);
     assert_int_equal(SH("%s sim --slo-class :1:2 --quiet 2>/dev/null >/dev/null", g_tool), 2);

@@ -274,6 +274,14 @@ static void slo_classes__make_the_slo_policy_differ_from_fcfs(void **state)
     }
     for (size_t i = 0; i < t.n; i++) differ += rs.reqs[i].first_token != rf.reqs[i].first_token;
     assert_true(differ > 0);
+    /* per-class figures: chat is class 1 (first named), batch 2 (best effort) */
+    assert_int_equal(rs.n_classes, 2);
+    assert_string_equal(rs.classes[0].name, "chat");
+    assert_true(rs.classes[0].ttft_s == 0.3 && rs.classes[1].ttft_s == 0);
+    assert_int_equal(rs.sum.class_n[0], 100);
+    assert_int_equal(rs.sum.class_n[1], 200);
+    assert_true(rs.sum.class_attain[1] == 1.0); /* best effort meets it by definition */
+    assert_true(rs.sum.class_attain_ttft[0] >= rf.sum.class_attain_ttft[0]);
     if (!(chat_s < chat_f)) fail_msg("chat TTFT mean: slo %.4f s, fcfs %.4f s", chat_s / n, chat_f / n);
     tdm_sim_result_free(&rs);
     tdm_sim_result_free(&rf);
