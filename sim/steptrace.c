@@ -3,8 +3,9 @@
  * every instance (start, duration, prefill and decode tokens and requests, KV usage,
  * preemptions; --steps-csv) and a Chrome trace-event JSON that Perfetto and
  * chrome://tracing load (--chrome-trace): one process, one track (thread) per instance with
- * each step as a complete ("X") slice, and one track per prefill instance's outgoing KV link
- * with each transfer as a slice. Rows are written as the run goes, so memory stays flat.
+ * each step as a complete ("X") slice, counter ("C") tracks of each instance's KV usage and
+ * running/waiting requests, and one track per prefill instance's outgoing KV link with each
+ * transfer as a slice. Rows are written as the run goes, so memory stays flat.
  */
 #include <stdio.h>
 #include <string.h>
@@ -77,6 +78,12 @@ void tdm_sim_steptrace_step(const tdm_sim_run_opts *o, const tdm_sim_inst *in, s
             name, idx, t * 1e6, dt * 1e6, (unsigned long long)b->step,
             (unsigned long long)sh->prefill_tokens, sh->prefill_reqs, sh->decode_reqs,
             b->total_tokens, st.kv_usage, b->num_preempted);
+    /* counter tracks of the instance: KV usage and the queues */
+    fprintf(f, ",\n{\"name\": \"instance %zu KV usage\", \"ph\": \"C\", \"pid\": 1, \"ts\": %.3f, "
+               "\"args\": {\"kv_usage\": %.4f}}", idx, t * 1e6, st.kv_usage);
+    fprintf(f, ",\n{\"name\": \"instance %zu requests\", \"ph\": \"C\", \"pid\": 1, \"ts\": %.3f, "
+               "\"args\": {\"running\": %u, \"waiting\": %u}}", idx, t * 1e6, st.num_running,
+            st.num_waiting);
 }
 
 void tdm_sim_steptrace_xfer(const tdm_sim_run_opts *o, size_t pre, size_t dec, uint64_t id,

@@ -347,7 +347,7 @@ static void steptrace__csv_rows_and_chrome_tracks(void **state)
     if (!root) fail_msg("%s:%d: %s", js, je.line, je.text);
     json_t *ev = json_object_get(root, "traceEvents");
     assert_true(json_is_array(ev));
-    size_t i, steps = 0, xfers = 0, names = 0;
+    size_t i, steps = 0, xfers = 0, names = 0, counters = 0;
     json_t *e;
     json_array_foreach(ev, i, e) {
         const char *ph = json_string_value(json_object_get(e, "ph"));
@@ -356,6 +356,12 @@ static void steptrace__csv_rows_and_chrome_tracks(void **state)
         json_int_t tid = json_integer_value(json_object_get(e, "tid"));
         if (!strcmp(ph, "M")) {
             names += !strcmp(json_string_value(json_object_get(e, "name")), "thread_name");
+            continue;
+        }
+        if (!strcmp(ph, "C")) { /* KV usage and queue counters, one pair per step */
+            json_t *args = json_object_get(e, "args");
+            assert_true(json_is_object(args) && json_object_size(args) >= 1);
+            counters++;
             continue;
         }
         assert_string_equal(ph, "X");
@@ -372,6 +378,7 @@ static void steptrace__csv_rows_and_chrome_tracks(void **state)
         }
     }
     assert_int_equal(steps, r.sum.steps);
+    assert_int_equal(counters, 2 * r.sum.steps);
     assert_int_equal(xfers, r.sum.kv_transfers);
     assert_int_equal(xfers, t.n);
     assert_int_equal(names, 3 + 2); /* three instances, two prefill links */
