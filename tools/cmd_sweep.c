@@ -103,7 +103,7 @@ int tdm_cmd_sweep(int argc, char **argv)
         fprintf(stderr, "tandem sweep: out of memory\n");
         goto out_all;
     }
-    tdm_sim_cli_describe(stdout, &c, NULL);
+    tdm_sim_cli_describe(stdout, &c, &base);
     printf("sweep: %zu configs\n", total);
     for (size_t g = 0; g < total; g++) {
         int idx[6];
