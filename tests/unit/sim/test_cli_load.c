@@ -3,7 +3,8 @@
  * (TANDEM_BUILD, else build/; skipped when it is not built): the closed-loop command a user
  * of vllm bench serve or aiconfigurator would type, the config's hardware in the header and
  * the JSON, the step CSV and the Chrome trace (loaded by Python's json when python3 is
- * installed), SLO classes from a trace, and `tandem cost --batch` in its three spellings.
+ * installed), SLO classes from a trace, the three scheduling modes' configs side by side, and
+ * `tandem cost --batch` in its three spellings.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -205,6 +206,24 @@ static void sim_command__slo_classes_from_the_trace(void **state)
     unlink(js);
 }
 
+/* The three scheduling modes' configs under configs/ run side by side on a long-context model. */
+static void ab_command__the_three_mode_configs_run(void **state)
+{
+    (void)state;
+    NEED_TOOL();
+    if (access("configs/prefill-first.json", R_OK) != 0) {
+        printf("[ SKIP     ] configs/ not found from the working directory\n");
+        skip();
+        return;
+    }
+    char out[256];
+    write_tmp(out, sizeof out, "ab3.txt", "");
+    assert_int_equal(SH("%s ab configs/vllm-default.json configs/stall-free.json configs/prefill-first.json "
+                        "--model llama-3.1-8b --max-requests 120 --quiet > %s", g_tool, out), 0);
+    if (!file_has(out, "prefill-first            1 GPU on h100-sxm")) fail_msg("no prefill-first column");
+    unlink(out);
+}
+
 static double cost_total(const char *batch)
 {
     char out[256];
@@ -254,6 +273,7 @@ int main(void)
         cmocka_unit_test(sim_command__config_hw_in_header_and_json),
         cmocka_unit_test(sim_command__step_csv_and_chrome_trace_load_in_python),
         cmocka_unit_test(sim_command__slo_classes_from_the_trace),
+        cmocka_unit_test(ab_command__the_three_mode_configs_run),
         cmocka_unit_test(cost_command__batch_spec_json_and_file_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
