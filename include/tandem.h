@@ -182,8 +182,11 @@ typedef enum tdm_policy_kind {
 
 typedef enum tdm_sched_mode {
     TDM_MODE_VLLM = 0,         /* vLLM v1: running requests in list order, then waiting */
-    TDM_MODE_DECODE_FIRST = 1  /* stall-free (Sarathi-Serve): running decodes, then partial
+    TDM_MODE_DECODE_FIRST = 1, /* stall-free (Sarathi-Serve): running decodes, then partial
                                   prefills, then new prefills; budget from the TBT target */
+    TDM_MODE_PREFILL_FIRST = 2 /* baseline (vLLM v0, TGI): prompts (running prefills, then
+                                  waiting) in prefill-only steps; decodes only in steps where
+                                  no prompt can run */
 } tdm_sched_mode;
 
 typedef enum tdm_sched_role {

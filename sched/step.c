@@ -6,6 +6,8 @@
  * hits, all-or-nothing block allocation and no preemption on their behalf. The decode-first
  * mode (Sarathi-Serve's stall-free batching) runs decodes, then partial prefills, then new
  * prefills, and sizes prefill chunks so the predicted step time stays within the TBT target.
+ * The prefill-first mode (vLLM v0, TGI) is the baseline: prompt-only steps whenever a prompt
+ * can run, decode-only steps otherwise.
  * Finally the batch is written out and num_computed_tokens advanced optimistically.
  *
  * Cost: O(running + touched waiting + finished + expired) per step, no allocation once the
@@ -336,6 +338,17 @@ static void run_waiting(step_ctx *c)
     }
 }
 
+/* The prefill-first baseline (vLLM v0's default scheduler, TGI): prompts run before decodes,
+ * in prefill-only steps. Running requests still in their prompt (chunks, resumed recomputes)
+ * and then waiting requests are scheduled first; only when that schedules nothing do the
+ * running decodes get the step. */
+static void run_prefill_first(step_ctx *c)
+{
+    run_running(c, 2);
+    if (!c->preempted) run_waiting(c);
+    if (c->s->num_entries == 0 && !c->stop_running) run_running(c, 1);
+}
+
 /* ---- bookkeeping before scheduling ---- */
 
 /* Everything the step writes, reserved before it changes any state. */
@@ -444,13 +457,17 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     s->out_preempted.len = 0;
     s->out_recv_ready.len = 0;
 
-    if (s->prm.mode == TDM_MODE_DECODE_FIRST) {
-        run_running(&c, 1); /* decodes */
-        run_running(&c, 2); /* partial prefills */
+    if (s->prm.mode == TDM_MODE_PREFILL_FIRST) {
+        run_prefill_first(&c);
     } else {
-        run_running(&c, 0);
+        if (s->prm.mode == TDM_MODE_DECODE_FIRST) {
+            run_running(&c, 1); /* decodes */
+            run_running(&c, 2); /* partial prefills */
+        } else {
+            run_running(&c, 0);
+        }
+        if (!c.preempted) run_waiting(&c);
     }
-    if (!c.preempted) run_waiting(&c);
     finalize(s, &c, out);
     return TDM_OK;
 }

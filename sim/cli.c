@@ -3,6 +3,7 @@
  * common setup: the model and hardware presets or JSON files, and the trace with its
  * arrival, scaling, window, cap and clip options.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,9 +14,16 @@ const char tdm_sim_cli_common_usage[] =
     "workload:\n"
     "  --trace PATH          trace file (Azure CSV, Mooncake JSONL, length CSV, Tandem JSONL);\n"
     "                        default: the embedded chat workload ('builtin')\n"
-    "  --format F            azure | mooncake | lengths | tandem (default: detected)\n"
+    "  --format F            azure | vidur | mooncake | lengths | tandem (default: detected)\n"
+    "  --isl N, --osl N      synthetic fixed lengths (no --trace): N prompt / output tokens\n"
+    "  --len-range R         with --isl/--osl: each length uniform in [N(1-R), N(1+R)]\n"
     "  --arrival A           trace | poisson | gamma (length-only files: poisson)\n"
-    "  --rate R              req/s of synthetic arrivals (builtin: 20)\n"
+    "  --rate R              req/s of synthetic arrivals, or inf (builtin: 20; with\n"
+    "                        --concurrency and a synthetic workload: inf)\n"
+    "  --concurrency N       closed loop: at most N requests in flight, the next sent when\n"
+    "                        one finishes (vllm bench serve --max-concurrency)\n"
+    "  --warmup N            leave the first N requests sent out of the metrics\n"
+    "                        (default: N = --concurrency in closed loop, 0 otherwise)\n"
     "  --cv X                Gamma arrivals: coefficient of variation (burstiness)\n"
     "  --rate-scale X        multiply the arrival rate by X\n"
     "  --window A:B          keep arrivals in [A, B) seconds from the first\n"
@@ -26,16 +34,21 @@ const char tdm_sim_cli_common_usage[] =
     "  --no-clip             do not clip (over-long requests are rejected and count as misses)\n"
     "model and hardware:\n"
     "  --model M             preset or JSON file (default llama-3-8b)\n"
-    "  --hw H                a100-80g | h100-sxm | h200 or a hardware JSON (default h100-sxm)\n"
+    "  --hw H                a100-80g | h100-sxm | h200 or a hardware JSON (default h100-sxm;\n"
+    "                        a config's deployment.hw takes precedence)\n"
     "  --tp N                tensor-parallel degree (default 1)\n"
     "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
     "metrics and output:\n"
     "  --slo-ttft-ms X       TTFT SLO (default 500)\n"
     "  --slo-tpot-ms X       TPOT SLO (default 50)\n"
+    "  --slo-class C:T:P     SLO class C of the trace's slo_class column: TTFT T ms, TPOT P ms\n"
+    "                        (0 = none; best_effort and batch default to none)\n"
     "  --goodput             search the highest rate with >= target attainment of both SLOs\n"
     "  --goodput-target F    attainment needed for goodput (default 0.9)\n"
     "  --json FILE           write the summary as JSON\n"
     "  --requests-csv FILE   one row per request\n"
+    "  --steps-csv FILE      tandem sim: one row per step of every instance\n"
+    "  --chrome-trace FILE   tandem sim: Chrome trace JSON (Perfetto): a track per instance\n"
     "  --quiet               no progress bar\n";
 
 static int need(int i, int argc, char **argv)
@@ -57,6 +70,34 @@ static int num(const char *opt, const char *s, double lo, double hi, double *out
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+/* NAME:TTFT_MS:TPOT_MS */
+static int parse_slo_class(tdm_sim_cli *c, const char *s)
+{
+    const char *p = strchr(s, ':');
+    char *end;
+    double t = p ? strtod(p + 1, &end) : -1, q = -1;
+    if (p && *end == ':') q = strtod(end + 1, &end);
+    if (!p || p == s || (size_t)(p - s) >= TDM_SIM_SLO_NAME || *end || !(t >= 0) || !(q >= 0) ||
+        t > 1e9 || q > 1e9) {
+        fprintf(stderr, "tandem: --slo-class: expected NAME:TTFT_MS:TPOT_MS (ms >= 0), got '%s'\n", s);
+        return -1;
+    }
+    size_t k = 0, len = (size_t)(p - s);
+    while (k < c->ropts.n_slo_classes &&
+           (strlen(c->slo_cls[k].name) != len || strncmp(c->slo_cls[k].name, s, len)))
+        k++;
+    if (k == TDM_SIM_MAX_SLO_CLASSES) {
+        fprintf(stderr, "tandem: --slo-class: at most %d classes\n", TDM_SIM_MAX_SLO_CLASSES);
+        return -1;
+    }
+    memcpy(c->slo_cls[k].name, s, len);
+    c->slo_cls[k].name[len] = '\0';
+    c->slo_cls[k].ttft_s = t * 1e-3;
+    c->slo_cls[k].tpot_s = q * 1e-3;
+    if (k == c->ropts.n_slo_classes) c->ropts.n_slo_classes++;
     return 0;
 }
 
@@ -95,8 +136,9 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
                 else if (!strcmp(s, "mooncake")) c->topts.fmt = TDM_SIM_FMT_MOONCAKE;
                 else if (!strcmp(s, "lengths")) c->topts.fmt = TDM_SIM_FMT_LENGTHS;
                 else if (!strcmp(s, "tandem")) c->topts.fmt = TDM_SIM_FMT_TANDEM;
+                else if (!strcmp(s, "vidur")) c->topts.fmt = TDM_SIM_FMT_VIDUR;
                 else {
-                    fprintf(stderr, "tandem: --format: azure, mooncake, lengths or tandem\n");
+                    fprintf(stderr, "tandem: --format: azure, vidur, mooncake, lengths or tandem\n");
                     return -1;
                 }
             } else if (!strcmp(a, "--arrival")) {
@@ -108,8 +150,26 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
                     return -1;
                 }
             } else if (!strcmp(a, "--rate")) {
-                if (num(a, s, 1e-6, 1e6, &c->topts.rate)) return -1;
-            } else if (!strcmp(a, "--cv")) {
+                c->rate_set = 1;
+                if (!strcmp(s, "inf")) c->topts.rate = INFINITY;
+                else if (num(a, s, 1e-6, 1e6, &c->topts.rate)) return -1;
+            } else if (!strcmp(a, "--isl") || !strcmp(a, "--osl")) {
+                if (num(a, s, 1, 1e8, &v)) return -1;
+                if (a[2] == 'i') c->topts.isl = (uint32_t)v;
+                else c->topts.osl = (uint32_t)v;
+            } else if (!strcmp(a, "--len-range")) {
+                if (num(a, s, 0, 0.999, &c->topts.len_range)) return -1;
+            } else if (!strcmp(a, "--concurrency")) {
+                if (num(a, s, 1, 1e7, &v)) return -1;
+                c->ropts.concurrency = (uint32_t)v;
+            } else if (!strcmp(a, "--warmup")) {
+                if (num(a, s, 0, 1e9, &v)) return -1;
+                c->ropts.warmup = (int64_t)v;
+            } else if (!strcmp(a, "--slo-class")) {
+                if (parse_slo_class(c, s) != 0) return -1;
+            } else if (!strcmp(a, "--steps-csv")) c->steps_csv = s;
+            else if (!strcmp(a, "--chrome-trace")) c->chrome_trace = s;
+            else if (!strcmp(a, "--cv")) {
                 if (num(a, s, 1e-3, 100, &c->topts.cv)) return -1;
             } else if (!strcmp(a, "--rate-scale")) {
                 if (num(a, s, 1e-6, 1e6, &c->topts.rate_scale)) return -1;
@@ -170,6 +230,29 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
 #undef VAL
     }
     c->ropts.progress = !c->quiet && isatty(2);
+    c->ropts.slo_classes = c->slo_cls;
+    if ((c->topts.osl || c->topts.len_range > 0) && !c->topts.isl) {
+        fprintf(stderr, "tandem %s: --osl and --len-range need --isl\n", argv[0]);
+        return -1;
+    }
+    if (c->topts.isl && c->trace) {
+        fprintf(stderr, "tandem %s: --isl/--osl make a synthetic workload; drop --trace\n", argv[0]);
+        return -1;
+    }
+    if ((c->steps_csv || c->chrome_trace) && strcmp(argv[0], "sim")) {
+        fprintf(stderr, "tandem %s: --steps-csv and --chrome-trace are options of tandem sim\n",
+                argv[0]);
+        return -1;
+    }
+    if (c->ropts.concurrency && c->goodput) {
+        fprintf(stderr, "tandem %s: --goodput searches an arrival rate; it has no meaning in "
+                        "closed loop (--concurrency)\n", argv[0]);
+        return -1;
+    }
+    /* closed loop on a synthetic workload: send as fast as slots free (vllm bench serve's
+     * default request rate is inf) */
+    if (c->ropts.concurrency && !c->rate_set && (!c->trace || !strcmp(c->trace, "builtin")))
+        c->topts.rate = INFINITY;
     return 0;
 }
 
@@ -193,10 +276,32 @@ int tdm_sim_cli_setup(tdm_sim_cli *c)
 
 void tdm_sim_cli_free(tdm_sim_cli *c) { tdm_sim_trace_free(&c->t); }
 
-void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c)
+void tdm_sim_config_hw_label(const tdm_sim_config *cfg, char *out, size_t n)
+{
+    const tdm_sim_pool *p = &cfg->pools[0], *d = &cfg->pools[1];
+    if (!cfg->disagg) snprintf(out, n, "%s", p->hw.name);
+    else if (!strcmp(p->hw.name, d->hw.name)) snprintf(out, n, "%s", p->hw.name);
+    else snprintf(out, n, "prefill %s, decode %s", p->hw.name, d->hw.name);
+}
+
+void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c, const tdm_sim_config *cfg)
 {
     double span = tdm_sim_trace_span(&c->t);
-    fprintf(f, "workload: %s, %zu requests over %.1f s (%.2f req/s); model %s (tp %u) on %s\n",
-            c->t.name, c->t.n, span, span > 0 ? (double)c->t.n / span : 0.0, c->m.name,
-            c->m.tp, c->h.name);
+    char hw[160];
+    uint32_t tp = c->m.tp;
+    if (cfg) {
+        tdm_sim_config_hw_label(cfg, hw, sizeof hw);
+        tp = cfg->pools[0].model.tp;
+    } else {
+        snprintf(hw, sizeof hw, "%s", c->h.name);
+    }
+    if (isinf(c->topts.rate) && c->ropts.concurrency)
+        fprintf(f, "workload: %s, %zu requests, closed loop at concurrency %u", c->t.name, c->t.n,
+                c->ropts.concurrency);
+    else
+        fprintf(f, "workload: %s, %zu requests over %.1f s (%.2f req/s)", c->t.name, c->t.n, span,
+                span > 0 ? (double)c->t.n / span : 0.0);
+    if (c->ropts.concurrency && !isinf(c->topts.rate))
+        fprintf(f, ", concurrency %u", c->ropts.concurrency);
+    fprintf(f, "; model %s (tp %u) on %s\n", c->m.name, tp, hw);
 }

@@ -20,6 +20,9 @@ typedef struct tdm_sim_cli {
     tdm_sim_run_opts ropts;
     int goodput, quiet, help;
     const char *json, *csv, *plot, *config;
+    const char *steps_csv, *chrome_trace;   /* per-step traces (tandem sim only) */
+    int rate_set;                 /* --rate given */
+    tdm_sim_slo_class slo_cls[TDM_SIM_MAX_SLO_CLASSES];  /* --slo-class definitions */
     const char *pos[TDM_SIM_CLI_MAXPOS];
     int npos;
     /* sweep grid (comma-separated lists) */
@@ -36,8 +39,11 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage);
 /* Load the model, the hardware and the trace; prints errors. */
 int tdm_sim_cli_setup(tdm_sim_cli *c);
 void tdm_sim_cli_free(tdm_sim_cli *c);
-/* One line describing the workload and the hardware. */
-void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c);
+/* One line describing the workload and the hardware: the config's (cfg may be NULL: the
+ * command line's). */
+void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c, const tdm_sim_config *cfg);
+/* The hardware a config runs on ("h200", or "prefill h100-sxm, decode h200"). */
+void tdm_sim_config_hw_label(const tdm_sim_config *cfg, char *out, size_t n);
 extern const char tdm_sim_cli_common_usage[];
 
 #endif

@@ -6,8 +6,12 @@
  * (tdm_sched_update with one sampled token per request that reached the end of its
  * tokens), completes KV transfers (tdm_sched_remote_kv_done on the decode side,
  * tdm_sched_release on the prefill side) and starts a step on every idle instance
- * (tdm_sched_step; the step lasts the cost model's estimate). Work per step is O(batch);
- * nothing is allocated per step once the buffers reach their high-water mark.
+ * (tdm_sched_step; the step lasts the cost model's estimate). Load is open-loop (the
+ * trace's arrivals) or closed-loop (at most `concurrency` requests in flight, the next one
+ * sent when one finishes); the first `warmup` requests sent are excluded from the metrics.
+ * Each request carries its own TTFT/TPOT deadlines (its SLO class, else the run's SLOs), so
+ * the scheduler's SLO policy sees them. Work per step is O(batch); nothing is allocated per
+ * step once the buffers reach their high-water mark.
  */
 #include <jansson.h>
 #include <math.h>
@@ -45,6 +49,9 @@ typedef struct eng {
     uint32_t rr_pre, rr_dec;
     double kv_gbps;
     size_t done;
+    uint32_t inflight;         /* sent and not finished (closed loop) */
+    size_t sent, warmup;
+    double cls_ttft[TDM_SIM_MAX_SLO_CLASSES + 1], cls_tpot[TDM_SIM_MAX_SLO_CLASSES + 1];
     char *err;
     size_t errlen;
 } eng;
@@ -203,6 +210,26 @@ static void finish_req(eng *e, tdm_sim_inst *in, uint64_t id, double t, uint8_t 
     in->outstanding--;
     in->outstanding_tokens -= r->prompt_len + r->output_len;
     e->done++;
+    if (e->inflight) e->inflight--;
+}
+
+/* Send the requests due at `now`: every arrival up to now (open loop), or in closed loop
+ * as many as free slots allow, each sent at max(its arrival, now). */
+static int deliver(eng *e, size_t *next, double now)
+{
+    const tdm_sim_trace *t = e->t;
+    uint32_t conc = e->o->concurrency;
+    while (*next < t->n && t->reqs[*next].arrival <= now && (!conc || e->inflight < conc)) {
+        size_t id = *next;
+        tdm_sim_req_out *o = &e->res->reqs[id];
+        if (conc) o->arrival = now;
+        o->warmup = e->sent < e->warmup;
+        e->sent++;
+        e->inflight++;
+        if (route(e, id, 0) != 0) return -1;
+        (*next)++;
+    }
+    return 0;
 }
 
 /* Add the requests queued for this instance (before its next step). */
@@ -225,9 +252,9 @@ static int flush_pending(eng *e, tdm_sim_inst *in, double t)
         d.max_tokens = r->output_len;
         d.eos_token_id = -1;
         d.priority = r->priority;
-        d.arrival_time = r->arrival;
-        d.ttft_slo = e->o->slo_ttft_s;
-        d.tpot_slo = e->o->slo_tpot_s;
+        d.arrival_time = e->res->reqs[id].arrival;
+        d.ttft_slo = e->res->reqs[id].slo_ttft_s;
+        d.tpot_slo = e->res->reqs[id].slo_tpot_s;
         if (in->role == TDM_ROLE_PREFILL) {
             d.flags |= TDM_REQ_REMOTE_DECODE;
             d.max_tokens = 1;
@@ -268,6 +295,7 @@ static int start_transfers(eng *e, tdm_sim_inst *dec, double t)
         double start = t > pre->link_free ? t : pre->link_free;
         double end = start + e->c->kv_latency_s + bytes / (e->kv_gbps * 1e9);
         pre->link_free = end;
+        tdm_sim_steptrace_xfer(e->o, (size_t)p, (size_t)(dec - e->in), id, start, end, bytes);
         xfer x = {end, id, (uint32_t)p, (uint32_t)(dec - e->in)};
         if (heap_push(e, x) != 0) {
             snprintf(e->err, e->errlen, "out of memory");
@@ -311,6 +339,8 @@ static int try_step(eng *e, tdm_sim_inst *in, double t)
         sh.emit_seqs += emits;
     }
     double dt = tdm_sim_cost_step(&in->cost, &sh, NULL);
+    if (e->o->steps_csv || e->o->chrome_trace)
+        tdm_sim_steptrace_step(e->o, in, (size_t)(in - e->in), t, dt, &sh, b);
     in->busy = 1;
     in->step_start = t;
     in->step_end = t + dt;
@@ -380,11 +410,11 @@ static int complete_step(eng *e, tdm_sim_inst *in)
             tdm_sim_req_out *o = &e->res->reqs[id];
             if (r->generated == 0) {
                 o->first_token = t;
-            } else if (e->res->n_gaps < e->res->cap_gaps) {
+            } else if (!o->warmup && e->res->n_gaps < e->res->cap_gaps) {
                 e->res->gaps[e->res->n_gaps++] = (float)(t - r->last_token);
             }
             /* several tokens in one step (speculative decoding) share one gap */
-            for (uint32_t k = 1; k < nn && e->res->n_gaps < e->res->cap_gaps; k++)
+            for (uint32_t k = 1; k < nn && !o->warmup && e->res->n_gaps < e->res->cap_gaps; k++)
                 e->res->gaps[e->res->n_gaps++] = 0.0f;
             r->generated += nn;
             r->last_token = t;
@@ -425,10 +455,7 @@ static int loop(eng *e)
     tdm_sim_progress pg;
     tdm_sim_progress_begin(&pg, e->o->progress, e->o->label);
     for (;;) {
-        while (next < t->n && t->reqs[next].arrival <= now) {
-            if (route(e, next, 0) != 0) goto out;
-            next++;
-        }
+        if (deliver(e, &next, now) != 0) goto out;
         for (size_t i = 0; i < e->ninst; i++)
             if (e->in[i].busy && e->in[i].step_end <= now && complete_step(e, &e->in[i]) != 0)
                 goto out;
@@ -436,10 +463,13 @@ static int loop(eng *e)
             xfer x = heap_pop(e);
             if (complete_xfer(e, &x) != 0) goto out;
         }
+        /* closed loop: a request that finished at `now` frees a slot for the next one */
+        if (e->o->concurrency && deliver(e, &next, now) != 0) goto out;
         for (size_t i = 0; i < e->ninst; i++)
             if (!e->in[i].busy && try_step(e, &e->in[i], now) != 0) goto out;
         double tn = INFINITY;
-        if (next < t->n) tn = t->reqs[next].arrival;
+        if (next < t->n && (!e->o->concurrency || e->inflight < e->o->concurrency))
+            tn = t->reqs[next].arrival > now ? t->reqs[next].arrival : now;
         for (size_t i = 0; i < e->ninst; i++)
             if (e->in[i].busy && e->in[i].step_end < tn) tn = e->in[i].step_end;
         if (e->nheap && e->heap[0].end < tn) tn = e->heap[0].end;
@@ -462,6 +492,28 @@ static int loop(eng *e)
 out:
     tdm_sim_progress_end(&pg);
     return -1;
+}
+
+/* Each SLO class the trace names takes its targets from the run options; "best_effort" and
+ * "batch" default to none. An undefined class is an error (a silent default would hide a typo). */
+static int resolve_slo_classes(eng *e)
+{
+    for (uint32_t k = 0; k < e->t->n_slo; k++) {
+        const char *nm = e->t->slo_names[k];
+        size_t j = 0;
+        while (j < e->o->n_slo_classes && strcmp(e->o->slo_classes[j].name, nm)) j++;
+        if (j < e->o->n_slo_classes) {
+            e->cls_ttft[k + 1] = e->o->slo_classes[j].ttft_s;
+            e->cls_tpot[k + 1] = e->o->slo_classes[j].tpot_s;
+        } else if (!strcmp(nm, "best_effort") || !strcmp(nm, "batch")) {
+            e->cls_ttft[k + 1] = e->cls_tpot[k + 1] = 0;
+        } else {
+            snprintf(e->err, e->errlen, "the trace names SLO class '%s', which is not defined "
+                     "(--slo-class %s:TTFT_MS:TPOT_MS)", nm, nm);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 void tdm_sim_result_free(tdm_sim_result *r)
@@ -514,6 +566,19 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
         snprintf(err, errlen, "%s: a pool has no instances", c->name);
         goto done;
     }
+    if (resolve_slo_classes(&e) != 0) goto done;
+    res->n_classes = t->n_slo;
+    for (uint32_t k = 0; k < t->n_slo; k++) {
+        memcpy(res->classes[k].name, t->slo_names[k], sizeof res->classes[k].name);
+        res->classes[k].ttft_s = e.cls_ttft[k + 1];
+        res->classes[k].tpot_s = e.cls_tpot[k + 1];
+    }
+    e.warmup = o->warmup >= 0 ? (size_t)o->warmup : o->concurrency;
+    if (e.warmup >= t->n && t->n) {
+        snprintf(err, errlen, "warm-up of %zu requests leaves none of the %zu to measure",
+                 e.warmup, t->n);
+        goto done;
+    }
     for (size_t i = 0; i < t->n; i++) {
         tdm_sim_req_out *q = &res->reqs[i];
         q->arrival = t->reqs[i].arrival;
@@ -521,6 +586,11 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
         q->prompt_len = t->reqs[i].prompt_len;
         q->output_len = t->reqs[i].output_len;
         q->instance = q->prefill_instance = -1;
+        uint32_t k = t->reqs[i].slo_class <= t->n_slo ? t->reqs[i].slo_class : 0;
+        q->has_slo = k > 0;
+        q->slo_class = (uint8_t)k;
+        q->slo_ttft_s = k ? e.cls_ttft[k] : o->slo_ttft_s;
+        q->slo_tpot_s = k ? e.cls_tpot[k] : o->slo_tpot_s;
     }
     e.kv_gbps = c->kv_gbps;
     if (c->disagg && e.kv_gbps <= 0) {
@@ -539,7 +609,23 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
                 goto done;
             }
     }
-    if (loop(&e) != 0) goto done;
+    tdm_sim_steptrace_begin(o, c->name, e.in, e.ninst);
+    int lrc = loop(&e);
+    tdm_sim_steptrace_end(o);
+    if (lrc != 0) goto done;
+    if (e.warmup) {
+        /* the measurement window: first measured send to last measured finish */
+        double a = INFINITY, z = 0;
+        for (size_t i = 0; i < t->n; i++) {
+            const tdm_sim_req_out *q = &res->reqs[i];
+            if (q->warmup) continue;
+            if (q->arrival < a) a = q->arrival;
+            if (q->finish > z) z = q->finish;
+        }
+        res->sum.duration_s = z > a ? z - a : 0;
+    }
+    res->sum.warmup = e.warmup;
+    res->sum.concurrency = o->concurrency;
     /* scheduler counters */
     uint64_t q = 0, h = 0;
     double kvs = 0;
@@ -590,4 +676,5 @@ void tdm_sim_run_opts_init(tdm_sim_run_opts *o)
     o->goodput_target = 0.9;
     o->mem_util = 0.9;
     o->label = "sim";
+    o->warmup = -1;
 }

@@ -1,6 +1,7 @@
 /*
- * engine.h -- internals shared by engine.c (the event loop) and router.c (request routing
- * and the KV-aware router's per-instance block index). Not used outside sim/.
+ * engine.h -- internals shared by engine.c (the event loop), router.c (request routing
+ * and the KV-aware router's per-instance block index) and steptrace.c (per-step traces).
+ * Not used outside sim/.
  */
 #ifndef TANDEM_SIM_ENGINE_H
 #define TANDEM_SIM_ENGINE_H
@@ -45,5 +46,14 @@ int tdm_sim_route(tdm_sim_inst *insts, size_t first, size_t count, tdm_sim_route
                   int learn);
 void tdm_sim_blockset_free(tdm_sim_blockset *b);
 int tdm_sim_blockset_init(tdm_sim_blockset *b, size_t expected);
+
+/* Per-step traces (steptrace.c): the CSV and Chrome trace files of tdm_sim_run_opts. */
+void tdm_sim_steptrace_begin(const tdm_sim_run_opts *o, const char *config, const tdm_sim_inst *in,
+                             size_t ninst);
+void tdm_sim_steptrace_step(const tdm_sim_run_opts *o, const tdm_sim_inst *in, size_t idx,
+                            double t, double dt, const tdm_sim_shape *sh, const tdm_batch *b);
+void tdm_sim_steptrace_xfer(const tdm_sim_run_opts *o, size_t pre, size_t dec, uint64_t id,
+                            double start, double end, double bytes);
+void tdm_sim_steptrace_end(const tdm_sim_run_opts *o);
 
 #endif

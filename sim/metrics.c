@@ -3,7 +3,9 @@
  * first token), TPOT (per request, (finish - first token) / (outputs - 1)), ITL (every gap
  * between consecutive tokens of a request), E2E (arrival to finish), each with mean, p50,
  * p90, p99 (linear interpolation, numpy's default); throughput over the simulated duration;
- * SLO attainment over all requests (unfinished and rejected requests count as misses).
+ * SLO attainment over all requests (unfinished and rejected requests count as misses), each
+ * against its own SLOs when it has a class (none = best effort, met by definition).
+ * Warm-up requests are left out of every figure.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -123,35 +125,50 @@ int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s)
     size_t n = res->n;
     double *buf = malloc((n ? n : 1) * sizeof *buf);
     if (!buf) return -1;
-    s->requests = n;
+    s->requests = 0;
     s->completed = s->rejected = 0;
-    size_t k = 0, ok_t = 0, ok_p = 0, ok_b = 0;
+    size_t k = 0, ok_t = 0, ok_p = 0, ok_b = 0, measured = 0;
+    size_t cls_t[TDM_SIM_MAX_SLO_CLASSES] = {0}, cls_b[TDM_SIM_MAX_SLO_CLASSES] = {0};
+    memset(s->class_n, 0, sizeof s->class_n);
     uint64_t out_tokens = 0, in_tokens = 0;
     for (size_t i = 0; i < n; i++) {
         const tdm_sim_req_out *r = &res->reqs[i];
+        if (r->warmup) continue;
+        measured++;
         s->completed += r->status == 1;
         s->rejected += r->status == 2;
         out_tokens += r->generated;
         if (r->status == 1) in_tokens += r->prompt_len;
-        int mt = r->first_token >= 0 && r->first_token - r->arrival <= slo_ttft_s;
+        double st = r->has_slo ? r->slo_ttft_s : slo_ttft_s;
+        double sp = r->has_slo ? r->slo_tpot_s : slo_tpot_s;
+        int mt = r->first_token >= 0 && (st <= 0 || r->first_token - r->arrival <= st);
         double tp = tdm_sim_req_tpot(r);
-        int mp = r->status == 1 && tp <= slo_tpot_s; /* tp = -1 (one output) meets it */
+        int mp = r->status == 1 && (sp <= 0 || tp <= sp); /* tp = -1 (one output) meets it */
         ok_t += mt;
         ok_p += mp;
         ok_b += mt && mp;
+        if (r->slo_class > 0 && r->slo_class <= TDM_SIM_MAX_SLO_CLASSES) {
+            s->class_n[r->slo_class - 1]++;
+            cls_t[r->slo_class - 1] += mt;
+            cls_b[r->slo_class - 1] += mt && mp;
+        }
+    }
+    for (size_t c = 0; c < TDM_SIM_MAX_SLO_CLASSES; c++) {
+        s->class_attain_ttft[c] = s->class_n[c] ? (double)cls_t[c] / (double)s->class_n[c] : 0;
+        s->class_attain[c] = s->class_n[c] ? (double)cls_b[c] / (double)s->class_n[c] : 0;
     }
     for (size_t i = 0; i < n; i++)
-        if (res->reqs[i].first_token >= 0) buf[k++] = res->reqs[i].first_token - res->reqs[i].arrival;
+        if (!res->reqs[i].warmup && res->reqs[i].first_token >= 0) buf[k++] = res->reqs[i].first_token - res->reqs[i].arrival;
     tdm_sim_stat_compute(buf, k, &s->ttft);
     k = 0;
     for (size_t i = 0; i < n; i++) {
         double tp = tdm_sim_req_tpot(&res->reqs[i]);
-        if (tp >= 0) buf[k++] = tp;
+        if (!res->reqs[i].warmup && tp >= 0) buf[k++] = tp;
     }
     tdm_sim_stat_compute(buf, k, &s->tpot);
     k = 0;
     for (size_t i = 0; i < n; i++)
-        if (res->reqs[i].status == 1) buf[k++] = res->reqs[i].finish - res->reqs[i].arrival;
+        if (!res->reqs[i].warmup && res->reqs[i].status == 1) buf[k++] = res->reqs[i].finish - res->reqs[i].arrival;
     tdm_sim_stat_compute(buf, k, &s->e2e);
     free(buf);
     if (stat_gaps(res->gaps, res->n_gaps, &s->itl) != 0) return -1;
@@ -161,8 +178,9 @@ int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s)
     s->total_throughput_tok_s = (double)(out_tokens + in_tokens) / d;
     s->slo_ttft_s = slo_ttft_s;
     s->slo_tpot_s = slo_tpot_s;
-    s->attain_ttft = n ? (double)ok_t / (double)n : 0;
-    s->attain_tpot = n ? (double)ok_p / (double)n : 0;
-    s->attainment = n ? (double)ok_b / (double)n : 0;
+    s->requests = measured;
+    s->attain_ttft = measured ? (double)ok_t / (double)measured : 0;
+    s->attain_tpot = measured ? (double)ok_p / (double)measured : 0;
+    s->attainment = measured ? (double)ok_b / (double)measured : 0;
     return 0;
 }

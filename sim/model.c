@@ -1,6 +1,6 @@
 /*
  * model.c -- model and hardware descriptions for the cost model: the presets (Llama-2
- * 7B/13B/70B, Llama-3 8B/70B, Mistral-7B, and OPT-13B/66B for the DistServe calibration;
+ * 7B/13B/70B, Llama-3 and Llama-3.1 8B/70B, Mistral-7B, and OPT-13B/66B for the DistServe calibration;
  * A100-80G, H100-SXM, H200) and their JSON forms. The hardware JSON is the format
  * `tandem profile` writes: {"name", "peak_tflops", "hbm_gbps", "eff_compute", "eff_memory",
  * "step_overhead_us", "interconnect_gbps", optional "mem_gib", optional "measured"}.
@@ -23,6 +23,8 @@ static const model_row MODELS[] = {
     {"llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 1, 4096},
     {"llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, 1, 8192},
     {"llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256, 1, 8192},
+    {"llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, 1, 131072},
+    {"llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, 1, 131072},
     {"mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000, 1, 32768},
     {"opt-13b", 40, 5120, 40, 40, 128, 20480, 50272, 0, 2048},
     {"opt-66b", 64, 9216, 72, 72, 128, 36864, 50272, 0, 2048},
@@ -40,8 +42,8 @@ static const tdm_sim_hw HWS[] = {
 
 const char *tdm_sim_model_names(void)
 {
-    return "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b, "
-           "opt-13b, opt-66b";
+    return "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-8b, "
+           "llama-3.1-70b, mistral-7b, opt-13b, opt-66b";
 }
 
 const char *tdm_sim_hw_names(void) { return "a100-80g, h100-sxm, h200"; }

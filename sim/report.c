@@ -77,11 +77,31 @@ void tdm_sim_print_table(FILE *f, const tdm_sim_result *r)
     row(f, "E2E (s)", &s->e2e, 1.0);
     fprintf(f, "  requests        %zu completed of %zu (%zu rejected, %zu unfinished)\n",
             s->completed, s->requests, s->rejected, s->requests - s->completed - s->rejected);
-    fprintf(f, "  throughput      %.3f req/s, %.1f output tok/s, %.1f total tok/s\n",
-            s->request_throughput, s->output_throughput_tok_s, s->total_throughput_tok_s);
-    fprintf(f, "  SLO             TTFT <= %.0f ms: %.1f%%   TPOT <= %.0f ms: %.1f%%   both: %.1f%%\n",
-            s->slo_ttft_s * 1e3, 100 * s->attain_ttft, s->slo_tpot_s * 1e3,
-            100 * s->attain_tpot, 100 * s->attainment);
+    if (s->concurrency || s->warmup)
+        fprintf(f, "  load            %s%u, first %zu requests excluded as warm-up\n",
+                s->concurrency ? "closed loop, concurrency " : "open loop", s->concurrency,
+                s->warmup);
+    fprintf(f, "  throughput      %.3f req/s, %.1f output tok/s (%.1f per GPU), %.1f total tok/s\n",
+            s->request_throughput, s->output_throughput_tok_s,
+            s->output_throughput_tok_s / (s->gpus ? s->gpus : 1), s->total_throughput_tok_s);
+    if (r->n_classes)
+        fprintf(f, "  SLO             each request its class's (without one: TTFT <= %.0f ms, TPOT <= "
+                   "%.0f ms): TTFT %.1f%%   TPOT %.1f%%   both %.1f%%\n",
+                s->slo_ttft_s * 1e3, s->slo_tpot_s * 1e3, 100 * s->attain_ttft,
+                100 * s->attain_tpot, 100 * s->attainment);
+    else
+        fprintf(f, "  SLO             TTFT <= %.0f ms: %.1f%%   TPOT <= %.0f ms: %.1f%%   both: %.1f%%\n",
+                s->slo_ttft_s * 1e3, 100 * s->attain_ttft, s->slo_tpot_s * 1e3,
+                100 * s->attain_tpot, 100 * s->attainment);
+    for (uint32_t k = 0; k < r->n_classes; k++) {
+        const tdm_sim_slo_class *c = &r->classes[k];
+        if (c->ttft_s > 0 || c->tpot_s > 0)
+            fprintf(f, "  class %-9s TTFT <= %.0f ms, TPOT <= %.0f ms: TTFT %.1f%%, both %.1f%% of %zu\n",
+                    c->name, c->ttft_s * 1e3, c->tpot_s * 1e3, 100 * s->class_attain_ttft[k],
+                    100 * s->class_attain[k], s->class_n[k]);
+        else
+            fprintf(f, "  class %-9s best effort (no SLO): %zu requests\n", c->name, s->class_n[k]);
+    }
     if (s->goodput_req_s >= 0)
         fprintf(f, "  goodput         %.3f req/s (%.3f per GPU; rate scale %.3f)\n",
                 s->goodput_req_s, s->goodput_req_s / (s->gpus ? s->gpus : 1), s->goodput_scale);
@@ -151,6 +171,8 @@ static void write_body(FILE *f, const tdm_sim_result *r, const char *extra)
     jkey(f, "request_throughput", s->request_throughput);
     jkey(f, "output_throughput_tok_s", s->output_throughput_tok_s);
     jkey(f, "total_throughput_tok_s", s->total_throughput_tok_s);
+    jkey(f, "output_throughput_tok_s_per_gpu", s->output_throughput_tok_s / (s->gpus ? s->gpus : 1));
+    fprintf(f, "  \"concurrency\": %u,\n  \"warmup_requests\": %zu,\n", s->concurrency, s->warmup);
     jstat(f, "ttft_s", &s->ttft);
     jstat(f, "tpot_s", &s->tpot);
     jstat(f, "itl_s", &s->itl);
@@ -166,6 +188,23 @@ static void write_body(FILE *f, const tdm_sim_result *r, const char *extra)
     fputs(", \"tpot_attainment\": ", f);
     jnum(f, s->attain_tpot);
     fputs("},\n", f);
+    if (r->n_classes) {
+        fputs("  \"slo_classes\": [", f);
+        for (uint32_t k = 0; k < r->n_classes; k++) {
+            fputs(k ? ", {\"name\": " : "{\"name\": ", f);
+            json_escape(f, r->classes[k].name);
+            fputs(", \"ttft_s\": ", f);
+            jnum(f, r->classes[k].ttft_s);
+            fputs(", \"tpot_s\": ", f);
+            jnum(f, r->classes[k].tpot_s);
+            fprintf(f, ", \"requests\": %zu, \"ttft_attainment\": ", s->class_n[k]);
+            jnum(f, s->class_attain_ttft[k]);
+            fputs(", \"attainment\": ", f);
+            jnum(f, s->class_attain[k]);
+            fputs("}", f);
+        }
+        fputs("],\n", f);
+    }
     if (s->goodput_req_s >= 0) {
         jkey(f, "goodput_req_s", s->goodput_req_s);
         jkey(f, "goodput_req_s_per_gpu", s->goodput_req_s / (s->gpus ? s->gpus : 1));

@@ -44,7 +44,12 @@ typedef struct tdm_sim_req {
     uint32_t num_hash;       /* prefix blocks of trace->hash_block tokens each */
     int32_t priority;
     uint32_t reserved;
+    uint32_t slo_class;      /* 0: the run's SLOs; k: the trace's class slo_names[k - 1] */
 } tdm_sim_req;
+
+/* SLO classes a trace may name (an slo_class column or JSONL field). */
+#define TDM_SIM_MAX_SLO_CLASSES 16
+#define TDM_SIM_SLO_NAME 32
 
 typedef struct tdm_sim_trace {
     tdm_sim_req *reqs;
@@ -53,6 +58,8 @@ typedef struct tdm_sim_trace {
     size_t n_hash, cap_hash;
     uint32_t hash_block;     /* tokens per hash id (512 for Mooncake); 0 = no prefix ids */
     char name[96];
+    char slo_names[TDM_SIM_MAX_SLO_CLASSES][TDM_SIM_SLO_NAME];
+    uint32_t n_slo;
 } tdm_sim_trace;
 
 typedef enum tdm_sim_fmt {
@@ -61,7 +68,9 @@ typedef enum tdm_sim_fmt {
     TDM_SIM_FMT_MOONCAKE,    /* {"timestamp" ms, "input_length", "output_length", "hash_ids"} */
     TDM_SIM_FMT_LENGTHS,     /* num_prefill_tokens,num_decode_tokens[,...] with synthetic arrivals */
     TDM_SIM_FMT_TANDEM,      /* {"arrival_s", "input_tokens", "output_tokens", ...} */
-    TDM_SIM_FMT_BUILTIN      /* the embedded synthetic chat workload */
+    TDM_SIM_FMT_BUILTIN,     /* the embedded synthetic chat workload */
+    TDM_SIM_FMT_VIDUR,       /* arrived_at (s),num_prefill_tokens,num_decode_tokens[,...] */
+    TDM_SIM_FMT_FIXED        /* synthetic: isl/osl (vllm bench serve's "random" dataset) */
 } tdm_sim_fmt;
 
 typedef enum tdm_sim_arrival {
@@ -73,7 +82,8 @@ typedef enum tdm_sim_arrival {
 typedef struct tdm_sim_trace_opts {
     tdm_sim_fmt fmt;
     tdm_sim_arrival arrival;
-    double rate;             /* req/s for synthetic arrivals (0 = the format's default) */
+    double rate;             /* req/s for synthetic arrivals (0 = the format's default,
+                                INFINITY = all at time 0) */
     double cv;               /* Gamma coefficient of variation (burstiness), > 0 */
     double rate_scale;       /* multiplies the arrival rate (divides timestamps); 0 = 1 */
     double window_start;     /* seconds from the first arrival; requests outside are dropped */
@@ -82,6 +92,10 @@ typedef struct tdm_sim_trace_opts {
     uint64_t seed;
     double jitter_s;         /* spread each arrival uniformly over [t, t + jitter); < 0 = default */
     uint32_t max_len;        /* clip prompt + output to this (0 = no clip) */
+    /* synthetic fixed lengths (TDM_SIM_FMT_FIXED, chosen by isl > 0 without a trace file):
+     * each length uniform in [L * (1 - range), L * (1 + range)], 0 = exactly L */
+    uint32_t isl, osl;
+    double len_range;
 } tdm_sim_trace_opts;
 
 void tdm_sim_trace_opts_init(tdm_sim_trace_opts *o);
@@ -94,11 +108,19 @@ int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_tr
  * result is in file order with raw times (seconds); tdm_sim_trace_finish() applies opts. */
 int tdm_sim_parse_azure(const char *buf, size_t len, const char *name, tdm_sim_trace *t,
                         char *err, size_t errlen);
+/* Vidur's request traces: arrived_at (seconds), num_prefill_tokens, num_decode_tokens. */
+int tdm_sim_parse_vidur(const char *buf, size_t len, const char *name, tdm_sim_trace *t,
+                        char *err, size_t errlen);
 int tdm_sim_parse_lengths(const char *buf, size_t len, const char *name, tdm_sim_trace *t,
                           char *err, size_t errlen);
 int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_fmt fmt,
                         tdm_sim_trace *t, char *err, size_t errlen);
 int tdm_sim_trace_builtin(tdm_sim_trace *t, const tdm_sim_trace_opts *o);
+/* The fixed-length synthetic workload (o->isl, o->osl, o->len_range, o->max_requests). */
+int tdm_sim_trace_fixed(tdm_sim_trace *t, const tdm_sim_trace_opts *o);
+/* The class index (1-based) of an SLO class name, adding it: 0 for an empty name,
+ * UINT32_MAX when the table is full. */
+uint32_t tdm_sim_trace_slo_class(tdm_sim_trace *t, const char *name, size_t len);
 /* Sort by arrival, apply synthetic arrivals, jitter, scale, window, cap and clip. */
 int tdm_sim_trace_finish(tdm_sim_trace *t, const tdm_sim_trace_opts *o, int has_times,
                          char *err, size_t errlen);
@@ -154,6 +176,10 @@ typedef struct tdm_sim_shape {
     double prefill_attn;         /* sum of chunk * (context + chunk / 2) */
     uint64_t prefill_kv_read;    /* sum of (context + chunk) over prefill chunks */
 } tdm_sim_shape;
+
+/* The shape of a batch written as a spec ("prefill:512@2048,chunk:1024,decode:64@1024") or a
+ * JSON array of {"kind", "tokens", "context", "count"} items (batchspec.c, docs/simulator.md). */
+int tdm_sim_batch_parse(const char *spec, tdm_sim_shape *sh, char *err, size_t errlen);
 
 typedef struct tdm_sim_cost_terms {
     double total_s;
@@ -244,13 +270,31 @@ int tdm_sim_config_load(const char *path, const tdm_sim_model *m, const tdm_sim_
                         tdm_sim_config *c, char *err, size_t errlen);
 uint32_t tdm_sim_config_gpus(const tdm_sim_config *c);
 
+/* An SLO class: the TTFT and TPOT targets of the requests a trace marks with its name
+ * (0 = none: a best-effort request, which meets it by definition). */
+typedef struct tdm_sim_slo_class {
+    char name[TDM_SIM_SLO_NAME];
+    double ttft_s, tpot_s;
+} tdm_sim_slo_class;
+
 typedef struct tdm_sim_run_opts {
-    double slo_ttft_s, slo_tpot_s;   /* SLOs for attainment */
+    double slo_ttft_s, slo_tpot_s;   /* SLOs of requests without a class (and attainment) */
     double goodput_target;           /* attainment needed for goodput (0.9) */
     int progress;                    /* draw a progress bar on stderr (tty checked by caller) */
     double mem_util;                 /* fraction of GPU memory for weights + KV (0.9) */
     uint64_t max_steps;              /* safety stop (0 = none) */
     const char *label;               /* shown in the progress bar */
+    /* closed loop (vllm bench serve --max-concurrency, genai-perf --concurrency): at most
+     * this many requests in flight; a request is sent at max(its arrival, the time a slot
+     * frees). 0 = open loop (the trace's arrivals). */
+    uint32_t concurrency;
+    /* the first `warmup` requests sent are excluded from every metric; < 0 = the default
+     * rule (closed loop: the first `concurrency` requests, the ramp-up wave; open loop: 0) */
+    int64_t warmup;
+    const tdm_sim_slo_class *slo_classes;  /* the trace's class names resolved here */
+    size_t n_slo_classes;
+    FILE *steps_csv;                 /* one row per step (may be NULL) */
+    FILE *chrome_trace;              /* Chrome trace JSON (Perfetto), one track per instance */
 } tdm_sim_run_opts;
 
 void tdm_sim_run_opts_init(tdm_sim_run_opts *o);
@@ -264,6 +308,10 @@ typedef struct tdm_sim_req_out {
     int32_t instance;                /* colocated/decode instance; -1 if never admitted */
     int32_t prefill_instance;        /* disaggregated: the prefill instance */
     uint8_t status;                  /* 0 unfinished, 1 finished, 2 rejected */
+    uint8_t warmup;                  /* 1: excluded from the metrics */
+    uint8_t has_slo;                 /* 1: slo_ttft_s/slo_tpot_s are this request's own */
+    uint8_t slo_class;               /* 0 none, k: the result's classes[k - 1] */
+    double slo_ttft_s, slo_tpot_s;   /* 0 = none (best effort) */
 } tdm_sim_req_out;
 
 typedef struct tdm_sim_stat {
@@ -291,6 +339,11 @@ typedef struct tdm_sim_summary {
     double kv_transfer_bytes, kv_transfer_mean_s;
     uint32_t gpus;
     double wall_s;
+    size_t warmup;                   /* requests excluded as warm-up */
+    /* per SLO class of the trace (the result's classes): measured requests, attainment */
+    size_t class_n[TDM_SIM_MAX_SLO_CLASSES];
+    double class_attain_ttft[TDM_SIM_MAX_SLO_CLASSES], class_attain[TDM_SIM_MAX_SLO_CLASSES];
+    uint32_t concurrency;            /* closed loop; 0 = open loop */
 } tdm_sim_summary;
 
 typedef struct tdm_sim_result {
@@ -300,6 +353,8 @@ typedef struct tdm_sim_result {
     size_t n_gaps, cap_gaps;
     tdm_sim_summary sum;
     char name[64];
+    tdm_sim_slo_class classes[TDM_SIM_MAX_SLO_CLASSES];  /* the trace's, as resolved */
+    uint32_t n_classes;
 } tdm_sim_result;
 
 void tdm_sim_result_free(tdm_sim_result *r);

@@ -1,8 +1,9 @@
 /*
  * trace.c -- the simulator's workload: a list of requests (arrival, prompt and output
  * lengths, optional prefix hash ids of fixed-size token blocks), the loader that picks a
- * reader by content (Azure CSV, length-only CSV, Mooncake JSONL, Tandem JSONL; readers live
- * in trace_csv.c and trace_jsonl.c), the embedded synthetic chat workload, the options
+ * reader by content (Azure CSV, Vidur CSV, length-only CSV, Mooncake JSONL, Tandem JSONL;
+ * readers live in trace_csv.c and trace_jsonl.c), the embedded synthetic chat workload and
+ * the fixed-length one (--isl/--osl), the table of SLO class names, the options
  * applied after reading (synthetic Poisson/Gamma arrivals, jitter, rate scale, time window,
  * request cap, length clip) and the token ids each request's prompt is made of.
  */
@@ -113,7 +114,8 @@ int tdm_sim_trace_finish(tdm_sim_trace *t, const tdm_sim_trace_opts *o, int has_
         double now = 0;
         for (size_t i = 0; i < t->n; i++) {
             t->reqs[i].arrival = now;
-            double gap = arr == TDM_SIM_ARRIVAL_POISSON
+            double gap = isinf(rate) ? 0.0 /* all at once (a closed loop paces them) */
+                         : arr == TDM_SIM_ARRIVAL_POISSON
                              ? tdm_sim_rng_exp(&rng, 1.0 / rate)
                              : tdm_sim_rng_gamma(&rng, 1.0 / (cv * cv), cv * cv / rate);
             now += gap;
@@ -153,6 +155,51 @@ int tdm_sim_trace_finish(tdm_sim_trace *t, const tdm_sim_trace_opts *o, int has_
     if (w > 0) {
         double s = t->reqs[0].arrival;
         for (size_t i = 0; i < w; i++) t->reqs[i].arrival -= s;
+    }
+    return 0;
+}
+
+uint32_t tdm_sim_trace_slo_class(tdm_sim_trace *t, const char *name, size_t len)
+{
+    while (len && (*name == ' ' || *name == '"')) name++, len--;
+    while (len && (name[len - 1] == ' ' || name[len - 1] == '"' || name[len - 1] == '\r')) len--;
+    if (len == 0) return 0;
+    if (len >= TDM_SIM_SLO_NAME) len = TDM_SIM_SLO_NAME - 1;
+    for (uint32_t k = 0; k < t->n_slo; k++)
+        if (strlen(t->slo_names[k]) == len && !memcmp(t->slo_names[k], name, len)) return k + 1;
+    if (t->n_slo == TDM_SIM_MAX_SLO_CLASSES) return UINT32_MAX;
+    memcpy(t->slo_names[t->n_slo], name, len);
+    t->slo_names[t->n_slo][len] = '\0';
+    return ++t->n_slo;
+}
+
+static uint32_t draw_len(tdm_sim_rng *rng, uint32_t l, double range)
+{
+    if (range <= 0) return l;
+    double lo = l * (1 - range), hi = l * (1 + range);
+    double v = floor(lo + tdm_sim_rng_uniform(rng) * (hi - lo + 1));
+    return v < 1 ? 1 : v > 1e8 ? 100000000u : (uint32_t)v;
+}
+
+/* Fixed lengths, as `vllm bench serve --dataset-name random --random-input-len ISL
+ * --random-output-len OSL [--random-range-ratio R]` and genai-perf's synthetic prompts:
+ * every prompt is unique (no shared prefix). */
+int tdm_sim_trace_fixed(tdm_sim_trace *t, const tdm_sim_trace_opts *o)
+{
+    tdm_sim_rng rng;
+    tdm_sim_rng_seed(&rng, o->seed ^ 0xf1edull);
+    size_t n = o->max_requests ? o->max_requests : 1000;
+    memset(t, 0, sizeof *t);
+    if (o->len_range > 0)
+        snprintf(t->name, sizeof t->name, "fixed:isl=%u,osl=%u,range=%g", o->isl, o->osl ? o->osl : 1,
+                 o->len_range);
+    else
+        snprintf(t->name, sizeof t->name, "fixed:isl=%u,osl=%u", o->isl, o->osl ? o->osl : 1);
+    for (size_t i = 0; i < n; i++) {
+        tdm_sim_req r = {0};
+        r.prompt_len = draw_len(&rng, o->isl, o->len_range);
+        r.output_len = draw_len(&rng, o->osl ? o->osl : 1, o->len_range);
+        if (tdm_sim_trace_push(t, &r, NULL, 0) != 0) return -1;
     }
     return 0;
 }
@@ -248,6 +295,7 @@ static tdm_sim_fmt detect(const char *buf, size_t len)
         return TDM_SIM_FMT_MOONCAKE;
     }
     if (strcasestr(line, "timestamp")) return TDM_SIM_FMT_AZURE;
+    if (strstr(line, "arrived_at")) return TDM_SIM_FMT_VIDUR;
     if (strstr(line, "num_prefill_tokens")) return TDM_SIM_FMT_LENGTHS;
     return TDM_SIM_FMT_AUTO;
 }
@@ -261,6 +309,28 @@ int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_tr
         o = &def;
     }
     memset(t, 0, sizeof *t);
+    if (o->len_range < 0 || o->len_range >= 1) {
+        snprintf(err, errlen, "length range must be in [0, 1)");
+        return -1;
+    }
+    if (o->fmt == TDM_SIM_FMT_FIXED || (!path && o->isl > 0)) {
+        tdm_sim_trace_opts b = *o;
+        if (b.isl == 0) b.isl = 1024;
+        if (b.osl == 0) b.osl = 128;
+        if (b.rate <= 0) b.rate = 20.0;
+        if (b.arrival == TDM_SIM_ARRIVAL_TRACE) b.arrival = TDM_SIM_ARRIVAL_POISSON;
+        if (tdm_sim_trace_fixed(t, &b) != 0) {
+            snprintf(err, errlen, "fixed: out of memory");
+            tdm_sim_trace_free(t);
+            return -1;
+        }
+        b.max_requests = 0;
+        if (tdm_sim_trace_finish(t, &b, 0, err, errlen) != 0) {
+            tdm_sim_trace_free(t);
+            return -1;
+        }
+        return 0;
+    }
     if (!path || !strcmp(path, "builtin") || !strcmp(path, "builtin:chat") ||
         o->fmt == TDM_SIM_FMT_BUILTIN) {
         tdm_sim_trace_opts b = *o;
@@ -290,6 +360,9 @@ int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_tr
     case TDM_SIM_FMT_AZURE:
         rc = tdm_sim_parse_azure(buf, len, path, t, err, errlen);
         break;
+    case TDM_SIM_FMT_VIDUR:
+        rc = tdm_sim_parse_vidur(buf, len, path, t, err, errlen);
+        break;
     case TDM_SIM_FMT_LENGTHS:
         rc = tdm_sim_parse_lengths(buf, len, path, t, err, errlen);
         has_times = 0;
@@ -304,7 +377,8 @@ int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_tr
         break;
     default:
         snprintf(err, errlen, "%s:1:1: unknown trace format (expected an Azure CSV header "
-                              "TIMESTAMP,..., a length CSV with num_prefill_tokens, or JSONL)",
+                              "TIMESTAMP,..., a Vidur CSV arrived_at,..., a length CSV with "
+                              "num_prefill_tokens, or JSONL)",
                  path);
         break;
     }
@@ -336,6 +410,8 @@ int tdm_sim_trace_scaled(const tdm_sim_trace *src, double scale, tdm_sim_trace *
     dst->n_hash = dst->cap_hash = src->n_hash;
     dst->hash_block = src->hash_block;
     memcpy(dst->name, src->name, sizeof dst->name);
+    memcpy(dst->slo_names, src->slo_names, sizeof dst->slo_names);
+    dst->n_slo = src->n_slo;
     for (size_t i = 0; i < dst->n; i++) dst->reqs[i].arrival /= scale;
     return 0;
 }

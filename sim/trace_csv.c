@@ -1,8 +1,10 @@
 /*
  * trace_csv.c -- readers of the CSV traces: the Azure LLM inference trace
  * (TIMESTAMP,ContextTokens,GeneratedTokens with wall-clock timestamps such as
- * "2023-11-16 18:17:03.9799600") and length-only files (num_prefill_tokens,
+ * "2023-11-16 18:17:03.9799600"), Vidur's request traces (arrived_at in seconds,
+ * num_prefill_tokens, num_decode_tokens), and length-only files (num_prefill_tokens,
  * num_decode_tokens[, ...], ShareGPT and arXiv style) whose arrivals are synthesized later.
+ * Any of them may carry an slo_class column (a class name per request, empty = none).
  * Columns are found by header name; every error names the file, line and column.
  */
 #include <stdlib.h>
@@ -155,7 +157,9 @@ static int find_col(const csv_line *hdr, const char *a, const char *b)
     return -1;
 }
 
-static int parse_csv(const char *buf, size_t len, const char *name, tdm_sim_trace *t, int azure,
+enum { CSV_LENGTHS, CSV_AZURE, CSV_VIDUR };
+
+static int parse_csv(const char *buf, size_t len, const char *name, tdm_sim_trace *t, int kind,
                      char *err, size_t errlen)
 {
     reader r = {buf, buf + len, buf, 0};
@@ -172,18 +176,24 @@ static int parse_csv(const char *buf, size_t len, const char *name, tdm_sim_trac
     }
     int ct, cp, co;
     const char *want;
-    if (azure) {
+    if (kind == CSV_AZURE) {
         ct = find_col(&l, "TIMESTAMP", "arrived_at");
         cp = find_col(&l, "ContextTokens", "num_prefill_tokens");
         co = find_col(&l, "GeneratedTokens", "num_decode_tokens");
         want = "TIMESTAMP,ContextTokens,GeneratedTokens";
+    } else if (kind == CSV_VIDUR) {
+        ct = find_col(&l, "arrived_at", NULL);
+        cp = find_col(&l, "num_prefill_tokens", NULL);
+        co = find_col(&l, "num_decode_tokens", NULL);
+        want = "arrived_at,num_prefill_tokens,num_decode_tokens";
     } else {
         ct = -1;
         cp = find_col(&l, "num_prefill_tokens", "prompt_tokens");
         co = find_col(&l, "num_decode_tokens", "output_tokens");
         want = "num_prefill_tokens,num_decode_tokens";
     }
-    if ((azure && ct < 0) || cp < 0 || co < 0) {
+    int cs = find_col(&l, "slo_class", NULL);
+    if ((kind != CSV_LENGTHS && ct < 0) || cp < 0 || co < 0) {
         snprintf(err, errlen, "%s:%zu:1: header lacks a column; expected %s", name, r.line, want);
         return -1;
     }
@@ -215,6 +225,14 @@ static int parse_csv(const char *buf, size_t len, const char *name, tdm_sim_trac
         }
         q.prompt_len = pv < 1 ? 1 : (uint32_t)pv;
         q.output_len = ov < 1 ? 1 : (uint32_t)ov;
+        if (cs >= 0 && l.flen[cs]) {
+            q.slo_class = tdm_sim_trace_slo_class(t, l.f[cs], l.flen[cs]);
+            if (q.slo_class == UINT32_MAX) {
+                snprintf(err, errlen, "%s:%zu:%zu: more than %d SLO classes", name, r.line,
+                         l.col[cs], TDM_SIM_MAX_SLO_CLASSES);
+                return -1;
+            }
+        }
         if (tdm_sim_trace_push(t, &q, NULL, 0) != 0) {
             snprintf(err, errlen, "%s:%zu: out of memory", name, r.line);
             return -1;
@@ -230,7 +248,15 @@ static int parse_csv(const char *buf, size_t len, const char *name, tdm_sim_trac
 int tdm_sim_parse_azure(const char *buf, size_t len, const char *name, tdm_sim_trace *t,
                         char *err, size_t errlen)
 {
-    int rc = parse_csv(buf, len, name, t, 1, err, errlen);
+    int rc = parse_csv(buf, len, name, t, CSV_AZURE, err, errlen);
+    if (rc) tdm_sim_trace_free(t);
+    return rc;
+}
+
+int tdm_sim_parse_vidur(const char *buf, size_t len, const char *name, tdm_sim_trace *t,
+                        char *err, size_t errlen)
+{
+    int rc = parse_csv(buf, len, name, t, CSV_VIDUR, err, errlen);
     if (rc) tdm_sim_trace_free(t);
     return rc;
 }
@@ -238,7 +264,7 @@ int tdm_sim_parse_azure(const char *buf, size_t len, const char *name, tdm_sim_t
 int tdm_sim_parse_lengths(const char *buf, size_t len, const char *name, tdm_sim_trace *t,
                           char *err, size_t errlen)
 {
-    int rc = parse_csv(buf, len, name, t, 0, err, errlen);
+    int rc = parse_csv(buf, len, name, t, CSV_LENGTHS, err, errlen);
     if (rc) tdm_sim_trace_free(t);
     return rc;
 }

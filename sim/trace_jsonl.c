@@ -2,7 +2,8 @@
  * trace_jsonl.c -- readers of the JSON-lines traces: Mooncake's FAST'25 format
  * ({"timestamp": ms, "input_length", "output_length", "hash_ids": [ids of 512-token
  * blocks]}) and Tandem's own ({"arrival_s", "input_tokens", "output_tokens", optional
- * "hash_ids" (512-token blocks), "priority", "id"}; see docs/simulator.md). Each line is one
+ * "hash_ids" (512-token blocks), "priority", "id", "slo_class" (a class name)}; see
+ * docs/simulator.md). Each line is one
  * JSON object parsed with jansson; errors name the file, the line and the column.
  */
 #include <jansson.h>
@@ -90,8 +91,8 @@ int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_f
         json_t *val;
         json_object_foreach(o, key, val) {
             if (!strcmp(key, kt) || !strcmp(key, ki) || !strcmp(key, ko) ||
-                !strcmp(key, "hash_ids") || (!mooncake && (!strcmp(key, "priority") ||
-                                                           !strcmp(key, "id"))))
+                !strcmp(key, "hash_ids") || !strcmp(key, "slo_class") ||
+                (!mooncake && (!strcmp(key, "priority") || !strcmp(key, "id"))))
                 continue;
             if (mooncake) continue; /* tolerate extra fields in third-party files */
             snprintf(err, errlen, "%s:%zu:%zu: unknown key \"%s\"", name, line,
@@ -125,6 +126,23 @@ int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_f
         q.prompt_len = ii < 1 ? 1 : (uint32_t)ii;
         q.output_len = oi < 1 ? 1 : (uint32_t)oi;
         q.priority = (int32_t)pr;
+        json_t *sc = json_object_get(o, "slo_class");
+        if (sc) {
+            if (!json_is_string(sc)) {
+                snprintf(err, errlen, "%s:%zu:%zu: \"slo_class\" must be a string", name, line,
+                         key_col(s, n, "slo_class"));
+                json_decref(o);
+                goto fail;
+            }
+            const char *cn = json_string_value(sc);
+            q.slo_class = tdm_sim_trace_slo_class(t, cn, strlen(cn));
+            if (q.slo_class == UINT32_MAX) {
+                snprintf(err, errlen, "%s:%zu:%zu: more than %d SLO classes", name, line,
+                         key_col(s, n, "slo_class"), TDM_SIM_MAX_SLO_CLASSES);
+                json_decref(o);
+                goto fail;
+            }
+        }
         uint32_t nh = 0;
         json_t *h = json_object_get(o, "hash_ids");
         if (h) {

@@ -79,7 +79,7 @@ int tdm_cmd_ab(int argc, char **argv)
                 cfg[i].name[sizeof cfg[i].name - 1] = '\0';
                 break;
             }
-    tdm_sim_cli_describe(stdout, &c);
+    tdm_sim_cli_describe(stdout, &c, NULL);
     for (size_t i = 0; i < n; i++, nres++) {
         c.ropts.label = cfg[i].name;
         if (tdm_sim_run(&c.t, &cfg[i], &c.ropts, &res[i], err, sizeof err) != 0) {
@@ -97,8 +97,10 @@ int tdm_cmd_ab(int argc, char **argv)
             res[i].sum.goodput_scale = s;
         }
         rp[i] = &res[i];
-        printf("  %-24s %u GPU%s%s\n", cfg[i].name, res[i].sum.gpus,
-               res[i].sum.gpus == 1 ? "" : "s", cfg[i].disagg ? ", disaggregated" : "");
+        char hw[160];
+        tdm_sim_config_hw_label(&cfg[i], hw, sizeof hw);
+        printf("  %-24s %u GPU%s on %s%s\n", cfg[i].name, res[i].sum.gpus,
+               res[i].sum.gpus == 1 ? "" : "s", hw, cfg[i].disagg ? ", disaggregated" : "");
     }
     printf("SLO: TTFT <= %.0f ms, TPOT <= %.0f ms\n", c.ropts.slo_ttft_s * 1e3,
            c.ropts.slo_tpot_s * 1e3);

@@ -1,8 +1,9 @@
 /*
  * cmd_cost.c -- `tandem cost`: the cost model as a calculator. Prints the predicted time of
  * one prefill step of P tokens and of one decode step of B requests at context C, with the
- * compute and memory terms and which one binds; --json for machines; --calibrate prints the
- * model's error against the measured tables in ../shared/profiles.
+ * compute and memory terms and which one binds; --batch prices one mixed batch instead
+ * (prompt chunks on cached prefixes next to decodes; sim/batchspec.c); --json for machines;
+ * --calibrate prints the model's error against the measured tables in ../shared/profiles.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,12 @@
 
 static const char USAGE[] =
     "usage: tandem cost --model M --hw H [--tp N] --prefill P --decode-batch B --context C [--json]\n"
+    "       tandem cost --model M --hw H [--tp N] --batch SPEC|JSON|@FILE [--json]\n"
     "       tandem cost --calibrate [--shared DIR]\n"
+    "  SPEC: comma-separated [K*]prefill:N[@C] (a chunk of N tokens on C cached tokens that ends\n"
+    "     its prompt), [K*]chunk:N[@C] (a chunk mid-prompt), decode:B[@C] (B decodes at\n"
+    "     context C), e.g. prefill:512@2048,decode:64@1024; JSON: [{\"kind\", \"tokens\",\n"
+    "     \"context\", \"count\"}, ...]; @FILE reads that JSON from FILE.\n"
     "  M: a preset (llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b,\n"
     "     opt-13b, opt-66b) or a model JSON; H: a100-80g, h100-sxm, h200 or a hardware JSON.\n";
 
@@ -42,9 +48,68 @@ static void terms_text(const char *title, const tdm_sim_cost_terms *t)
     printf("  overhead        %8.3f ms\n", t->overhead_s * 1e3);
 }
 
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && n < (1 << 24) && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n + 1))) {
+        if (fread(b, 1, (size_t)n, f) != (size_t)n) {
+            free(b);
+            b = NULL;
+        } else {
+            b[n] = '\0';
+        }
+    }
+    fclose(f);
+    return b;
+}
+
+/* --batch: one step of a mixed batch. */
+static int cost_batch(const tdm_sim_cost *c, const char *spec, int json)
+{
+    char err[TDM_SIM_ERRLEN], *text = NULL;
+    if (spec[0] == '@' && !(text = slurp(spec + 1))) {
+        fprintf(stderr, "tandem cost: --batch: cannot read %s\n", spec + 1);
+        return 2;
+    }
+    tdm_sim_shape sh;
+    int rc = tdm_sim_batch_parse(text ? text : spec, &sh, err, sizeof err);
+    free(text);
+    if (rc != 0) {
+        fprintf(stderr, "tandem cost: %s\n", err);
+        return 2;
+    }
+    tdm_sim_cost_terms t;
+    tdm_sim_cost_step(c, &sh, &t);
+    unsigned long long tokens = (unsigned long long)(sh.prefill_tokens + sh.decode_reqs);
+    if (json) {
+        printf("{\n  \"model\": \"%s\", \"hw\": \"%s\", \"tp\": %u,\n  \"batch\": "
+               "{\"prefill_tokens\": %llu, \"prefill_reqs\": %u, \"prefill_attn_work\": %.6g, "
+               "\"prefill_kv_read_tokens\": %llu, \"decode_reqs\": %u, "
+               "\"decode_context_tokens\": %llu, \"sampled_seqs\": %u, \"tokens\": %llu},\n",
+               c->model.name, c->hw.name, c->model.tp, (unsigned long long)sh.prefill_tokens,
+               sh.prefill_reqs, sh.prefill_attn, (unsigned long long)sh.prefill_kv_read,
+               sh.decode_reqs, (unsigned long long)sh.decode_ctx, sh.emit_seqs, tokens);
+        terms_json("step", &t, "");
+        printf("}\n");
+        return 0;
+    }
+    printf("model %s, tp %u, on %s\n", c->model.name, c->model.tp, c->hw.name);
+    char title[192];
+    snprintf(title, sizeof title, "step of %u prefill chunk%s (%llu tokens) and %u decode%s "
+             "(%llu context tokens)", sh.prefill_reqs, sh.prefill_reqs == 1 ? "" : "s",
+             (unsigned long long)sh.prefill_tokens, sh.decode_reqs, sh.decode_reqs == 1 ? "" : "s",
+             (unsigned long long)sh.decode_ctx);
+    terms_text(title, &t);
+    if (t.total_s > 0) printf("  -> %.0f tokens/s through this batch\n", (double)tokens / t.total_s);
+    return 0;
+}
+
 int tdm_cmd_cost(int argc, char **argv)
 {
-    const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL;
+    const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL, *batch_spec = NULL;
     long tp = 1, prefill = 2048, batch = 64, context = 2048;
     int json = 0, calibrate = 0;
     for (int i = 1; i < argc; i++) {
@@ -66,6 +131,7 @@ int tdm_cmd_cost(int argc, char **argv)
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--hw")) hw = v;
         else if (!strcmp(a, "--shared")) shared = v;
+        else if (!strcmp(a, "--batch")) batch_spec = v;
         else if (!isnum || n < 0 || n > 100000000) {
             fprintf(stderr, "tandem cost: %s: bad value '%s'\n", a, v);
             return 2;
@@ -100,6 +166,7 @@ int tdm_cmd_cost(int argc, char **argv)
     m.tp = (uint32_t)tp;
     tdm_sim_cost c;
     tdm_sim_cost_init(&c, &m, &h);
+    if (batch_spec) return cost_batch(&c, batch_spec, json);
     tdm_sim_shape ps = {0}, ds = {0};
     ps.prefill_tokens = (uint64_t)prefill;
     ps.prefill_reqs = prefill > 0;

@@ -1,7 +1,7 @@
 /*
  * cmd_sim.c -- `tandem sim [CONFIG.json] [options]`: replay a trace (or the embedded chat
  * workload) through the libtandem scheduler on the cost model and print the metrics table;
- * --json, --requests-csv and --goodput as in docs/simulator.md.
+ * --json, --requests-csv, --steps-csv, --chrome-trace and --goodput as in docs/simulator.md.
  */
 #include <stdio.h>
 #include <string.h>
@@ -41,8 +41,25 @@ int tdm_cmd_sim(int argc, char **argv)
     }
     tdm_sim_result r;
     c.ropts.label = cfg.name;
-    if (tdm_sim_run(&c.t, &cfg, &c.ropts, &r, err, sizeof err) != 0) {
+    FILE *steps = NULL, *chrome = NULL;
+    if ((c.steps_csv && !(steps = fopen(c.steps_csv, "w"))) ||
+        (c.chrome_trace && !(chrome = fopen(c.chrome_trace, "w")))) {
+        fprintf(stderr, "tandem sim: cannot write %s\n", steps || !c.steps_csv ? c.chrome_trace : c.steps_csv);
+        if (steps) fclose(steps);
+        goto out;
+    }
+    c.ropts.steps_csv = steps;
+    c.ropts.chrome_trace = chrome;
+    int run_rc = tdm_sim_run(&c.t, &cfg, &c.ropts, &r, err, sizeof err);
+    c.ropts.steps_csv = c.ropts.chrome_trace = NULL;
+    int wbad = (steps && fclose(steps) != 0) | (chrome && fclose(chrome) != 0);
+    if (run_rc != 0) {
         fprintf(stderr, "tandem sim: %s\n", err);
+        goto out;
+    }
+    if (wbad) {
+        fprintf(stderr, "tandem sim: error writing the step traces\n");
+        tdm_sim_result_free(&r);
         goto out;
     }
     if (c.goodput) {
@@ -56,15 +73,16 @@ int tdm_cmd_sim(int argc, char **argv)
         r.sum.goodput_req_s = g;
         r.sum.goodput_scale = s;
     }
-    tdm_sim_cli_describe(stdout, &c);
+    tdm_sim_cli_describe(stdout, &c, &cfg);
     printf("config: %s (%u GPU%s%s)\n", cfg.name, r.sum.gpus, r.sum.gpus == 1 ? "" : "s",
            cfg.disagg ? ", disaggregated" : "");
     tdm_sim_print_table(stdout, &r);
     rc = 0;
     if (c.json) {
-        char extra[512];
+        char extra[768], hw[160];
+        tdm_sim_config_hw_label(&cfg, hw, sizeof hw);
         snprintf(extra, sizeof extra, "\"trace\": \"%s\", \"model\": \"%s\", \"hw\": \"%s\", \"tp\": %u",
-                 c.t.name, c.m.name, c.h.name, c.m.tp);
+                 c.t.name, c.m.name, hw, cfg.pools[0].model.tp);
         if (tdm_sim_write_json(c.json, &r, extra) != 0) {
             fprintf(stderr, "tandem sim: cannot write %s\n", c.json);
             rc = 1;

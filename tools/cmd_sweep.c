@@ -16,7 +16,7 @@
 static const char USAGE[] =
     "usage: tandem sweep [BASE.json] [--budget LIST] [--max-seqs LIST] [--long-prefill LIST]\n"
     "                    [--policy LIST] [--mode LIST] [--tbt-ms LIST] [--plot FILE.png] [options]\n"
-    "  LIST is comma-separated, e.g. --budget 512,2048,8192 --mode vllm,decode_first.\n"
+    "  LIST is comma-separated, e.g. --budget 512,2048,8192 --mode vllm,decode_first,prefill_first.\n"
     "  BASE is a config (scheduler JSON or wrapper) whose scheduler keys the grid overrides.\n";
 
 #define MAXV 16
@@ -103,7 +103,7 @@ int tdm_cmd_sweep(int argc, char **argv)
         fprintf(stderr, "tandem sweep: out of memory\n");
         goto out_all;
     }
-    tdm_sim_cli_describe(stdout, &c);
+    tdm_sim_cli_describe(stdout, &c, &base);
     printf("sweep: %zu configs\n", total);
     for (size_t g = 0; g < total; g++) {
         int idx[6];

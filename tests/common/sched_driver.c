@@ -260,6 +260,10 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
             fail_msg("decode-first batch: entry %u (id %llu, class %d) after class %d", i,
                      (unsigned long long)id, cls, last_class);
         last_class = cls;
+        /* prefill-first: a step that runs a prompt runs no decode */
+        if (mode == TDM_MODE_PREFILL_FIRST && cls == 0 && b->num_prefill_reqs)
+            fail_msg("prefill-first batch: decode id %llu next to %u prefills",
+                     (unsigned long long)id, b->num_prefill_reqs);
         /* optimistic advance (vLLM _update_after_schedule) */
         assert_int_equal(info.num_computed_tokens, b->num_computed[i] + b->num_tokens[i]);
         const uint32_t *tbl = NULL;

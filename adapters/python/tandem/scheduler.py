@@ -49,6 +49,7 @@ class Policy(IntEnum):
 class Mode(IntEnum):
     VLLM = 0
     DECODE_FIRST = 1
+    PREFILL_FIRST = 2
 
 
 class Role(IntEnum):

@@ -257,7 +257,7 @@ static void set_param__out_of_range_rejected_and_valid_round_trip(void **state)
         { TDM_SCHED_WATERMARK_PPM, -1, 5000 },
         { TDM_SCHED_POLICY, 7, TDM_POLICY_PRIORITY },
         { TDM_SCHED_POLICY, TDM_POLICY_CUSTOM, TDM_POLICY_FCFS },
-        { TDM_SCHED_MODE, 2, TDM_MODE_DECODE_FIRST },
+        { TDM_SCHED_MODE, 3, TDM_MODE_DECODE_FIRST },
         { TDM_SCHED_TBT_TARGET_US, -1, 20000 },
         { TDM_SCHED_NUM_LOOKAHEAD_TOKENS, -1, 3 },
         { TDM_SCHED_ROLE, 3, TDM_ROLE_PREFILL },

@@ -532,6 +532,84 @@ static void vllm_mode__running_list_order_then_waiting(void **state)
     finish_all(s, 2.0);
 }
 
+/* Prefill-first (vLLM v0 / TGI baseline): a step with a prompt to run holds prompts only
+ * (running prefills, then waiting); the decodes run in the steps where no prompt can. */
+static void prefill_first__prompt_steps_then_decode_steps(void **state)
+{
+    (void)state;
+    tdm_batch b;
+    tdm_sched *s = mixed_running(TDM_MODE_PREFILL_FIRST, &b);
+    /* request 1's next chunk, then the new request 4; the decodes of 2 and 3 wait */
+    assert_int_equal(b.num_reqs, 2);
+    assert_int_equal(b.req_ids[0], 1);
+    assert_int_equal(b.num_tokens[0], 256);
+    assert_int_equal(b.req_ids[1], 4);
+    assert_int_equal(b.num_tokens[1], 100);
+    assert_int_equal(b.num_prefill_reqs, 2);
+    double t = 1.15;
+    tsd_update(s, &b, 7, t, NULL);
+    /* request 1 keeps the steps (256-token chunks) until its 2000-token prompt is in */
+    uint32_t chunks = 2;
+    for (;;) {
+        tsd_step(s, t += 0.05, &b);
+        assert_true(b.num_reqs >= 1);
+        if (b.num_prefill_reqs == 0) break;
+        assert_int_equal(b.num_reqs, 1);
+        assert_int_equal(b.req_ids[0], 1);
+        chunks++;
+        tsd_update(s, &b, 7, t + 0.01, NULL);
+    }
+    assert_int_equal(chunks, 8); /* ceil(2000 / 256) */
+    /* now a decode-only step: 2, 3, 4 and 1 each compute one token */
+    assert_int_equal(b.num_reqs, 4);
+    for (uint32_t i = 0; i < b.num_reqs; i++) assert_int_equal(b.num_tokens[i], 1);
+    tsd_update(s, &b, 7, t + 0.01, NULL);
+    /* a new prompt takes the next step alone */
+    assert_int_equal(tsd_add(s, 5, 40, 3), TDM_OK);
+    tsd_step(s, t += 0.05, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.req_ids[0], 5);
+    assert_int_equal(b.num_tokens[0], 40);
+    tsd_update(s, &b, 7, t + 0.01, NULL);
+    tsd_step(s, t += 0.05, &b);
+    assert_int_equal(b.num_prefill_reqs, 0);
+    assert_true(b.num_reqs >= 4);
+    tsd_update(s, &b, 7, t + 0.01, NULL);
+    finish_all(s, t + 1.0);
+}
+
+/* Prefill-first: a prompt that cannot get its blocks does not hold the step; the decodes
+ * run, and the prompt runs alone once the blocks are free. */
+static void prefill_first__decodes_run_when_no_prompt_fits(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_MODE, TDM_MODE_PREFILL_FIRST, TDM_SCHED_NUM_BLOCKS, 8,
+                           TDM_SCHED_BLOCK_SIZE, 16, TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 1, 10, 6), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 1);
+    tsd_update(s, &b, 7, 1.01, NULL);
+    assert_int_equal(tsd_add(s, 2, 100, 2), TDM_OK); /* 7 blocks: the pool's all, 6 are free */
+    double t = 1.01;
+    for (int k = 0; k < 5; k++) {
+        tsd_step(s, t += 0.01, &b);
+        assert_int_equal(b.num_reqs, 1);
+        assert_int_equal(b.req_ids[0], 1);
+        assert_int_equal(b.num_tokens[0], 1);
+        assert_int_equal(b.num_prefill_reqs, 0);
+        tsd_update(s, &b, 7, t + 0.005, NULL);
+    }
+    assert_int_equal(tsd_state(s, 1), TDM_STATE_FINISHED);
+    tsd_step(s, t += 0.01, &b); /* request 1's blocks come back: 2 runs its prompt alone */
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.req_ids[0], 2);
+    assert_int_equal(b.num_tokens[0], 100);
+    tsd_update(s, &b, 7, t + 0.005, NULL);
+    finish_all(s, t + 1.0);
+}
+
 static void decode_first__max_num_partial_prefills_limits_prefills(void **state)
 {
     (void)state;
@@ -679,6 +757,8 @@ int main(void)
         TSD_TEST(remote_decode__held_blocks_freed_after_timeout),
         TSD_TEST(decode_first__decodes_then_partial_then_new),
         TSD_TEST(vllm_mode__running_list_order_then_waiting),
+        TSD_TEST(prefill_first__prompt_steps_then_decode_steps),
+        TSD_TEST(prefill_first__decodes_run_when_no_prompt_fits),
         TSD_TEST(decode_first__max_num_partial_prefills_limits_prefills),
         TSD_TEST(decode_first__tbt_target_bounds_predicted_cost),
         TSD_TEST(decode_first__tbt_exceeded_by_decodes_adds_no_prefill),

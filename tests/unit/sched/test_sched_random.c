@@ -149,7 +149,7 @@ static void random_config(world *w)
         TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, (int64_t[]){ 0, 0, 16, 64 }[below(r, 4)],
         TDM_SCHED_ENABLE_PREFIX_CACHING, chance(r, 80),
         TDM_SCHED_POLICY, chance(r, 30) ? TDM_POLICY_PRIORITY : TDM_POLICY_FCFS,
-        TDM_SCHED_MODE, chance(r, 30) ? TDM_MODE_DECODE_FIRST : TDM_MODE_VLLM,
+        TDM_SCHED_MODE, chance(r, 30) ? TDM_MODE_DECODE_FIRST : chance(r, 20) ? TDM_MODE_PREFILL_FIRST : TDM_MODE_VLLM,
         TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS, below(r, 3),
         TDM_SCHED_NUM_LOOKAHEAD_TOKENS, chance(r, 30) ? 2 : 0,
         TDM_SCHED_WATERMARK_PPM, chance(r, 20) ? 40000 : 0,

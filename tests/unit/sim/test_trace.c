@@ -158,6 +158,89 @@ static void trace_load__gamma_cv_controls_burstiness(void **state)
     assert_true(cvs[1] > 2.5);
 }
 
+/* Field by field: the struct has tail padding that memcmp would read. */
+static int reqs_equal(const tdm_sim_trace *a, const tdm_sim_trace *b)
+{
+    if (a->n != b->n) return 0;
+    for (size_t i = 0; i < a->n; i++) {
+        const tdm_sim_req *x = &a->reqs[i], *y = &b->reqs[i];
+        if (x->arrival != y->arrival || x->prompt_len != y->prompt_len ||
+            x->output_len != y->output_len || x->hash_off != y->hash_off ||
+            x->num_hash != y->num_hash || x->priority != y->priority ||
+            x->slo_class != y->slo_class)
+            return 0;
+    }
+    return 1;
+}
+
+/* Vidur's request traces are detected by their arrived_at column and keep their arrivals. */
+static void trace_load__vidur_trace_keeps_its_arrivals(void **state)
+{
+    (void)state;
+    char p[256];
+    write_tmp(p, sizeof p, "vidur.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                                        "10.5,200,20\n10.0,100,10\n12.25,300,5\n");
+    tdm_sim_trace t;
+    load_ok(p, NULL, &t);
+    assert_int_equal(t.n, 3);
+    static const double AT[3] = {0.0, 0.5, 2.25};
+    static const uint32_t PL[3] = {100, 200, 300};
+    for (int i = 0; i < 3; i++) {
+        assert_float_equal(t.reqs[i].arrival, AT[i], 1e-12);
+        assert_int_equal(t.reqs[i].prompt_len, PL[i]);
+    }
+    tdm_sim_trace_free(&t);
+    /* --format vidur on a file without arrived_at: the header error names it */
+    tdm_sim_trace_opts o;
+    tdm_sim_trace_opts_init(&o);
+    o.fmt = TDM_SIM_FMT_VIDUR;
+    write_tmp(p, sizeof p, "vidur2.csv", "num_prefill_tokens,num_decode_tokens\n5,6\n");
+    char err[TDM_SIM_ERRLEN];
+    assert_int_equal(tdm_sim_trace_load(p, &o, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "arrived_at,num_prefill_tokens,num_decode_tokens"));
+    write_tmp(p, sizeof p, "vidur3.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.1,5,6\nsoon,5,6\n");
+    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
+    char want[300];
+    snprintf(want, sizeof want, "%s:3:1: bad timestamp", p);
+    if (!strstr(err, want)) fail_msg("'%s' lacks '%s'", err, want);
+    unlink(p);
+}
+
+static void trace_load__slo_class_column_and_field(void **state)
+{
+    (void)state;
+    char p[256];
+    write_tmp(p, sizeof p, "cls.csv", "arrived_at,num_prefill_tokens,num_decode_tokens,slo_class\n"
+                                      "0,10,5,chat\n1,10,5,\n2,10,5,batch\n3,10,5,chat\n");
+    tdm_sim_trace t;
+    load_ok(p, NULL, &t);
+    assert_int_equal(t.n_slo, 2);
+    assert_string_equal(t.slo_names[0], "chat");
+    assert_string_equal(t.slo_names[1], "batch");
+    static const uint32_t CL[4] = {1, 0, 2, 1};
+    for (int i = 0; i < 4; i++) assert_int_equal(t.reqs[i].slo_class, CL[i]);
+    tdm_sim_trace_free(&t);
+    write_tmp(p, sizeof p, "cls.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 9, \"output_tokens\": 3, \"slo_class\": \"chat\"}\n"
+                                        "{\"arrival_s\": 1, \"input_tokens\": 9, \"output_tokens\": 3}\n");
+    load_ok(p, NULL, &t);
+    assert_int_equal(t.n_slo, 1);
+    assert_int_equal(t.reqs[0].slo_class, 1);
+    assert_int_equal(t.reqs[1].slo_class, 0);
+    tdm_sim_trace_free(&t);
+    write_tmp(p, sizeof p, "cls2.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 9, \"output_tokens\": 3, \"slo_class\": 7}\n");
+    char err[TDM_SIM_ERRLEN];
+    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":1:57: \"slo_class\" must be a string"));
+    /* more classes than the table holds is an error, not a silent merge */
+    char big[4096] = "num_prefill_tokens,num_decode_tokens,slo_class\n";
+    for (int i = 0; i <= TDM_SIM_MAX_SLO_CLASSES; i++)
+        snprintf(big + strlen(big), sizeof big - strlen(big), "5,5,c%d\n", i);
+    write_tmp(p, sizeof p, "cls3.csv", big);
+    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "more than 16 SLO classes"));
+    unlink(p);
+}
+
 static void trace_load__same_seed_same_trace(void **state)
 {
     (void)state;
@@ -170,8 +253,8 @@ static void trace_load__same_seed_same_trace(void **state)
     o.seed = 8;
     load_ok("builtin", &o, &c);
     assert_int_equal(a.n, b.n);
-    assert_memory_equal(a.reqs, b.reqs, a.n * sizeof *a.reqs);
-    assert_true(memcmp(a.reqs, c.reqs, a.n * sizeof *a.reqs) != 0);
+    assert_true(reqs_equal(&a, &b));
+    assert_false(reqs_equal(&a, &c));
     tdm_sim_trace_free(&a);
     tdm_sim_trace_free(&b);
     tdm_sim_trace_free(&c);
@@ -306,6 +389,8 @@ int main(void)
         cmocka_unit_test(trace_load__mooncake_default_jitter_spreads_bins),
         cmocka_unit_test(trace_load__length_files_get_poisson_arrivals),
         cmocka_unit_test(trace_load__gamma_cv_controls_burstiness),
+        cmocka_unit_test(trace_load__vidur_trace_keeps_its_arrivals),
+        cmocka_unit_test(trace_load__slo_class_column_and_field),
         cmocka_unit_test(trace_load__same_seed_same_trace),
         cmocka_unit_test(trace_load__window_cap_scale_and_clip),
         cmocka_unit_test(trace_load__malformed_azure_names_line_and_column),
