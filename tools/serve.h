@@ -9,10 +9,12 @@
 #ifndef TANDEM_TOOLS_SERVE_H
 #define TANDEM_TOOLS_SERVE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <msgpack.h>
+#include <zmq.h>
 
 #include "tandem.h"
 
@@ -23,14 +25,55 @@
 #define TDM_SERVE_MAX_DEPTH 16            /* deepest config document accepted */
 #define TDM_SERVE_DEFAULT_MAX_KVX_BYTES (256u << 20)
 #define TDM_SERVE_MAX_KVXS 16
+/* Caps on what a client chooses (docs/service.md, "Limits"). */
+#define TDM_SERVE_MAX_PENDING 64          /* deferred replies (kvx_connect, waiting kvx_poll) */
+#define TDM_SERVE_MAX_HANDSHAKE_MS 10000u /* kvx config handshake_timeout_ms */
+#define TDM_SERVE_MAX_KVX_TIMEOUT_MS 600000u /* other kvx timeouts (transfer, peer, cancel) */
+#define TDM_SERVE_MAX_POLL_MS 10000u      /* kvx_poll timeout_ms */
+#define TDM_SERVE_USER_MAX 40             /* a Z85 CURVE public key */
+
+/* Returned by an op whose reply comes later (the service goes on serving other clients). */
+#define TDM_SERVE_DEFERRED 1
+
+/* Who sent the request being handled. */
+typedef struct tdm__serve_caller {
+    char user[TDM_SERVE_USER_MAX + 1]; /* the client's CURVE public key (Z85); "" without CURVE */
+    int admin;                         /* may shut the service down, listen beyond loopback */
+} tdm__serve_caller;
 
 typedef struct tdm__serve_instance {
     char name[TDM_SERVE_NAME_MAX + 1];
     tdm_sched *sched;
+    char owner[TDM_SERVE_USER_MAX + 1]; /* the creator's key; "" = anyone */
+    int shared;                          /* created with "shared": any client may use it */
+    uint64_t num_blocks;                 /* its KV pool, counted in the service's total */
+    /* prompt tokens of the requests added, swept when the total reaches the limit */
+    uint64_t *tok_ids;
+    uint32_t *tok_n;
+    uint32_t tok_len, tok_cap;
+    uint64_t queued_tokens;
     struct tdm__serve_instance *next;
 } tdm__serve_instance;
 
+/* Global limits; 0 = the default (tdm__serve_init sets them). */
+typedef struct tdm__serve_limits {
+    uint64_t max_blocks_per_instance;
+    uint64_t max_total_blocks;        /* over all instances */
+    uint64_t max_queued_requests;     /* unfinished requests, all instances */
+    uint64_t max_queued_tokens;       /* their prompt tokens */
+    uint64_t max_prompt_tokens;       /* one request's prompt */
+    uint64_t max_connections;         /* client connections at once */
+} tdm__serve_limits;
+
+#define TDM_SERVE_DEFAULT_MAX_BLOCKS_PER_INSTANCE (1u << 20)
+#define TDM_SERVE_DEFAULT_MAX_TOTAL_BLOCKS (1u << 22)
+#define TDM_SERVE_DEFAULT_MAX_QUEUED_REQUESTS 65536u
+#define TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS (64u << 20)
+#define TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS (1u << 20)
+#define TDM_SERVE_DEFAULT_MAX_CONNECTIONS 64u
+
 struct tdm__serve_kvx;
+struct tdm__serve_pending;
 
 typedef struct tdm__serve_state {
     tdm__serve_instance *instances;
@@ -43,6 +86,21 @@ typedef struct tdm__serve_state {
     int shutdown;                 /* set by the "shutdown" op */
     uint64_t requests;            /* messages handled */
     uint64_t errors;              /* error replies sent */
+    tdm__serve_limits lim;
+    uint64_t total_blocks;        /* KV blocks of all instances */
+    uint64_t queued_tokens;       /* prompt tokens of the unfinished requests (an upper bound) */
+    int curve;                    /* the service socket uses CURVE: instances have owners */
+    /* the request being handled */
+    const tdm__serve_caller *caller;
+    int can_defer;                /* the transport can send a reply later */
+    uint64_t deferred;            /* token of the reply an op deferred */
+    char seq[300];                /* its packed "seq" (echoed in a deferred reply) */
+    size_t seq_len;
+    /* deferred replies (serve_kvx.c) */
+    struct tdm__serve_pending *pending;
+    uint32_t num_pending;
+    uint64_t next_token;
+    int wake_fd[2];               /* a connect worker writes a byte when it is done */
 } tdm__serve_state;
 
 void tdm__serve_init(tdm__serve_state *st);
@@ -50,8 +108,24 @@ void tdm__serve_free(tdm__serve_state *st);
 
 /* Handle one request message of len bytes and write exactly one reply (a msgpack map) into
  * *reply (which the caller initialised). Returns 0, or -1 if the reply could not be built
- * (out of memory). */
+ * (out of memory). The caller is trusted as a local admin (start-up, tests, the fuzzer). */
 int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack_sbuffer *reply);
+
+/* The same for a request from client c. With deferred non-NULL the op may defer its reply:
+ * then *deferred receives a token (non-zero), nothing is written to *reply, and the reply
+ * comes later from tdm__serve_kvx_progress under that token. */
+int tdm__serve_handle_as(tdm__serve_state *st, const tdm__serve_caller *c, const char *msg,
+                         size_t len, msgpack_sbuffer *reply, uint64_t *deferred);
+
+/* Packs a whole reply: {"ok": true, "seq", body...} when rc is 0, else the error map. */
+void tdm__serve_pack_reply(msgpack_sbuffer *out, int rc, const char *seq, size_t seq_len,
+                           const msgpack_sbuffer *body, uint32_t pairs, const char *msg);
+
+/* Deferred replies (serve_kvx.c). progress: 1 and a reply in *out (for client *token) when
+ * one is ready, else 0. timeout_ms: how long the transport may wait for a message before it
+ * must call progress again (-1: until the wake fd or a message). */
+int tdm__serve_kvx_progress(tdm__serve_state *st, uint64_t *token, msgpack_sbuffer *out);
+int tdm__serve_kvx_timeout_ms(const tdm__serve_state *st);
 
 /* The success part of a reply: key/value pairs packed into body, counted in pairs. */
 typedef struct tdm__serve_reply {
@@ -121,6 +195,36 @@ void tdm__serve_kv_u64s(msgpack_packer *pk, const char *k, const uint64_t *v, ui
 void tdm__serve_kv_u32s(msgpack_packer *pk, const char *k, const uint32_t *v, uint32_t n);
 void tdm__serve_kv_i32s(msgpack_packer *pk, const char *k, const int32_t *v, uint32_t n);
 void tdm__serve_kv_u8s(msgpack_packer *pk, const char *k, const uint8_t *v, uint32_t n);
+
+/* ---- authentication (serve_auth.c) ----------------------------------------------------------- */
+
+#define TDM_SERVE_MAX_KEYS 1024
+
+typedef struct tdm__serve_keys {
+    char key[TDM_SERVE_MAX_KEYS][TDM_SERVE_USER_MAX + 1];
+    uint32_t n;
+} tdm__serve_keys;
+
+typedef struct tdm__serve_auth {
+    char secret[TDM_SERVE_USER_MAX + 1], pub[TDM_SERVE_USER_MAX + 1];
+    tdm__serve_keys allowed;  /* client keys allowed to connect */
+    tdm__serve_keys admins;   /* allowed too, and admin */
+    void *zap;
+    pthread_t thread;
+    int started;
+} tdm__serve_auth;
+
+/* Adds a Z85 key, or the keys of @FILE (one a line, '#' comments); -1 with err on error. */
+int tdm__serve_keys_add(tdm__serve_keys *l, const char *arg, char *err, size_t err_size);
+int tdm__serve_keys_has(const tdm__serve_keys *l, const char *k);
+/* tcp://127.0.0.1, localhost, [::1] and ipc:// endpoints are local; anything else is not. */
+int tdm__serve_endpoint_is_local(const char *ep);
+/* Makes sock a CURVE server with a's secret key and starts the ZAP handler in ctx. */
+int tdm__serve_auth_start(tdm__serve_auth *a, void *ctx, void *sock, char *err, size_t err_size);
+void tdm__serve_auth_join(tdm__serve_auth *a);
+/* The caller of a message from its last frame (its User-Id under CURVE). */
+void tdm__serve_caller_of(const tdm__serve_auth *a, int curve, int local, zmq_msg_t *frame,
+                          tdm__serve_caller *c);
 
 /* ---- the KV transfer engine ops (serve_kvx.c) --------------------------------------------- */
 
