@@ -237,6 +237,7 @@ TDM__SERVE_KVX_OP(tdm__serve_op_kvx_destroy);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_connect);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_recv);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send_ready);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_cancel);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_poll);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_write);

@@ -491,6 +491,23 @@ TDM__SERVE_KVX_OP(tdm__serve_op_kvx_recv)
     return xfer_op(st, m, r, e, false);
 }
 
+/* {"name", "handle", "num_blocks_ready", optional "layer_begin" (0), "layer_end" (all)}:
+ * streaming readiness of a send. */
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send_ready)
+{
+    tdm__serve_kvx *k;
+    uint64_t h = 0, ready = 0, lb = 0, le = 0;
+    int rc = get_kvx(st, m, &k, e);
+    if (!rc) le = k->layout.num_layers;
+    if (!rc) rc = tdm__serve_get_u64(m, "handle", 1, UINT64_MAX, &h, e);
+    if (!rc) rc = tdm__serve_get_u64(m, "num_blocks_ready", 1, UINT32_MAX, &ready, e);
+    if (!rc) rc = tdm__serve_get_u64(m, "layer_begin", 0, UINT32_MAX, &lb, e);
+    if (!rc) rc = tdm__serve_get_u64(m, "layer_end", 0, UINT32_MAX, &le, e);
+    if (rc) return rc;
+    rc = tdm_kvx_send_ready(k->kvx, h, (uint32_t)lb, (uint32_t)le, (uint32_t)ready);
+    return rc ? kvx_fail(e, rc, k->kvx, "kvx_send_ready") : 0;
+}
+
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_cancel)
 {
     tdm__serve_kvx *k;
@@ -619,7 +636,7 @@ TDM__SERVE_KVX_OP(tdm__serve_op_kvx_stats)
     tdm_kvx_stats_init(&s);
     if ((rc = tdm_kvx_get_stats(k->kvx, &s))) return kvx_fail(e, rc, k->kvx, "kvx_stats");
     msgpack_packer *pk = tdm__serve_key(r, "stats");
-    msgpack_pack_map(pk, 11);
+    msgpack_pack_map(pk, 13);
     tdm__serve_kv_u64(pk, "num_peers", s.num_peers);
     tdm__serve_kv_u64(pk, "num_send_active", s.num_send_active);
     tdm__serve_kv_u64(pk, "num_recv_active", s.num_recv_active);
@@ -631,5 +648,7 @@ TDM__SERVE_KVX_OP(tdm__serve_op_kvx_stats)
     tdm__serve_kv_u64(pk, "transfers_done", s.transfers_done);
     tdm__serve_kv_u64(pk, "transfers_failed", s.transfers_failed);
     tdm__serve_kv_u64(pk, "transfers_cancelled", s.transfers_cancelled);
+    tdm__serve_kv_u64(pk, "chunks_sent", s.chunks_sent);
+    tdm__serve_kv_u64(pk, "chunks_sent_shm", s.chunks_sent_shm);
     return 0;
 }

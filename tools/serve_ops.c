@@ -790,6 +790,7 @@ static const struct op {
     {"kvx_connect", tdm__serve_op_kvx_connect, 0},
     {"kvx_send", tdm__serve_op_kvx_send, 0},
     {"kvx_recv", tdm__serve_op_kvx_recv, 0},
+    {"kvx_send_ready", tdm__serve_op_kvx_send_ready, 0},
     {"kvx_cancel", tdm__serve_op_kvx_cancel, 0},
     {"kvx_poll", tdm__serve_op_kvx_poll, 0},
     {"kvx_write", tdm__serve_op_kvx_write, 0},
