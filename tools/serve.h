@@ -148,6 +148,11 @@ typedef struct tdm__serve_err {
 int tdm__serve_fail(tdm__serve_err *e, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Runs one decoded request (serve_ops.c): fills r on success, e on failure. */
+int tdm__serve_dispatch(tdm__serve_state *st, const msgpack_object *m, tdm__serve_reply *r,
+                        tdm__serve_err *e);
+
+
 /* The value of key in a msgpack map (string keys), or NULL. */
 const msgpack_object *tdm__serve_field(const msgpack_object *map, const char *key);
 
@@ -195,6 +200,20 @@ void tdm__serve_kv_u64s(msgpack_packer *pk, const char *k, const uint64_t *v, ui
 void tdm__serve_kv_u32s(msgpack_packer *pk, const char *k, const uint32_t *v, uint32_t n);
 void tdm__serve_kv_i32s(msgpack_packer *pk, const char *k, const int32_t *v, uint32_t n);
 void tdm__serve_kv_u8s(msgpack_packer *pk, const char *k, const uint8_t *v, uint32_t n);
+
+/* ---- limits and ownership (serve_limits.c) ------------------------------------------------ */
+
+/* Whether the caller may use instance in (always without CURVE). */
+int tdm__serve_may_use(const tdm__serve_state *st, const tdm__serve_instance *in);
+/* num_blocks after applying config json to s (NULL: a new instance). */
+int64_t tdm__serve_blocks_after(const tdm_sched *s, const char *json);
+/* An instance holding `have` blocks may hold `want`: 0, or RANGE with e naming the flag. */
+int tdm__serve_check_blocks(tdm__serve_state *st, int64_t want, uint64_t have, tdm__serve_err *e);
+void tdm__serve_recount_blocks(tdm__serve_state *st, tdm__serve_instance *in);
+/* A request of np prompt tokens may be added to in (the queue limits; makes room to record
+ * it); then tdm__serve_admitted records it once the library has taken it. */
+int tdm__serve_admit(tdm__serve_state *st, tdm__serve_instance *in, uint32_t np, tdm__serve_err *e);
+void tdm__serve_admitted(tdm__serve_state *st, tdm__serve_instance *in, uint64_t id, uint32_t np);
 
 /* ---- authentication (serve_auth.c) ----------------------------------------------------------- */
 

@@ -11,8 +11,6 @@
 #include <string.h>
 #include <time.h>
 
-#include <jansson.h>
-
 #include "serve.h"
 
 typedef tdm__serve_reply reply;
@@ -89,53 +87,6 @@ static tdm__serve_instance *find(tdm__serve_state *st, const char *name)
     return NULL;
 }
 
-/* Under CURVE an instance is used only by the client that created it (or an admin), unless
- * it was created shared. Without CURVE every client is the same anonymous one. */
-static int may_use(const tdm__serve_state *st, const tdm__serve_instance *in)
-{
-    return !st->curve || in->shared || st->caller->admin || !strcmp(in->owner, st->caller->user);
-}
-
-/* The KV pool an instance's configuration asks for: its num_blocks after config json (the
- * current value when json does not set it; the library refuses a value of the wrong type). */
-static int64_t blocks_after(const tdm_sched *s, const char *json)
-{
-    int64_t cur = 10000; /* the library's default */
-    if (s) tdm_sched_get_param(s, TDM_SCHED_NUM_BLOCKS, &cur);
-    json_error_t je;
-    json_t *root = json ? json_loads(json, 0, &je) : NULL;
-    json_t *v = json_is_object(root) ? json_object_get(root, "num_blocks") : NULL;
-    if (v && json_is_integer(v)) cur = (int64_t)json_integer_value(v);
-    json_decref(root);
-    return cur;
-}
-
-/* The service's limits on KV blocks: per instance and over all of them. */
-static int check_blocks(tdm__serve_state *st, int64_t want, uint64_t have, tdm__serve_err *e)
-{
-    if (want <= 0) return 0; /* the library refuses it */
-    if ((uint64_t)want > st->lim.max_blocks_per_instance)
-        return tdm__serve_fail(e, TDM_E_RANGE, "num_blocks %lld exceeds the service's limit of %llu "
-                               "per instance (--max-blocks-per-instance)", (long long)want,
-                               (unsigned long long)st->lim.max_blocks_per_instance);
-    if (st->total_blocks - have + (uint64_t)want > st->lim.max_total_blocks)
-        return tdm__serve_fail(e, TDM_E_RANGE, "num_blocks %lld would bring the service to %llu KV "
-                               "blocks, over its limit of %llu (--max-total-blocks)", (long long)want,
-                               (unsigned long long)(st->total_blocks - have + (uint64_t)want),
-                               (unsigned long long)st->lim.max_total_blocks);
-    return 0;
-}
-
-/* After a configuration change: the instance's pool as the library has it. */
-static void recount_blocks(tdm__serve_state *st, tdm__serve_instance *in)
-{
-    int64_t nb = 0;
-    if (tdm_sched_get_param(in->sched, TDM_SCHED_NUM_BLOCKS, &nb) == 0 && nb >= 0) {
-        st->total_blocks = st->total_blocks - in->num_blocks + (uint64_t)nb;
-        in->num_blocks = (uint64_t)nb;
-    }
-}
-
 static int valid_name(const char *s)
 {
     if (!*s) return 0;
@@ -172,7 +123,7 @@ static int op_create(tdm__serve_state *st, tdm__serve_instance *unused, const ms
     const msgpack_object *cfg = tdm__serve_field(m, "config");
     if (cfg && cfg->type != MSGPACK_OBJECT_NIL && (rc = tdm__serve_config_json(cfg, &json, e)))
         return rc;
-    if ((rc = check_blocks(st, blocks_after(NULL, json), 0, e))) {
+    if ((rc = tdm__serve_check_blocks(st, tdm__serve_blocks_after(NULL, json), 0, e))) {
         free(json);
         return rc;
     }
@@ -195,7 +146,7 @@ static int op_create(tdm__serve_state *st, tdm__serve_instance *unused, const ms
     }
     int64_t nb = 0;
     tdm_sched_get_param(in->sched, TDM_SCHED_NUM_BLOCKS, &nb);
-    if ((rc = check_blocks(st, nb, 0, e))) { /* the guess from the JSON text was wrong */
+    if ((rc = tdm__serve_check_blocks(st, nb, 0, e))) { /* the guess from the JSON text was wrong */
         tdm_sched_destroy(in->sched);
         free(in);
         return rc;
@@ -234,11 +185,11 @@ static int op_list(tdm__serve_state *st, tdm__serve_instance *unused, const msgp
                    reply *r, tdm__serve_err *e)
 {
     uint32_t n = 0;
-    for (tdm__serve_instance *in = st->instances; in; in = in->next) n += may_use(st, in) ? 1u : 0u;
+    for (tdm__serve_instance *in = st->instances; in; in = in->next) n += tdm__serve_may_use(st, in) ? 1u : 0u;
     msgpack_packer *pk = tdm__serve_key(r, "names");
     msgpack_pack_array(pk, n);
     for (tdm__serve_instance *in = st->instances; in; in = in->next)
-        if (may_use(st, in)) tdm__serve_pack_str(pk, in->name);
+        if (tdm__serve_may_use(st, in)) tdm__serve_pack_str(pk, in->name);
     return 0;
 }
 
@@ -250,14 +201,14 @@ static int op_configure(tdm__serve_state *st, tdm__serve_instance *in, const msg
     char *json = NULL;
     int rc = tdm__serve_config_json(cfg, &json, e);
     if (rc) return rc;
-    if ((rc = check_blocks(st, blocks_after(in->sched, json), in->num_blocks, e))) {
+    if ((rc = tdm__serve_check_blocks(st, tdm__serve_blocks_after(in->sched, json), in->num_blocks, e))) {
         free(json);
         return rc;
     }
     rc = tdm_sched_configure(in->sched, json);
     free(json);
     if (rc) return lib_fail(e, rc, in->sched, "config");
-    recount_blocks(st, in);
+    tdm__serve_recount_blocks(st, in);
     return 0;
 }
 
@@ -328,10 +279,10 @@ static int op_set_param(tdm__serve_state *st, tdm__serve_instance *in, const msg
     int rc = get_param_key(m, &k, e);
     if (!rc) rc = tdm__serve_get_i64(m, "value", 1, INT64_MIN, INT64_MAX, &v, e);
     if (rc) return rc;
-    if (k == TDM_SCHED_NUM_BLOCKS && (rc = check_blocks(st, v, in->num_blocks, e))) return rc;
+    if (k == TDM_SCHED_NUM_BLOCKS && (rc = tdm__serve_check_blocks(st, v, in->num_blocks, e))) return rc;
     rc = tdm_sched_set_param(in->sched, (tdm_sched_param)k, v);
     if (rc) return lib_fail(e, rc, in->sched, "set_param");
-    recount_blocks(st, in);
+    tdm__serve_recount_blocks(st, in);
     return 0;
 }
 
@@ -346,41 +297,6 @@ static int op_get_param(tdm__serve_state *st, tdm__serve_instance *in, const msg
     if (rc) return lib_fail(e, rc, in->sched, "get_param");
     msgpack_pack_int64(tdm__serve_key(r, "value"), v);
     return 0;
-}
-
-static int grow_tokens(tdm__serve_instance *in)
-{
-    uint32_t nc = in->tok_cap ? in->tok_cap * 2 : 64;
-    uint64_t *ids = realloc(in->tok_ids, nc * sizeof *ids);
-    if (ids) in->tok_ids = ids;
-    uint32_t *n = ids ? realloc(in->tok_n, nc * sizeof *n) : NULL;
-    if (n) in->tok_n = n;
-    if (!ids || !n) return -1;
-    in->tok_cap = nc;
-    return 0;
-}
-
-/* Drops the token counts of requests that have finished (or are gone). A re-added id keeps
- * its old count until both have finished: the total is an upper bound. */
-static void sweep_tokens(tdm__serve_state *st)
-{
-    for (tdm__serve_instance *in = st->instances; in; in = in->next) {
-        uint32_t w = 0;
-        for (uint32_t i = 0; i < in->tok_len; i++) {
-            tdm_request_info info;
-            tdm_request_info_init(&info);
-            int live = tdm_sched_request_info(in->sched, in->tok_ids[i], &info) == 0 &&
-                       info.state != TDM_STATE_FINISHED && info.state != TDM_STATE_FINISHED_HELD;
-            if (live) {
-                in->tok_ids[w] = in->tok_ids[i];
-                in->tok_n[w++] = in->tok_n[i];
-            } else {
-                in->queued_tokens -= in->tok_n[i];
-                st->queued_tokens -= in->tok_n[i];
-            }
-        }
-        in->tok_len = w;
-    }
 }
 
 static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
@@ -448,28 +364,7 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
     d.cache_salt_len = salt_len;
     d.num_remote_tokens = (uint32_t)remote;
     d.tenant = (uint32_t)tenant;
-    uint64_t queued = 0;
-    for (tdm__serve_instance *q = st->instances; q; q = q->next) {
-        uint32_t u = 0;
-        if (tdm_sched_num_unfinished(q->sched, &u) == 0) queued += u;
-    }
-    if (st->queued_tokens + np > st->lim.max_queued_tokens ||
-        in->tok_len >= 2 * st->lim.max_queued_requests) /* keeps the arrays bounded too */
-        sweep_tokens(st);
-    if (queued >= st->lim.max_queued_requests)
-        rc = tdm__serve_fail(e, TDM_E_RANGE, "the service holds %llu unfinished requests, its limit "
-                             "(--max-queued-requests); retry when some have finished",
-                             (unsigned long long)queued);
-    else if (np > st->lim.max_prompt_tokens)
-        rc = tdm__serve_fail(e, TDM_E_RANGE, "a prompt of %u tokens exceeds the service's limit of "
-                             "%llu (--max-prompt-tokens)", np, (unsigned long long)st->lim.max_prompt_tokens);
-    else if (st->queued_tokens + np > st->lim.max_queued_tokens)
-        rc = tdm__serve_fail(e, TDM_E_RANGE, "the unfinished requests hold %llu prompt tokens; %u more "
-                             "would pass the limit of %llu (--max-queued-tokens)",
-                             (unsigned long long)st->queued_tokens, np,
-                             (unsigned long long)st->lim.max_queued_tokens);
-    else if (in->tok_len == in->tok_cap && grow_tokens(in))
-        rc = tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    rc = tdm__serve_admit(st, in, np, e);
     if (rc) {
         free(prompt);
         free(stops);
@@ -479,10 +374,7 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
     free(prompt);
     free(stops);
     if (rc) return lib_fail(e, rc, in->sched, "add");
-    in->tok_ids[in->tok_len] = id;
-    in->tok_n[in->tok_len++] = np;
-    in->queued_tokens += np;
-    st->queued_tokens += np;
+    tdm__serve_admitted(st, in, id, np);
     msgpack_pack_uint64(tdm__serve_key(r, "id"), id);
     return 0;
 }
@@ -800,7 +692,8 @@ static const struct op {
 };
 
 /* Runs the request; fills r (success) or e (failure). */
-static int dispatch(tdm__serve_state *st, const msgpack_object *m, reply *r, tdm__serve_err *e)
+int tdm__serve_dispatch(tdm__serve_state *st, const msgpack_object *m, tdm__serve_reply *r,
+                        tdm__serve_err *e)
 {
     if (m->type != MSGPACK_OBJECT_MAP)
         return tdm__serve_fail(e, TDM_E_PROTOCOL, "a request must be a msgpack map, not another type");
@@ -817,136 +710,9 @@ static int dispatch(tdm__serve_state *st, const msgpack_object *m, reply *r, tdm
         if ((rc = tdm__serve_get_str(m, "name", 1, name, sizeof name, e))) return rc;
         if (!(in = find(st, name)))
             return tdm__serve_fail(e, TDM_E_NOT_FOUND, "no instance \"%s\"", name);
-        if (!may_use(st, in))
+        if (!tdm__serve_may_use(st, in))
             return tdm__serve_fail(e, TDM_E_AUTH, "instance \"%s\" belongs to another client "
                                    "(create it with \"shared\": true to share it)", name);
     }
     return op->fn(st, in, m, r, e);
-}
-
-/* The correlation value a client may send as "seq" (an integer, or a string of at most 256
- * bytes) is echoed back. *bad is set when "seq" is present but malformed: the op must not run
- * (a client matching replies by seq could not tell which request failed). */
-static const msgpack_object *seq_of(const msgpack_object *m, int *bad)
-{
-    *bad = 0;
-    if (m->type != MSGPACK_OBJECT_MAP) return NULL;
-    const msgpack_object *s = tdm__serve_field(m, "seq");
-    if (!s) return NULL;
-    switch (s->type) {
-    case MSGPACK_OBJECT_POSITIVE_INTEGER:
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        return s;
-    case MSGPACK_OBJECT_STR:
-        if (s->via.str.size <= 256) return s;
-        break;
-    default:
-        break;
-    }
-    *bad = 1;
-    return NULL;
-}
-
-void tdm__serve_pack_reply(msgpack_sbuffer *out, int rc, const char *seq, size_t seq_len,
-                           const msgpack_sbuffer *body, uint32_t pairs, const char *msg)
-{
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
-    uint32_t extra = seq_len ? 1 : 0;
-    if (rc == 0) {
-        msgpack_pack_map(&pk, 1 + extra + pairs);
-        tdm__serve_kv_bool(&pk, "ok", 1);
-    } else {
-        msgpack_pack_map(&pk, 4 + extra);
-        tdm__serve_kv_bool(&pk, "ok", 0);
-    }
-    if (seq_len) {
-        tdm__serve_pack_str(&pk, "seq");
-        msgpack_sbuffer_write(out, seq, seq_len);
-    }
-    if (rc == 0) {
-        if (body && body->size) msgpack_sbuffer_write(out, body->data, body->size);
-    } else {
-        tdm__serve_kv_i64(&pk, "status", rc);
-        tdm__serve_kv_str(&pk, "error", tdm_strerror(rc));
-        tdm__serve_kv_str(&pk, "message", msg);
-    }
-}
-
-int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack_sbuffer *out)
-{
-    return tdm__serve_handle_as(st, NULL, msg, len, out, NULL);
-}
-
-int tdm__serve_handle_as(tdm__serve_state *st, const tdm__serve_caller *c, const char *msg,
-                         size_t len, msgpack_sbuffer *out, uint64_t *deferred)
-{
-    static const tdm__serve_caller local = {"", 1};
-    reply r;
-    tdm__serve_err e;
-    memset(&e, 0, sizeof e);
-    msgpack_sbuffer_init(&r.body);
-    msgpack_packer_init(&r.pk, &r.body, msgpack_sbuffer_write);
-    r.pairs = 0;
-    st->requests++;
-    st->caller = c ? c : &local;
-    st->can_defer = deferred != NULL;
-    st->deferred = 0;
-    st->seq_len = 0;
-    if (deferred) *deferred = 0;
-
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
-    int rc;
-    if (len > st->max_msg_bytes) {
-        rc = tdm__serve_fail(&e, TDM_E_RANGE, "message of %zu bytes exceeds the limit of %zu",
-                             len, st->max_msg_bytes);
-    } else if (len == 0) {
-        rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "empty message");
-    } else if ((rc = tdm__serve_precheck(msg, len, &e)) != 0) {
-        /* rc and e are set */
-    } else {
-        size_t off = 0;
-        msgpack_unpack_return ur = msgpack_unpack_next(&up, msg, len, &off);
-        if (ur == MSGPACK_UNPACK_SUCCESS && off == len) {
-            int bad_seq;
-            const msgpack_object *seq = seq_of(&up.data, &bad_seq);
-            if (seq) { /* packed once: echoed now or in a deferred reply */
-                msgpack_sbuffer sb;
-                msgpack_packer sp;
-                msgpack_sbuffer_init(&sb);
-                msgpack_packer_init(&sp, &sb, msgpack_sbuffer_write);
-                msgpack_pack_object(&sp, *seq);
-                if (sb.data && sb.size <= sizeof st->seq) {
-                    memcpy(st->seq, sb.data, sb.size);
-                    st->seq_len = sb.size;
-                }
-                msgpack_sbuffer_destroy(&sb);
-            }
-            rc = bad_seq ? tdm__serve_fail(&e, TDM_E_INVAL, "\"seq\" must be an integer or a string "
-                                           "of at most 256 bytes; the op was not run")
-                         : dispatch(st, &up.data, &r, &e);
-        } else if (ur == MSGPACK_UNPACK_SUCCESS) {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
-                                 len - off);
-        } else if (ur == MSGPACK_UNPACK_CONTINUE) {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "truncated msgpack message");
-        } else if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
-            rc = tdm__serve_fail(&e, TDM_E_NOMEM, "out of memory decoding the message");
-        } else {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "malformed msgpack message");
-        }
-    }
-
-    if (rc == TDM_SERVE_DEFERRED && deferred && st->deferred) {
-        *deferred = st->deferred; /* the reply comes later */
-    } else {
-        if (rc == TDM_SERVE_DEFERRED) rc = tdm__serve_fail(&e, TDM_E_INTERNAL, "reply deferred without a token");
-        if (rc) st->errors++;
-        tdm__serve_pack_reply(out, rc, st->seq, st->seq_len, &r.body, r.pairs, e.msg);
-    }
-    st->caller = &local;
-    msgpack_unpacked_destroy(&up);
-    msgpack_sbuffer_destroy(&r.body);
-    return (deferred && *deferred) || out->data ? 0 : -1;
 }

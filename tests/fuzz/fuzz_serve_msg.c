@@ -15,6 +15,7 @@
 /* The transfer-engine ops bind sockets and start threads: not part of this harness. */
 #define TDM_SERVE_NO_KVX 1
 #include "../../tools/serve_msg.c"
+#include "../../tools/serve_limits.c"
 #include "../../tools/serve_ops.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
