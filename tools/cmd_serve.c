@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,9 @@ static void usage(FILE *o)
             "  --insecure    allow a non-loopback --bind without CURVE (anyone may connect)\n"
             "  limits: --max-blocks-per-instance N (default %u), --max-total-blocks N (%u),\n"
             "          --max-queued-requests N (%u), --max-queued-tokens N (%u),\n"
-            "          --max-prompt-tokens N (%u)\n"
+            "          --max-prompt-tokens N (%u), --max-connections N (%u: a connection\n"
+            "          beyond is dropped when accepted; frames in flight are at most this\n"
+            "          times 4 x --max-msg)\n"
             "  --max-msg     largest request accepted (default %u); larger ones get an\n"
             "                error reply (beyond 4x the limit the connection is dropped)\n"
             "  --max-instances  named scheduler instances at most (default %u)\n"
@@ -53,7 +56,8 @@ static void usage(FILE *o)
             "protocol.\n",
             TDM_SERVE_DEFAULT_MAX_BLOCKS_PER_INSTANCE, TDM_SERVE_DEFAULT_MAX_TOTAL_BLOCKS,
             TDM_SERVE_DEFAULT_MAX_QUEUED_REQUESTS, TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS,
-            TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS, TDM_SERVE_DEFAULT_MAX_MSG,
+            TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS, TDM_SERVE_DEFAULT_MAX_CONNECTIONS,
+            TDM_SERVE_DEFAULT_MAX_MSG,
             TDM_SERVE_DEFAULT_MAX_INSTANCES, TDM_SERVE_DEFAULT_MAX_KVX_BYTES);
 }
 
@@ -103,6 +107,62 @@ static void pay(tdm__serve_state *st, void *sock)
             o->token = 0;
         }
         msgpack_sbuffer_destroy(&reply);
+    }
+}
+
+/* Client connections, counted from the ROUTER socket's monitor: one beyond the cap is shut
+ * down as soon as it is accepted (before it can send a byte that ZeroMQ would buffer), so
+ * that the frames being received are bounded by the cap times ZMQ_MAXMSGSIZE. */
+typedef struct conn_guard {
+    void *mon;
+    uint64_t open, max, refused;
+} conn_guard;
+
+static int guard_start(conn_guard *g, void *ctx, void *sock)
+{
+    if (zmq_socket_monitor(sock, "inproc://tandem-serve-monitor",
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0)
+        return -1;
+    g->mon = zmq_socket(ctx, ZMQ_PAIR);
+    int linger = 0;
+    if (!g->mon) return -1;
+    zmq_setsockopt(g->mon, ZMQ_LINGER, &linger, sizeof linger);
+    return zmq_connect(g->mon, "inproc://tandem-serve-monitor");
+}
+
+static void guard_events(conn_guard *g)
+{
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, g->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t type = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&type, zmq_msg_data(&ev), 2);
+            memcpy(&value, (const char *)zmq_msg_data(&ev) + 2, 4);
+        }
+        int more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more) { /* the endpoint frame */
+            zmq_msg_init(&addr);
+            zmq_msg_recv(&addr, g->mon, 0);
+            zmq_msg_close(&addr);
+        }
+        if (type == ZMQ_EVENT_ACCEPTED) {
+            g->open++;
+            if (g->open > g->max) {
+                /* Not closed here (ZeroMQ owns the descriptor): shut down, ZeroMQ sees the
+                 * end of the stream and drops the connection (DISCONNECTED follows). */
+                shutdown((int)value, SHUT_RDWR);
+                g->refused++;
+            }
+        } else if (type == ZMQ_EVENT_DISCONNECTED && g->open) {
+            g->open--;
+        }
     }
 }
 
@@ -293,6 +353,9 @@ int tdm_cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--max-queued-tokens") && v) {
             if (parse_u64(a, v, 1, 1ull << 32, &st.lim.max_queued_tokens)) return 2;
             i++;
+        } else if (!strcmp(a, "--max-connections") && v) {
+            if (parse_u64(a, v, 1, 1u << 20, &st.lim.max_connections)) return 2;
+            i++;
         } else if (!strcmp(a, "--max-prompt-tokens") && v) {
             if (parse_u64(a, v, 1, UINT32_MAX, &st.lim.max_prompt_tokens)) return 2;
             i++;
@@ -327,6 +390,8 @@ int tdm_cmd_serve(int argc, char **argv)
         if (rc) return 1;
     }
 
+    conn_guard guard;
+    memset(&guard, 0, sizeof guard);
     void *ctx = zmq_ctx_new();
     void *sock = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;
     int rc = 1;
@@ -347,6 +412,11 @@ int tdm_cmd_serve(int argc, char **argv)
         fprintf(stderr, "tandem serve: CURVE on; public key %s; %u client key(s), %u admin key(s)\n",
                 auth->pub, auth->allowed.n, auth->admins.n);
     }
+    guard.max = st.lim.max_connections;
+    if (guard_start(&guard, ctx, sock) != 0) {
+        fprintf(stderr, "tandem serve: socket monitor: %s\n", zmq_strerror(zmq_errno()));
+        goto out;
+    }
     if (zmq_bind(sock, bind) != 0) {
         fprintf(stderr, "tandem serve: cannot bind %s: %s\n", bind, zmq_strerror(zmq_errno()));
         goto out;
@@ -363,14 +433,16 @@ int tdm_cmd_serve(int argc, char **argv)
     fflush(stdout);
 
     while (!stop_flag && !st.shutdown) {
-        zmq_pollitem_t it[2] = {{sock, 0, ZMQ_POLLIN, 0}, {NULL, st.wake_fd[0], ZMQ_POLLIN, 0}};
+        zmq_pollitem_t it[3] = {{sock, 0, ZMQ_POLLIN, 0}, {guard.mon, 0, ZMQ_POLLIN, 0},
+                                {NULL, st.wake_fd[0], ZMQ_POLLIN, 0}};
         int wait = tdm__serve_kvx_timeout_ms(&st);
-        int pr = zmq_poll(it, st.wake_fd[0] >= 0 ? 2 : 1, wait < 0 || wait > 200 ? 200 : wait);
+        int pr = zmq_poll(it, st.wake_fd[0] >= 0 ? 3 : 2, wait < 0 || wait > 200 ? 200 : wait);
         if (pr < 0) {
             if (zmq_errno() == EINTR) continue;
             fprintf(stderr, "tandem serve: poll: %s\n", zmq_strerror(zmq_errno()));
             goto out;
         }
+        if (it[1].revents & ZMQ_POLLIN) guard_events(&guard);
         if (st.pending) pay(&st, sock);
         if (!(it[0].revents & ZMQ_POLLIN)) continue;
         zmq_msg_t frames[3];
@@ -411,10 +483,15 @@ int tdm_cmd_serve(int argc, char **argv)
         if (st.pending) pay(&st, sock); /* e.g. a poll whose events were already queued */
     }
     rc = 0;
-    fprintf(stderr, "tandem serve: stopped after %llu requests (%llu errors)\n",
-            (unsigned long long)st.requests, (unsigned long long)st.errors);
+    fprintf(stderr, "tandem serve: stopped after %llu requests (%llu errors), %llu connections "
+            "refused over --max-connections\n", (unsigned long long)st.requests,
+            (unsigned long long)st.errors, (unsigned long long)guard.refused);
 out:
     tdm__serve_free(&st); /* joins connect workers (bounded by the handshake cap) */
+    if (guard.mon) {
+        zmq_socket_monitor(sock, NULL, 0);
+        zmq_close(guard.mon);
+    }
     if (sock) zmq_close(sock);
     if (ctx) zmq_ctx_term(ctx);
     tdm__serve_auth_join(auth);

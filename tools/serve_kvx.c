@@ -27,6 +27,8 @@ typedef struct tdm__serve_kvx {
     size_t layer_bytes;
     uint8_t *mem;                 /* num_layers * layer_bytes */
     uint32_t connecting;          /* connect workers running on it (destroy waits for none) */
+    char owner[TDM_SERVE_USER_MAX + 1]; /* under CURVE: the creator's key (as for instances) */
+    int shared;
     struct tdm__serve_kvx *next;
 } tdm__serve_kvx;
 
@@ -77,6 +79,10 @@ static int get_kvx(tdm__serve_state *st, const msgpack_object *m, tdm__serve_kvx
     if (rc) return rc;
     if (!(*out = find_kvx(st, name)))
         return tdm__serve_fail(e, TDM_E_NOT_FOUND, "no transfer engine \"%s\"", name);
+    const tdm__serve_kvx *k = *out;
+    if (st->curve && !k->shared && !st->caller->admin && strcmp(k->owner, st->caller->user))
+        return tdm__serve_fail(e, TDM_E_AUTH, "transfer engine \"%s\" belongs to another client "
+                               "(create it with \"shared\": true to share it)", name);
     return 0;
 }
 
@@ -175,6 +181,8 @@ TDM__SERVE_KVX_OP(tdm__serve_op_kvx_create)
     int rc = tdm__serve_get_str(m, "name", 1, name, sizeof name, e);
     if (rc) return rc;
     if (find_kvx(st, name)) return tdm__serve_fail(e, TDM_E_EXISTS, "transfer engine \"%s\" exists", name);
+    int shared = 0;
+    if ((rc = tdm__serve_get_bool(m, "shared", &shared, e))) return rc;
     if (st->num_kvxs >= TDM_SERVE_MAX_KVXS)
         return tdm__serve_fail(e, TDM_E_RANGE, "at most %d transfer engines", TDM_SERVE_MAX_KVXS);
     const msgpack_object *lo = tdm__serve_field(m, "layout");
@@ -243,6 +251,8 @@ TDM__SERVE_KVX_OP(tdm__serve_op_kvx_create)
         return rc;
     }
     memcpy(k->name, name, sizeof name);
+    memcpy(k->owner, st->caller->user, sizeof k->owner);
+    k->shared = shared || !st->curve;
     k->next = st->kvxs;
     st->kvxs = k;
     st->num_kvxs++;

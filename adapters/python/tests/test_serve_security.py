@@ -261,7 +261,33 @@ def test_curve_owners_admin_and_unknown_keys(serve):
         r = a("kvx_create", name="k", layout=LAYOUT,
               config={"engine_id": "k", "listen": "tcp://0.0.0.0:*"})
         assert not r["ok"] and r["status"] == AUTH, r
+        a.ok("kvx_create", name="k", layout=LAYOUT, config={"engine_id": "k"})
+        r = b("kvx_stats", name="k")
+        assert not r["ok"] and r["status"] == AUTH, r
+        assert a.ok("kvx_stats", name="k") and adm.ok("kvx_stats", name="k")
+        b.ok("kvx_create", name="ks", shared=True, layout=LAYOUT, config={"engine_id": "ks"})
+        assert a.ok("kvx_stats", name="ks")
     assert sorted(adm.ok("list")["names"]) == ["mine", "ours"]
     adm.ok("shutdown")
     for c in (a, b, adm, x):
         c.close()
+
+
+def test_connections_beyond_the_cap_are_dropped_until_one_closes(serve):
+    ep = serve("--max-connections", "2")
+    a, b, c = Client(ep), Client(ep), Client(ep)
+    assert a.ok("ping") and b.ok("ping")
+    c.sock.send(msgpack.packb({"op": "ping"}))
+    assert not c.sock.poll(1000), "a third connection was served with --max-connections 2"
+    a.close()
+    for _ in range(50):  # c reconnects (ZeroMQ retries) and is accepted once a has gone
+        c.sock.send(msgpack.packb({"op": "ping", "seq": 9}))
+        if c.sock.poll(200):
+            break
+    r = msgpack.unpackb(c.sock.recv(), raw=False)
+    while r.get("seq") != 9 and c.sock.poll(200):
+        r = msgpack.unpackb(c.sock.recv(), raw=False)
+    assert r["ok"]
+    assert b.ok("ping")
+    b.close()
+    c.close()
