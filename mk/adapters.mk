@@ -138,4 +138,4 @@ check-serve: $(PY_VENV)/.tandem-installed
 	@test -x $(BUILD)/san/tandem || { echo "check-serve: run make check first ($(BUILD)/san/tandem)" >&2; exit 1; }
 	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/san/tandem \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py
+	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py test_serve_security.py

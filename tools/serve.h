@@ -38,7 +38,9 @@
 /* Who sent the request being handled. */
 typedef struct tdm__serve_caller {
     char user[TDM_SERVE_USER_MAX + 1]; /* the client's CURVE public key (Z85); "" without CURVE */
-    int admin;                         /* may shut the service down, listen beyond loopback */
+    int admin;                         /* an admin key: any instance, shutdown, engines listening
+                                          beyond loopback */
+    int local;                         /* no CURVE, loopback socket: may shutdown */
 } tdm__serve_caller;
 
 typedef struct tdm__serve_instance {

@@ -175,7 +175,7 @@ void tdm__serve_caller_of(const tdm__serve_auth *a, int curve, int local, zmq_ms
 {
     memset(c, 0, sizeof *c);
     if (!curve) {
-        c->admin = local; /* loopback without CURVE: every local client is trusted alike */
+        c->local = local; /* loopback without CURVE: every local client is trusted alike */
         return;
     }
     const char *u = zmq_msg_gets(frame, "User-Id");

@@ -167,7 +167,7 @@ static int check_kvx_config(tdm__serve_state *st, const char *json, tdm__serve_e
     json_t *l = json_is_object(root) ? json_object_get(root, "listen") : NULL;
     if (!rc && l && json_is_string(l) && !tdm__serve_endpoint_is_local(json_string_value(l)) && !st->caller->admin)
         rc = tdm__serve_fail(e, TDM_E_AUTH, "kvx config \"listen\" beyond loopback (%.200s) needs an "
-                             "admin key", json_string_value(l));
+                             "admin key (CURVE, --admin-key)", json_string_value(l));
     json_decref(root);
     return rc;
 }

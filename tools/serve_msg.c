@@ -550,7 +550,7 @@ int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack
 int tdm__serve_handle_as(tdm__serve_state *st, const tdm__serve_caller *c, const char *msg,
                          size_t len, msgpack_sbuffer *out, uint64_t *deferred)
 {
-    static const tdm__serve_caller local = {"", 1};
+    static const tdm__serve_caller local = {"", 1, 1};
     tdm__serve_reply r;
     tdm__serve_err e;
     memset(&e, 0, sizeof e);

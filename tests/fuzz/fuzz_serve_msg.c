@@ -104,7 +104,7 @@ static void snapshot(tdm__serve_state *st, tdm_sched_stats *s, tdm_request_info 
 /* The message from another CURVE client (not an admin, not the owner of "s"). */
 static void run_as_stranger(tdm__serve_state *st, const char *msg, size_t len, int *ok)
 {
-    static const tdm__serve_caller stranger = {"0123456789012345678901234567890123456789", 0};
+    static const tdm__serve_caller stranger = {"0123456789012345678901234567890123456789", 0, 0};
     msgpack_sbuffer out;
     msgpack_sbuffer_init(&out);
     uint64_t deferred = 0;

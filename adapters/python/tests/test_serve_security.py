@@ -145,6 +145,18 @@ def test_waiting_kvx_poll_does_not_stall_another_client_and_timeouts_are_capped(
     b.close()
 
 
+def test_engine_listening_beyond_loopback_needs_an_admin_key(serve):
+    if not __import__("tandem").has_kvx():
+        pytest.skip("the library lacks the KV transfer engine")
+    c = Client(serve())
+    for ep in ("tcp://0.0.0.0:*", "tcp://*:*", "tcp://10.1.2.3:5"):
+        r = c("kvx_create", name="k", layout=LAYOUT, config={"engine_id": "k", "listen": ep})
+        assert not r["ok"] and r["status"] == AUTH and "admin key" in r["message"], r
+    assert c.ok("kvx_create", name="k", layout=LAYOUT,
+                config={"engine_id": "k", "listen": "tcp://127.0.0.1:*"})["endpoint"]
+    c.close()
+
+
 def test_malformed_seq_is_an_error_and_the_op_does_not_run(serve):
     c = Client(serve())
     for seq in ([1], {"a": 1}, "x" * 300, 1.5, None):
