@@ -2,9 +2,11 @@
  * cmd_serve.c -- `tandem serve`: the scheduler ABI as a ZeroMQ + msgpack service that any
  * language can drive (docs/service.md). One ROUTER socket; each request is one msgpack map
  * in the last frame of a DEALER ([payload]) or REQ ([empty, payload]) envelope, and gets
- * exactly one reply in the same envelope. The service is single-threaded: requests are
- * handled in arrival order, so named instances need no locking. SIGINT/SIGTERM or the
- * "shutdown" op end it cleanly.
+ * exactly one reply in the same envelope. Requests are handled in arrival order on this one
+ * thread, so named instances need no locking; an op that would wait (kvx_connect, a kvx_poll
+ * with a timeout) defers its reply, which is sent in the client's saved envelope when ready.
+ * The socket may use CURVE (serve_auth.c); a monitor caps the client connections.
+ * SIGINT/SIGTERM or the "shutdown" op end it cleanly.
  */
 #include <errno.h>
 #include <signal.h>

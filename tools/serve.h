@@ -4,7 +4,9 @@
  * msgpack reply (docs/service.md is the protocol). cmd_serve.c feeds it from a ZeroMQ
  * ROUTER socket; tests/fuzz/fuzz_serve_msg.c feeds it arbitrary bytes. Every request is
  * decoded and validated completely before anything changes, so a malformed message leaves
- * every instance as it was.
+ * every instance as it was. Also here: the caller's identity (for ownership under CURVE), the
+ * global limits, and deferred replies (an op returns TDM_SERVE_DEFERRED and the transport
+ * sends the reply later).
  */
 #ifndef TANDEM_TOOLS_SERVE_H
 #define TANDEM_TOOLS_SERVE_H
