@@ -32,6 +32,9 @@
 #define TDM_SERVE_MAX_HANDSHAKE_MS 10000u /* kvx config handshake_timeout_ms */
 #define TDM_SERVE_MAX_KVX_TIMEOUT_MS 600000u /* other kvx timeouts (transfer, peer, cancel) */
 #define TDM_SERVE_MAX_POLL_MS 10000u      /* kvx_poll timeout_ms */
+#define TDM_SERVE_MAX_KVX_CHUNK (64u << 20) /* kvx config max_chunk_bytes */
+#define TDM_SERVE_MAX_KVX_SHM_SLOTS 64u   /* kvx config shm_slots */
+#define TDM_SERVE_MAX_KVX_SHM_BYTES (256u << 20) /* their product: one shared segment */
 #define TDM_SERVE_USER_MAX 40             /* a Z85 CURVE public key */
 
 /* Returned by an op whose reply comes later (the service goes on serving other clients). */

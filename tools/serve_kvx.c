@@ -156,6 +156,8 @@ static int check_kvx_config(tdm__serve_state *st, const char *json, tdm__serve_e
         {"peer_timeout_ms", TDM_SERVE_MAX_KVX_TIMEOUT_MS},
         {"cancel_timeout_ms", TDM_SERVE_MAX_KVX_TIMEOUT_MS},
         {"heartbeat_ms", TDM_SERVE_MAX_KVX_TIMEOUT_MS},
+        {"max_chunk_bytes", TDM_SERVE_MAX_KVX_CHUNK},
+        {"shm_slots", TDM_SERVE_MAX_KVX_SHM_SLOTS},
     };
     for (size_t i = 0; !rc && i < sizeof caps / sizeof caps[0]; i++) {
         json_t *v = json_is_object(root) ? json_object_get(root, caps[i].key) : NULL;
@@ -163,6 +165,15 @@ static int check_kvx_config(tdm__serve_state *st, const char *json, tdm__serve_e
                                         (uint64_t)json_integer_value(v) > caps[i].cap))
             rc = tdm__serve_fail(e, TDM_E_RANGE, "kvx config \"%s\" is capped at %llu by the service",
                                  caps[i].key, (unsigned long long)caps[i].cap);
+    }
+    if (!rc && json_is_object(root)) { /* the shared-memory segment: slots x chunk */
+        json_t *c = json_object_get(root, "max_chunk_bytes"), *n = json_object_get(root, "shm_slots");
+        uint64_t chunk = json_is_integer(c) ? (uint64_t)json_integer_value(c) : 8u << 20;
+        uint64_t slots = json_is_integer(n) ? (uint64_t)json_integer_value(n) : 8;
+        if (chunk * slots > TDM_SERVE_MAX_KVX_SHM_BYTES)
+            rc = tdm__serve_fail(e, TDM_E_RANGE, "kvx config shm_slots x max_chunk_bytes (%llu bytes) is "
+                                 "capped at %llu by the service", (unsigned long long)(chunk * slots),
+                                 (unsigned long long)TDM_SERVE_MAX_KVX_SHM_BYTES);
     }
     json_t *l = json_is_object(root) ? json_object_get(root, "listen") : NULL;
     if (!rc && l && json_is_string(l) && !tdm__serve_endpoint_is_local(json_string_value(l)) && !st->caller->admin)

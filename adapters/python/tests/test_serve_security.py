@@ -134,9 +134,13 @@ def test_waiting_kvx_poll_does_not_stall_another_client_and_timeouts_are_capped(
     assert a.sock.poll(10000)
     r = msgpack.unpackb(a.sock.recv(), raw=False)
     assert r["ok"] and r["seq"] == "p" and r["events"] == []
-    for key in ("handshake_timeout_ms", "transfer_timeout_ms", "peer_timeout_ms"):
+    for key in ("handshake_timeout_ms", "transfer_timeout_ms", "peer_timeout_ms",
+                "max_chunk_bytes", "shm_slots"):
         r = b("kvx_create", name="x", layout=LAYOUT, config={"engine_id": "x", key: 2 ** 32 - 1})
         assert not r["ok"] and r["status"] == RANGE and key in r["message"], r
+    r = b("kvx_create", name="x", layout=LAYOUT,
+          config={"engine_id": "x", "max_chunk_bytes": 64 << 20, "shm_slots": 8})
+    assert not r["ok"] and r["status"] == RANGE and "shm_slots x max_chunk_bytes" in r["message"]
     r = b("kvx_poll", name="d", timeout_ms=10001)
     assert not r["ok"] and r["status"] == INVAL
     r = b("kvx_recv", name="d", peer=0, request_id=1, block_ids=[1], timeout_ms=2 ** 32 - 1)
