@@ -360,7 +360,13 @@ TDM_API int tdm_update_result_init(tdm_update_result *r);
 /* Apply a step's output: append the sampled tokens, correct num_computed_tokens for
  * rejected drafts, apply max_tokens / max_model_len / EOS / stop tokens with trimming, free
  * finished requests' blocks (or hold them: REMOTE_DECODE), record timings. result may be NULL.
- * Errors: TDM_E_INVAL (malformed arrays: nothing is applied). */
+ * Each entry must report a step of that request that was scheduled and not yet reported
+ * (in step order when the host keeps several batches in flight; without pipelining: exactly
+ * the requests of the step just returned); tokens only for a step that completed the prompt
+ * or decoded. A request finished after it was scheduled is skipped (vLLM). Errors, with
+ * nothing applied: TDM_E_INVAL (malformed arrays, a duplicate id, now negative or not finite),
+ * TDM_E_STATE (an unknown id, a request with no step awaiting its output such as a replayed
+ * update, tokens for a non-final prefill chunk; the message names the request). */
 TDM_API int tdm_sched_update(tdm_sched *s, const tdm_step_output *out, tdm_update_result *result);
 
 /* Store speculative draft tokens for the next step of request id (replacing earlier ones);

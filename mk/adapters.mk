@@ -6,6 +6,7 @@
 #   make test-rust     cargo test --offline in adapters/rust        -> $(RESULTS)/rust.counts
 #   make test-vllm     (not part of `make test`) build/venv-vllm with the real vllm package,
 #                      the drop-in scheduler compared with vLLM's own -> $(RESULTS)/vllm.counts
+#   make check-serve-tsan  the service tests against a ThreadSanitizer build of tandem serve
 
 PYTHON3   ?= python3
 PY_VENV   ?= $(BUILD)/venv
@@ -138,4 +139,15 @@ check-serve: $(PY_VENV)/.tandem-installed
 	@test -x $(BUILD)/san/tandem || { echo "check-serve: run make check first ($(BUILD)/san/tandem)" >&2; exit 1; }
 	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/san/tandem \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py
+	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py test_serve_security.py
+
+# The same service tests against a ThreadSanitizer build of `tandem serve` (its connect
+# workers, the ZAP thread and the engines' I/O threads); libzmq's own pipes are suppressed as
+# in make kvx-tsan. A report makes the service exit non-zero, which fails the test.
+.PHONY: check-serve-tsan
+check-serve-tsan: $(PY_VENV)/.tandem-installed
+	@$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan HAVE_CUDA=0 O=1 \
+	  EXTRA_CFLAGS="-fsanitize=thread" EXTRA_LDFLAGS="-fsanitize=thread" tool
+	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/tsan/tandem \
+	  TSAN_OPTIONS="halt_on_error=1 suppressions=$(abspath tests/unit/kvx/tsan.supp)" \
+	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py test_serve_security.py

@@ -162,9 +162,12 @@ static int validate_desc(tdm_sched *s, const tdm_request_desc *d)
     if (d->cache_salt_len > MAX_SALT)
         return tdm__fail(&s->err, TDM_E_RANGE, "add %llu: cache_salt longer than %u bytes",
                          (unsigned long long)d->id, MAX_SALT);
-    if (!isfinite(d->arrival_time) || !finite_nonneg(d->ttft_slo) || !finite_nonneg(d->tpot_slo))
-        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: arrival_time, ttft_slo and tpot_slo must be "
-                         "finite (SLOs >= 0)", (unsigned long long)d->id);
+    if (d->min_tokens > d->max_tokens)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: min_tokens %u > max_tokens %u",
+                         (unsigned long long)d->id, d->min_tokens, d->max_tokens);
+    if (!finite_nonneg(d->arrival_time) || !finite_nonneg(d->ttft_slo) || !finite_nonneg(d->tpot_slo))
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: arrival_time (%g), ttft_slo and tpot_slo must be "
+                         "finite and >= 0", (unsigned long long)d->id, d->arrival_time);
     if (d->num_remote_tokens > d->num_prompt_tokens)
         return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: num_remote_tokens %u > prompt length %u",
                          (unsigned long long)d->id, d->num_remote_tokens, d->num_prompt_tokens);

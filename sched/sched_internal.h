@@ -64,6 +64,12 @@ struct tdm__req {
     uint32_t *blocks;
     uint64_t sched_step;       /* step in which it was last scheduled */
     uint64_t update_stamp;     /* duplicate detection within one update */
+    /* Scheduled steps whose update has not come yet, oldest first (updates arrive in step
+     * order): pend_n of them; bit i of pend_bits says whether the i-th newest one reached the
+     * end of the request's tokens (a decode, or the chunk completing the prompt) and so may
+     * bring sampled tokens. Steps older than the newest 64 never do (see update.c). */
+    uint64_t pend_bits;
+    uint32_t pend_n;
     double first_sched, first_token, last_token, max_gap;
 
     /* ---- cold ---- */
@@ -253,6 +259,9 @@ void tdm__release_held(tdm_sched *s, tdm__req *r);
 void tdm__params_default(tdm__params *p);
 int tdm__sched_apply_shape(tdm_sched *s, const tdm__params *np);
 int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs);
+
+/* update: record a scheduled step whose output is awaited (finalize of each step) */
+void tdm__pend_push(tdm__req *r, bool samples);
 
 /* cost model */
 double tdm__cost_estimate(const tdm_sched *s, const tdm_step_shape *sh);

@@ -406,6 +406,7 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
         prefills += !is_decode_req(r, e->num_computed);
         r->num_computed += e->num_tokens;
         r->in_flight = r->num_computed >= r->num_tokens;
+        tdm__pend_push(r, r->in_flight); /* the update that may report this entry */
         if (r->first_sched < 0) r->first_sched = c->now;
     }
     s->out_block_offsets[s->num_entries] = pos;
@@ -440,7 +441,8 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     if (!s) return TDM_E_INVAL;
     if (!TDM_STRUCT_OK(out, sizeof(tdm_batch)))
         return tdm__fail(&s->err, TDM_E_INVAL, "step: batch is NULL or its struct_size is too small");
-    if (!isfinite(now)) return tdm__fail(&s->err, TDM_E_INVAL, "step: now is not finite");
+    if (!isfinite(now) || now < 0)
+        return tdm__fail(&s->err, TDM_E_INVAL, "step: now (%g) must be finite and >= 0", now);
     if (reserve_outputs(s)) return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
     if (now > s->now) s->now = now;
     s->step_no++;

@@ -4,6 +4,16 @@
  * tokens) and trimmed after a stop; rejected drafts take back num_computed_tokens; timings
  * are recorded; finished requests free (or hold) their blocks. The whole report is
  * validated before anything is applied.
+ *
+ * Which entries a report may hold: every scheduled step of a request is recorded when the
+ * batch is returned (tdm__pend_push) and consumed by the update that reports it, in step
+ * order. An entry for a request with no step awaiting its output (unknown, never scheduled
+ * since its last update, or a replayed update) is refused with TDM_E_STATE, and so are
+ * sampled tokens for a step that neither completed the prompt nor decoded (a non-final
+ * prefill chunk). A host that does not pipeline steps therefore reports exactly the requests
+ * of the step just returned; one that keeps two batches in flight reports each batch once.
+ * A request finished (aborted) after it was scheduled still consumes its step: its output is
+ * skipped, as in vLLM.
  */
 #include <math.h>
 #include <string.h>
@@ -13,15 +23,38 @@
 static bool takes_output(const tdm__req *r)
 {
     /* A preempted request's late output is still applied (vLLM test_preempt_during_execution). */
-    return r && r->tokens && (r->state == TDM_STATE_RUNNING || r->state == TDM_STATE_PREEMPTED);
+    return r->tokens && (r->state == TDM_STATE_RUNNING || r->state == TDM_STATE_PREEMPTED);
 }
 
-/* Validate the whole report; remember each request record (or NULL) in upd_reqs. */
+void tdm__pend_push(tdm__req *r, bool samples)
+{
+    r->pend_bits = (r->pend_bits << 1) | (samples ? 1u : 0u);
+    if (r->pend_n < UINT32_MAX) r->pend_n++;
+}
+
+/* Whether the oldest awaited step of r may bring sampled tokens (r->pend_n > 0). A step
+ * more than 64 steps old is a non-final prefill chunk: only the newest step of a request
+ * can reach the end of its tokens, unless it was preempted and rescheduled with 64 chunks
+ * in flight, where a late token is refused rather than misapplied. */
+static bool pend_oldest_samples(const tdm__req *r)
+{
+    uint32_t i = r->pend_n - 1;
+    return i < 64 && ((r->pend_bits >> i) & 1u);
+}
+
+static void pend_pop(tdm__req *r)
+{
+    r->pend_n--;
+    if (r->pend_n < 64) r->pend_bits &= ~(1ull << r->pend_n);
+}
+
+/* Validate the whole report; remember each request record in upd_reqs. */
 static int validate(tdm_sched *s, const tdm_step_output *o)
 {
     if (!TDM_STRUCT_OK(o, sizeof(tdm_step_output)))
         return tdm__fail(&s->err, TDM_E_INVAL, "update: output is NULL or its struct_size is too small");
-    if (!isfinite(o->now)) return tdm__fail(&s->err, TDM_E_INVAL, "update: now is not finite");
+    if (!isfinite(o->now) || o->now < 0)
+        return tdm__fail(&s->err, TDM_E_INVAL, "update: now (%g) must be finite and >= 0", o->now);
     if (o->num_reqs == 0) return TDM_OK;
     if (!o->req_ids || !o->token_offsets)
         return tdm__fail(&s->err, TDM_E_INVAL, "update: req_ids or token_offsets is NULL");
@@ -46,13 +79,23 @@ static int validate(tdm_sched *s, const tdm_step_output *o)
         tdm__req *r = i < s->num_entries && s->entries[i].req->id == o->req_ids[i]
                           ? s->entries[i].req
                           : tdm__map_get(s, o->req_ids[i]);
-        found[i] = takes_output(r) ? r : NULL;
-        if (!found[i]) continue; /* unknown or finished: skipped, as in vLLM */
+        if (!r)
+            return tdm__fail(&s->err, TDM_E_STATE, "update: request %llu is unknown (never added, or "
+                             "finished and reported)", (unsigned long long)o->req_ids[i]);
         if (r->update_stamp == stamp)
             return tdm__fail(&s->err, TDM_E_INVAL, "update: request %llu is reported twice",
                              (unsigned long long)r->id);
         r->update_stamp = stamp;
-        if (b - a > 1 + r->num_spec_sched)
+        if (!r->pend_n)
+            return tdm__fail(&s->err, TDM_E_STATE, "update: request %llu has no scheduled step awaiting "
+                             "its output (a replayed update, or not scheduled since its last update)",
+                             (unsigned long long)r->id);
+        if (b > a && !pend_oldest_samples(r))
+            return tdm__fail(&s->err, TDM_E_STATE, "update: request %llu: %u sampled token(s) for a "
+                             "prefill chunk that does not complete its prompt (none may be reported)",
+                             (unsigned long long)r->id, b - a);
+        found[i] = r;
+        if (takes_output(r) && b - a > 1 + r->num_spec_sched)
             return tdm__fail(&s->err, TDM_E_INVAL,
                              "update: request %llu has %u sampled tokens but only %u draft(s) were scheduled",
                              (unsigned long long)r->id, b - a, r->num_spec_sched);
@@ -104,19 +147,21 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
     s->in_update = true;
     tdm__req **found = s->upd_reqs.data;
     for (uint32_t i = 0; i < n; i++) {
-        tdm__req *r = found[i]; /* NULL: skipped (finishing another request cannot change r) */
-        if (!r) continue;
+        tdm__req *r = found[i]; /* finishing another request cannot change r */
+        bool samples = pend_oldest_samples(r);
+        pend_pop(r);
+        if (!takes_output(r)) continue; /* finished since it was scheduled: skipped, as in vLLM */
         uint32_t a = o->token_offsets[i], k = o->token_offsets[i + 1] - a;
         if (k && r->num_spec_sched && r->state == TDM_STATE_RUNNING) {
             uint32_t rejected = r->num_spec_sched - (k - 1);
             r->num_computed = r->num_computed > rejected ? r->num_computed - rejected : 0;
         }
         r->num_spec_sched = 0;
-        r->in_flight = false;
+        r->in_flight = r->pend_bits != 0; /* a later step in flight may still bring a token */
         /* No sample for a step that reached the end of its tokens (a decode, or the chunk that
          * completed the prompt): its last token must be computed again to get one; otherwise
          * the request would never be scheduled again. */
-        if (!k && r->state == TDM_STATE_RUNNING && r->num_computed >= r->num_tokens)
+        if (!k && samples && r->state == TDM_STATE_RUNNING && r->num_computed >= r->num_tokens)
             r->num_computed = r->num_tokens - 1;
         uint32_t appended = 0, reason = TDM_FINISH_NONE;
         int32_t stop_tok = -1;

@@ -2,12 +2,15 @@
  * cmd_serve.c -- `tandem serve`: the scheduler ABI as a ZeroMQ + msgpack service that any
  * language can drive (docs/service.md). One ROUTER socket; each request is one msgpack map
  * in the last frame of a DEALER ([payload]) or REQ ([empty, payload]) envelope, and gets
- * exactly one reply in the same envelope. The service is single-threaded: requests are
- * handled in arrival order, so named instances need no locking. SIGINT/SIGTERM or the
- * "shutdown" op end it cleanly.
+ * exactly one reply in the same envelope. Requests are handled in arrival order on this one
+ * thread, so named instances need no locking; an op that would wait (kvx_connect, a kvx_poll
+ * with a timeout) defers its reply, which is sent in the client's saved envelope when ready.
+ * The socket may use CURVE (serve_auth.c); a monitor caps the client connections.
+ * SIGINT/SIGTERM or the "shutdown" op end it cleanly.
  */
 #include <errno.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +32,23 @@ static void usage(FILE *o)
 {
     fprintf(o,
             "usage: tandem serve [--bind ENDPOINT] [--max-msg BYTES] [--max-instances N]\n"
-            "                    [--max-kvx-bytes BYTES]\n"
-            "                    [--create NAME [--config JSON|@FILE]]\n"
+            "                    [--max-kvx-bytes BYTES] [limits] [--curve-secret KEY|@FILE\n"
+            "                    [--curve-allow KEY|@FILE]... [--admin-key KEY|@FILE]...]\n"
+            "                    [--insecure] [--create NAME [--config JSON|@FILE]]\n"
             "  --bind        tcp://127.0.0.1:PORT (PORT may be *) or ipc:///path;\n"
-            "                default tcp://127.0.0.1:5557\n"
+            "                default tcp://127.0.0.1:5557. Beyond loopback only with CURVE\n"
+            "                (or --insecure)\n"
+            "  --curve-secret  the service's CURVE secret key (Z85); clients must then use\n"
+            "                CURVE with an allowed key; instances belong to their creator\n"
+            "  --curve-allow   a client public key allowed to connect (repeatable)\n"
+            "  --admin-key     an allowed key that may also shutdown and let engines listen\n"
+            "                beyond loopback (repeatable)\n"
+            "  --insecure    allow a non-loopback --bind without CURVE (anyone may connect)\n"
+            "  limits: --max-blocks-per-instance N (default %u), --max-total-blocks N (%u),\n"
+            "          --max-queued-requests N (%u), --max-queued-tokens N (%u),\n"
+            "          --max-prompt-tokens N (%u), --max-connections N (%u: a connection\n"
+            "          beyond is dropped when accepted; frames in flight are at most this\n"
+            "          times 4 x --max-msg)\n"
             "  --max-msg     largest request accepted (default %u); larger ones get an\n"
             "                error reply (beyond 4x the limit the connection is dropped)\n"
             "  --max-instances  named scheduler instances at most (default %u)\n"
@@ -40,8 +56,130 @@ static void usage(FILE *o)
             "  --create      create an instance at start-up, configured by --config\n"
             "Prints 'tandem serve: listening on ENDPOINT' once bound. docs/service.md has the\n"
             "protocol.\n",
-            TDM_SERVE_DEFAULT_MAX_MSG, TDM_SERVE_DEFAULT_MAX_INSTANCES,
-            TDM_SERVE_DEFAULT_MAX_KVX_BYTES);
+            TDM_SERVE_DEFAULT_MAX_BLOCKS_PER_INSTANCE, TDM_SERVE_DEFAULT_MAX_TOTAL_BLOCKS,
+            TDM_SERVE_DEFAULT_MAX_QUEUED_REQUESTS, TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS,
+            TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS, TDM_SERVE_DEFAULT_MAX_CONNECTIONS,
+            TDM_SERVE_DEFAULT_MAX_MSG,
+            TDM_SERVE_DEFAULT_MAX_INSTANCES, TDM_SERVE_DEFAULT_MAX_KVX_BYTES);
+}
+
+/* Replies owed to clients (deferred ops): the envelope to send each one in. */
+typedef struct owed {
+    uint64_t token;
+    int nenv;
+    size_t len[2];
+    char env[2][256];
+} owed;
+
+static owed owed_tab[TDM_SERVE_MAX_PENDING];
+
+static void owe(uint64_t token, zmq_msg_t *frames, int nenv)
+{
+    for (int i = 0; i < TDM_SERVE_MAX_PENDING; i++) {
+        if (owed_tab[i].token) continue;
+        owed_tab[i].token = token;
+        owed_tab[i].nenv = nenv;
+        for (int j = 0; j < nenv; j++) {
+            size_t n = zmq_msg_size(&frames[j]);
+            owed_tab[i].len[j] = n < sizeof owed_tab[i].env[j] ? n : sizeof owed_tab[i].env[j];
+            memcpy(owed_tab[i].env[j], zmq_msg_data(&frames[j]), owed_tab[i].len[j]);
+        }
+        return;
+    }
+}
+
+/* Sends every reply that has become ready (a finished connect, a poll with events). */
+static void pay(tdm__serve_state *st, void *sock)
+{
+    uint64_t token;
+    for (;;) {
+        msgpack_sbuffer reply;
+        msgpack_sbuffer_init(&reply);
+        if (!tdm__serve_kvx_progress(st, &token, &reply)) {
+            msgpack_sbuffer_destroy(&reply);
+            return;
+        }
+        for (int i = 0; i < TDM_SERVE_MAX_PENDING; i++) {
+            owed *o = &owed_tab[i];
+            if (o->token != token) continue;
+            int ok = 1;
+            for (int j = 0; j < o->nenv && ok; j++)
+                ok = zmq_send(sock, o->env[j], o->len[j], ZMQ_SNDMORE) >= 0;
+            if (ok && reply.data) zmq_send(sock, reply.data, reply.size, 0);
+            o->token = 0;
+        }
+        msgpack_sbuffer_destroy(&reply);
+    }
+}
+
+/* Client connections, counted from the ROUTER socket's monitor: one beyond the cap is shut
+ * down as soon as it is accepted (before it can send a byte that ZeroMQ would buffer), so
+ * that the frames being received are bounded by the cap times ZMQ_MAXMSGSIZE. */
+typedef struct conn_guard {
+    void *mon;
+    uint64_t open, max, refused;
+} conn_guard;
+
+static int guard_start(conn_guard *g, void *ctx, void *sock)
+{
+    if (zmq_socket_monitor(sock, "inproc://tandem-serve-monitor",
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0)
+        return -1;
+    g->mon = zmq_socket(ctx, ZMQ_PAIR);
+    int linger = 0;
+    if (!g->mon) return -1;
+    zmq_setsockopt(g->mon, ZMQ_LINGER, &linger, sizeof linger);
+    return zmq_connect(g->mon, "inproc://tandem-serve-monitor");
+}
+
+static void guard_events(conn_guard *g)
+{
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, g->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t type = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&type, zmq_msg_data(&ev), 2);
+            memcpy(&value, (const char *)zmq_msg_data(&ev) + 2, 4);
+        }
+        int more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more) { /* the endpoint frame */
+            zmq_msg_init(&addr);
+            zmq_msg_recv(&addr, g->mon, 0);
+            zmq_msg_close(&addr);
+        }
+        if (type == ZMQ_EVENT_ACCEPTED) {
+            g->open++;
+            if (g->open > g->max) {
+                /* Not closed here (ZeroMQ owns the descriptor): shut down, ZeroMQ sees the
+                 * end of the stream and drops the connection (DISCONNECTED follows). */
+                shutdown((int)value, SHUT_RDWR);
+                g->refused++;
+            }
+        } else if (type == ZMQ_EVENT_DISCONNECTED && g->open) {
+            g->open--;
+        }
+    }
+}
+
+static int parse_u64(const char *opt, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || !*v || v[0] == '-' || x < lo || x > hi) {
+        fprintf(stderr, "tandem serve: %s must be %llu..%llu\n", opt, (unsigned long long)lo,
+                (unsigned long long)hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
 }
 
 static char *read_config_arg(const char *arg)
@@ -148,8 +286,12 @@ static int protocol_error(tdm__serve_state *st, msgpack_sbuffer *out, const char
 int tdm_cmd_serve(int argc, char **argv)
 {
     const char *bind = "tcp://127.0.0.1:5557", *create = NULL, *config_arg = NULL;
+    int insecure = 0;
     tdm__serve_state st;
     tdm__serve_init(&st);
+    static tdm__serve_auth auth_store; /* key lists: too large for the stack */
+    tdm__serve_auth *auth = &auth_store;
+    memset(auth, 0, sizeof *auth);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -182,6 +324,43 @@ int tdm_cmd_serve(int argc, char **argv)
                 return 2;
             }
             st.max_kvx_bytes = (size_t)x; i++;
+        } else if (!strcmp(a, "--curve-secret") && v) {
+            tdm__serve_keys one;
+            one.n = 0;
+            char err[256];
+            if (tdm__serve_keys_add(&one, v, err, sizeof err) || one.n != 1) {
+                fprintf(stderr, "tandem serve: --curve-secret: %s\n", one.n > 1 ? "one key only" : err);
+                return 2;
+            }
+            memcpy(auth->secret, one.key[0], sizeof auth->secret);
+            st.curve = 1; i++;
+        } else if ((!strcmp(a, "--curve-allow") || !strcmp(a, "--admin-key")) && v) {
+            char err[256];
+            if (tdm__serve_keys_add(a[2] == 'c' ? &auth->allowed : &auth->admins, v, err, sizeof err)) {
+                fprintf(stderr, "tandem serve: %s: %s\n", a, err);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--insecure")) {
+            insecure = 1;
+        } else if (!strcmp(a, "--max-blocks-per-instance") && v) {
+            if (parse_u64(a, v, 2, 1u << 28, &st.lim.max_blocks_per_instance)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-total-blocks") && v) {
+            if (parse_u64(a, v, 2, 1ull << 32, &st.lim.max_total_blocks)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-queued-requests") && v) {
+            if (parse_u64(a, v, 1, 1u << 24, &st.lim.max_queued_requests)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-queued-tokens") && v) {
+            if (parse_u64(a, v, 1, 1ull << 32, &st.lim.max_queued_tokens)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-connections") && v) {
+            if (parse_u64(a, v, 1, 1u << 20, &st.lim.max_connections)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-prompt-tokens") && v) {
+            if (parse_u64(a, v, 1, UINT32_MAX, &st.lim.max_prompt_tokens)) return 2;
+            i++;
         } else if (!strcmp(a, "--create") && v) {
             create = v; i++;
         } else if (!strcmp(a, "--config") && v) {
@@ -191,6 +370,16 @@ int tdm_cmd_serve(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    int local = tdm__serve_endpoint_is_local(bind);
+    if (!local && !st.curve && !insecure) {
+        fprintf(stderr, "tandem serve: --bind %s is reachable beyond this machine: give "
+                        "--curve-secret (and the clients' keys), or --insecure to allow anyone\n", bind);
+        return 2;
+    }
+    if (!st.curve && (auth->allowed.n || auth->admins.n)) {
+        fprintf(stderr, "tandem serve: --curve-allow and --admin-key need --curve-secret\n");
+        return 2;
     }
     if (create) {
         char *cfg = config_arg ? read_config_arg(config_arg) : NULL;
@@ -203,6 +392,8 @@ int tdm_cmd_serve(int argc, char **argv)
         if (rc) return 1;
     }
 
+    conn_guard guard;
+    memset(&guard, 0, sizeof guard);
     void *ctx = zmq_ctx_new();
     void *sock = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;
     int rc = 1;
@@ -214,6 +405,20 @@ int tdm_cmd_serve(int argc, char **argv)
     int linger = 0;
     zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &hard, sizeof hard);
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    if (st.curve) {
+        char err[256];
+        if (tdm__serve_auth_start(auth, ctx, sock, err, sizeof err)) {
+            fprintf(stderr, "tandem serve: CURVE: %s\n", err);
+            goto out;
+        }
+        fprintf(stderr, "tandem serve: CURVE on; public key %s; %u client key(s), %u admin key(s)\n",
+                auth->pub, auth->allowed.n, auth->admins.n);
+    }
+    guard.max = st.lim.max_connections;
+    if (guard_start(&guard, ctx, sock) != 0) {
+        fprintf(stderr, "tandem serve: socket monitor: %s\n", zmq_strerror(zmq_errno()));
+        goto out;
+    }
     if (zmq_bind(sock, bind) != 0) {
         fprintf(stderr, "tandem serve: cannot bind %s: %s\n", bind, zmq_strerror(zmq_errno()));
         goto out;
@@ -221,24 +426,27 @@ int tdm_cmd_serve(int argc, char **argv)
     char ep[512];
     size_t eplen = sizeof ep;
     if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &eplen) != 0) snprintf(ep, sizeof ep, "%s", bind);
-    printf("tandem serve: listening on %s\n", ep);
-    fflush(stdout);
-
-    struct sigaction sa;
+    struct sigaction sa; /* before the line a supervisor waits for */
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    printf("tandem serve: listening on %s\n", ep);
+    fflush(stdout);
 
     while (!stop_flag && !st.shutdown) {
-        zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
-        int pr = zmq_poll(&it, 1, 200);
+        zmq_pollitem_t it[3] = {{sock, 0, ZMQ_POLLIN, 0}, {guard.mon, 0, ZMQ_POLLIN, 0},
+                                {NULL, st.wake_fd[0], ZMQ_POLLIN, 0}};
+        int wait = tdm__serve_kvx_timeout_ms(&st);
+        int pr = zmq_poll(it, st.wake_fd[0] >= 0 ? 3 : 2, wait < 0 || wait > 200 ? 200 : wait);
         if (pr < 0) {
             if (zmq_errno() == EINTR) continue;
             fprintf(stderr, "tandem serve: poll: %s\n", zmq_strerror(zmq_errno()));
             goto out;
         }
-        if (pr == 0) continue;
+        if (it[1].revents & ZMQ_POLLIN) guard_events(&guard);
+        if (st.pending) pay(&st, sock);
+        if (!(it[0].revents & ZMQ_POLLIN)) continue;
         zmq_msg_t frames[3];
         int extra = 0;
         int n = recv_frames(sock, frames, 3, &extra);
@@ -250,11 +458,18 @@ int tdm_cmd_serve(int argc, char **argv)
         msgpack_sbuffer reply;
         msgpack_sbuffer_init(&reply);
         int nenv = 1; /* identity; plus the empty delimiter of a REQ client */
+        tdm__serve_caller who;
+        tdm__serve_caller_of(auth, st.curve, local, &frames[n - 1], &who);
+        uint64_t token = 0;
+        /* a deferred reply needs a free envelope slot (the ops cap pending ones at the same) */
+        uint64_t *defer = &token;
         if (n == 3 && zmq_msg_size(&frames[1]) == 0 && !extra) {
             nenv = 2;
-            tdm__serve_handle(&st, zmq_msg_data(&frames[2]), zmq_msg_size(&frames[2]), &reply);
+            tdm__serve_handle_as(&st, &who, zmq_msg_data(&frames[2]), zmq_msg_size(&frames[2]),
+                                 &reply, defer);
         } else if (n == 2 && !extra) {
-            tdm__serve_handle(&st, zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]), &reply);
+            tdm__serve_handle_as(&st, &who, zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]),
+                                 &reply, defer);
         } else if (n >= 2) {
             nenv = (zmq_msg_size(&frames[1]) == 0) ? 2 : 1;
             protocol_error(&st, &reply, "a request is one msgpack frame (after an optional "
@@ -263,16 +478,24 @@ int tdm_cmd_serve(int argc, char **argv)
             nenv = 1;
             protocol_error(&st, &reply, "empty message");
         }
-        if (reply.size) send_reply(sock, frames, nenv, &reply);
+        if (token) owe(token, frames, nenv);
+        else if (reply.size) send_reply(sock, frames, nenv, &reply);
         msgpack_sbuffer_destroy(&reply);
         for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
+        if (st.pending) pay(&st, sock); /* e.g. a poll whose events were already queued */
     }
     rc = 0;
-    fprintf(stderr, "tandem serve: stopped after %llu requests (%llu errors)\n",
-            (unsigned long long)st.requests, (unsigned long long)st.errors);
+    fprintf(stderr, "tandem serve: stopped after %llu requests (%llu errors), %llu connections "
+            "refused over --max-connections\n", (unsigned long long)st.requests,
+            (unsigned long long)st.errors, (unsigned long long)guard.refused);
 out:
+    tdm__serve_free(&st); /* joins connect workers (bounded by the handshake cap) */
+    if (guard.mon) {
+        zmq_socket_monitor(sock, NULL, 0);
+        zmq_close(guard.mon);
+    }
     if (sock) zmq_close(sock);
     if (ctx) zmq_ctx_term(ctx);
-    tdm__serve_free(&st);
+    tdm__serve_auth_join(auth);
     return rc;
 }

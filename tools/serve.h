@@ -4,15 +4,19 @@
  * msgpack reply (docs/service.md is the protocol). cmd_serve.c feeds it from a ZeroMQ
  * ROUTER socket; tests/fuzz/fuzz_serve_msg.c feeds it arbitrary bytes. Every request is
  * decoded and validated completely before anything changes, so a malformed message leaves
- * every instance as it was.
+ * every instance as it was. Also here: the caller's identity (for ownership under CURVE), the
+ * global limits, and deferred replies (an op returns TDM_SERVE_DEFERRED and the transport
+ * sends the reply later).
  */
 #ifndef TANDEM_TOOLS_SERVE_H
 #define TANDEM_TOOLS_SERVE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <msgpack.h>
+#include <zmq.h>
 
 #include "tandem.h"
 
@@ -23,14 +27,60 @@
 #define TDM_SERVE_MAX_DEPTH 16            /* deepest config document accepted */
 #define TDM_SERVE_DEFAULT_MAX_KVX_BYTES (256u << 20)
 #define TDM_SERVE_MAX_KVXS 16
+/* Caps on what a client chooses (docs/service.md, "Limits"). */
+#define TDM_SERVE_MAX_PENDING 64          /* deferred replies (kvx_connect, waiting kvx_poll) */
+#define TDM_SERVE_MAX_HANDSHAKE_MS 10000u /* kvx config handshake_timeout_ms */
+#define TDM_SERVE_MAX_KVX_TIMEOUT_MS 600000u /* other kvx timeouts (transfer, peer, cancel) */
+#define TDM_SERVE_MAX_POLL_MS 10000u      /* kvx_poll timeout_ms */
+#define TDM_SERVE_MAX_KVX_CHUNK (64u << 20) /* kvx config max_chunk_bytes */
+#define TDM_SERVE_MAX_KVX_SHM_SLOTS 64u   /* kvx config shm_slots */
+#define TDM_SERVE_MAX_KVX_SHM_BYTES (256u << 20) /* their product: one shared segment */
+#define TDM_SERVE_USER_MAX 40             /* a Z85 CURVE public key */
+
+/* Returned by an op whose reply comes later (the service goes on serving other clients). */
+#define TDM_SERVE_DEFERRED 1
+
+/* Who sent the request being handled. */
+typedef struct tdm__serve_caller {
+    char user[TDM_SERVE_USER_MAX + 1]; /* the client's CURVE public key (Z85); "" without CURVE */
+    int admin;                         /* an admin key: any instance, shutdown, engines listening
+                                          beyond loopback */
+    int local;                         /* no CURVE, loopback socket: may shutdown */
+} tdm__serve_caller;
 
 typedef struct tdm__serve_instance {
     char name[TDM_SERVE_NAME_MAX + 1];
     tdm_sched *sched;
+    char owner[TDM_SERVE_USER_MAX + 1]; /* the creator's key; "" = anyone */
+    int shared;                          /* created with "shared": any client may use it */
+    uint64_t num_blocks;                 /* its KV pool, counted in the service's total */
+    /* prompt tokens of the requests added, swept when the total reaches the limit */
+    uint64_t *tok_ids;
+    uint32_t *tok_n;
+    uint32_t tok_len, tok_cap;
+    uint64_t queued_tokens;
     struct tdm__serve_instance *next;
 } tdm__serve_instance;
 
+/* Global limits; 0 = the default (tdm__serve_init sets them). */
+typedef struct tdm__serve_limits {
+    uint64_t max_blocks_per_instance;
+    uint64_t max_total_blocks;        /* over all instances */
+    uint64_t max_queued_requests;     /* unfinished requests, all instances */
+    uint64_t max_queued_tokens;       /* their prompt tokens */
+    uint64_t max_prompt_tokens;       /* one request's prompt */
+    uint64_t max_connections;         /* client connections at once */
+} tdm__serve_limits;
+
+#define TDM_SERVE_DEFAULT_MAX_BLOCKS_PER_INSTANCE (1u << 20)
+#define TDM_SERVE_DEFAULT_MAX_TOTAL_BLOCKS (1u << 22)
+#define TDM_SERVE_DEFAULT_MAX_QUEUED_REQUESTS 65536u
+#define TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS (64u << 20)
+#define TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS (1u << 20)
+#define TDM_SERVE_DEFAULT_MAX_CONNECTIONS 64u
+
 struct tdm__serve_kvx;
+struct tdm__serve_pending;
 
 typedef struct tdm__serve_state {
     tdm__serve_instance *instances;
@@ -43,6 +93,21 @@ typedef struct tdm__serve_state {
     int shutdown;                 /* set by the "shutdown" op */
     uint64_t requests;            /* messages handled */
     uint64_t errors;              /* error replies sent */
+    tdm__serve_limits lim;
+    uint64_t total_blocks;        /* KV blocks of all instances */
+    uint64_t queued_tokens;       /* prompt tokens of the unfinished requests (an upper bound) */
+    int curve;                    /* the service socket uses CURVE: instances have owners */
+    /* the request being handled */
+    const tdm__serve_caller *caller;
+    int can_defer;                /* the transport can send a reply later */
+    uint64_t deferred;            /* token of the reply an op deferred */
+    char seq[300];                /* its packed "seq" (echoed in a deferred reply) */
+    size_t seq_len;
+    /* deferred replies (serve_kvx.c) */
+    struct tdm__serve_pending *pending;
+    uint32_t num_pending;
+    uint64_t next_token;
+    int wake_fd[2];               /* a connect worker writes a byte when it is done */
 } tdm__serve_state;
 
 void tdm__serve_init(tdm__serve_state *st);
@@ -50,8 +115,24 @@ void tdm__serve_free(tdm__serve_state *st);
 
 /* Handle one request message of len bytes and write exactly one reply (a msgpack map) into
  * *reply (which the caller initialised). Returns 0, or -1 if the reply could not be built
- * (out of memory). */
+ * (out of memory). The caller is trusted as a local admin (start-up, tests, the fuzzer). */
 int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack_sbuffer *reply);
+
+/* The same for a request from client c. With deferred non-NULL the op may defer its reply:
+ * then *deferred receives a token (non-zero), nothing is written to *reply, and the reply
+ * comes later from tdm__serve_kvx_progress under that token. */
+int tdm__serve_handle_as(tdm__serve_state *st, const tdm__serve_caller *c, const char *msg,
+                         size_t len, msgpack_sbuffer *reply, uint64_t *deferred);
+
+/* Packs a whole reply: {"ok": true, "seq", body...} when rc is 0, else the error map. */
+void tdm__serve_pack_reply(msgpack_sbuffer *out, int rc, const char *seq, size_t seq_len,
+                           const msgpack_sbuffer *body, uint32_t pairs, const char *msg);
+
+/* Deferred replies (serve_kvx.c). progress: 1 and a reply in *out (for client *token) when
+ * one is ready, else 0. timeout_ms: how long the transport may wait for a message before it
+ * must call progress again (-1: until the wake fd or a message). */
+int tdm__serve_kvx_progress(tdm__serve_state *st, uint64_t *token, msgpack_sbuffer *out);
+int tdm__serve_kvx_timeout_ms(const tdm__serve_state *st);
 
 /* The success part of a reply: key/value pairs packed into body, counted in pairs. */
 typedef struct tdm__serve_reply {
@@ -73,6 +154,11 @@ typedef struct tdm__serve_err {
 
 int tdm__serve_fail(tdm__serve_err *e, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Runs one decoded request (serve_ops.c): fills r on success, e on failure. */
+int tdm__serve_dispatch(tdm__serve_state *st, const msgpack_object *m, tdm__serve_reply *r,
+                        tdm__serve_err *e);
+
 
 /* The value of key in a msgpack map (string keys), or NULL. */
 const msgpack_object *tdm__serve_field(const msgpack_object *map, const char *key);
@@ -122,6 +208,50 @@ void tdm__serve_kv_u32s(msgpack_packer *pk, const char *k, const uint32_t *v, ui
 void tdm__serve_kv_i32s(msgpack_packer *pk, const char *k, const int32_t *v, uint32_t n);
 void tdm__serve_kv_u8s(msgpack_packer *pk, const char *k, const uint8_t *v, uint32_t n);
 
+/* ---- limits and ownership (serve_limits.c) ------------------------------------------------ */
+
+/* Whether the caller may use instance in (always without CURVE). */
+int tdm__serve_may_use(const tdm__serve_state *st, const tdm__serve_instance *in);
+/* num_blocks after applying config json to s (NULL: a new instance). */
+int64_t tdm__serve_blocks_after(const tdm_sched *s, const char *json);
+/* An instance holding `have` blocks may hold `want`: 0, or RANGE with e naming the flag. */
+int tdm__serve_check_blocks(tdm__serve_state *st, int64_t want, uint64_t have, tdm__serve_err *e);
+void tdm__serve_recount_blocks(tdm__serve_state *st, tdm__serve_instance *in);
+/* A request of np prompt tokens may be added to in (the queue limits; makes room to record
+ * it); then tdm__serve_admitted records it once the library has taken it. */
+int tdm__serve_admit(tdm__serve_state *st, tdm__serve_instance *in, uint32_t np, tdm__serve_err *e);
+void tdm__serve_admitted(tdm__serve_state *st, tdm__serve_instance *in, uint64_t id, uint32_t np);
+
+/* ---- authentication (serve_auth.c) ----------------------------------------------------------- */
+
+#define TDM_SERVE_MAX_KEYS 1024
+
+typedef struct tdm__serve_keys {
+    char key[TDM_SERVE_MAX_KEYS][TDM_SERVE_USER_MAX + 1];
+    uint32_t n;
+} tdm__serve_keys;
+
+typedef struct tdm__serve_auth {
+    char secret[TDM_SERVE_USER_MAX + 1], pub[TDM_SERVE_USER_MAX + 1];
+    tdm__serve_keys allowed;  /* client keys allowed to connect */
+    tdm__serve_keys admins;   /* allowed too, and admin */
+    void *zap;
+    pthread_t thread;
+    int started;
+} tdm__serve_auth;
+
+/* Adds a Z85 key, or the keys of @FILE (one a line, '#' comments); -1 with err on error. */
+int tdm__serve_keys_add(tdm__serve_keys *l, const char *arg, char *err, size_t err_size);
+int tdm__serve_keys_has(const tdm__serve_keys *l, const char *k);
+/* tcp://127.0.0.1, localhost, [::1] and ipc:// endpoints are local; anything else is not. */
+int tdm__serve_endpoint_is_local(const char *ep);
+/* Makes sock a CURVE server with a's secret key and starts the ZAP handler in ctx. */
+int tdm__serve_auth_start(tdm__serve_auth *a, void *ctx, void *sock, char *err, size_t err_size);
+void tdm__serve_auth_join(tdm__serve_auth *a);
+/* The caller of a message from its last frame (its User-Id under CURVE). */
+void tdm__serve_caller_of(const tdm__serve_auth *a, int curve, int local, zmq_msg_t *frame,
+                          tdm__serve_caller *c);
+
 /* ---- the KV transfer engine ops (serve_kvx.c) --------------------------------------------- */
 
 struct tdm__serve_err;
@@ -133,6 +263,7 @@ TDM__SERVE_KVX_OP(tdm__serve_op_kvx_destroy);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_connect);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_recv);
+TDM__SERVE_KVX_OP(tdm__serve_op_kvx_send_ready);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_cancel);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_poll);
 TDM__SERVE_KVX_OP(tdm__serve_op_kvx_write);

@@ -4,6 +4,8 @@
  * the key and what was wrong), token arrays, the conversion of a config value (msgpack map
  * or JSON string) to JSON text and of JSON text back to msgpack, and packing shorthands.
  * Nothing here trusts the input: lengths, types, ranges and nesting depth are all checked.
+ * At the end, tdm__serve_handle_as: one message in (size, pre-check, decode, "seq"), one reply
+ * out, or a deferred one.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -487,4 +489,133 @@ int tdm__serve_precheck(const char *msg, size_t len, tdm__serve_err *e)
         return tdm__serve_fail(e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
                                (size_t)(end - p));
     return 0;
+}
+
+/* ---- one request, one reply --------------------------------------------------------------- */
+
+/* The correlation value a client may send as "seq" (an integer, or a string of at most 256
+ * bytes) is echoed back. *bad is set when "seq" is present but malformed: the op must not run
+ * (a client matching replies by seq could not tell which request failed). */
+static const msgpack_object *seq_of(const msgpack_object *m, int *bad)
+{
+    *bad = 0;
+    if (m->type != MSGPACK_OBJECT_MAP) return NULL;
+    const msgpack_object *s = tdm__serve_field(m, "seq");
+    if (!s) return NULL;
+    switch (s->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return s;
+    case MSGPACK_OBJECT_STR:
+        if (s->via.str.size <= 256) return s;
+        break;
+    default:
+        break;
+    }
+    *bad = 1;
+    return NULL;
+}
+
+void tdm__serve_pack_reply(msgpack_sbuffer *out, int rc, const char *seq, size_t seq_len,
+                           const msgpack_sbuffer *body, uint32_t pairs, const char *msg)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+    uint32_t extra = seq_len ? 1 : 0;
+    if (rc == 0) {
+        msgpack_pack_map(&pk, 1 + extra + pairs);
+        tdm__serve_kv_bool(&pk, "ok", 1);
+    } else {
+        msgpack_pack_map(&pk, 4 + extra);
+        tdm__serve_kv_bool(&pk, "ok", 0);
+    }
+    if (seq_len) {
+        tdm__serve_pack_str(&pk, "seq");
+        msgpack_sbuffer_write(out, seq, seq_len);
+    }
+    if (rc == 0) {
+        if (body && body->size) msgpack_sbuffer_write(out, body->data, body->size);
+    } else {
+        tdm__serve_kv_i64(&pk, "status", rc);
+        tdm__serve_kv_str(&pk, "error", tdm_strerror(rc));
+        tdm__serve_kv_str(&pk, "message", msg);
+    }
+}
+
+int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack_sbuffer *out)
+{
+    return tdm__serve_handle_as(st, NULL, msg, len, out, NULL);
+}
+
+int tdm__serve_handle_as(tdm__serve_state *st, const tdm__serve_caller *c, const char *msg,
+                         size_t len, msgpack_sbuffer *out, uint64_t *deferred)
+{
+    static const tdm__serve_caller local = {"", 1, 1};
+    tdm__serve_reply r;
+    tdm__serve_err e;
+    memset(&e, 0, sizeof e);
+    msgpack_sbuffer_init(&r.body);
+    msgpack_packer_init(&r.pk, &r.body, msgpack_sbuffer_write);
+    r.pairs = 0;
+    st->requests++;
+    st->caller = c ? c : &local;
+    st->can_defer = deferred != NULL;
+    st->deferred = 0;
+    st->seq_len = 0;
+    if (deferred) *deferred = 0;
+
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    int rc;
+    if (len > st->max_msg_bytes) {
+        rc = tdm__serve_fail(&e, TDM_E_RANGE, "message of %zu bytes exceeds the limit of %zu",
+                             len, st->max_msg_bytes);
+    } else if (len == 0) {
+        rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "empty message");
+    } else if ((rc = tdm__serve_precheck(msg, len, &e)) != 0) {
+        /* rc and e are set */
+    } else {
+        size_t off = 0;
+        msgpack_unpack_return ur = msgpack_unpack_next(&up, msg, len, &off);
+        if (ur == MSGPACK_UNPACK_SUCCESS && off == len) {
+            int bad_seq;
+            const msgpack_object *seq = seq_of(&up.data, &bad_seq);
+            if (seq) { /* packed once: echoed now or in a deferred reply */
+                msgpack_sbuffer sb;
+                msgpack_packer sp;
+                msgpack_sbuffer_init(&sb);
+                msgpack_packer_init(&sp, &sb, msgpack_sbuffer_write);
+                msgpack_pack_object(&sp, *seq);
+                if (sb.data && sb.size <= sizeof st->seq) {
+                    memcpy(st->seq, sb.data, sb.size);
+                    st->seq_len = sb.size;
+                }
+                msgpack_sbuffer_destroy(&sb);
+            }
+            rc = bad_seq ? tdm__serve_fail(&e, TDM_E_INVAL, "\"seq\" must be an integer or a string "
+                                           "of at most 256 bytes; the op was not run")
+                         : tdm__serve_dispatch(st, &up.data, &r, &e);
+        } else if (ur == MSGPACK_UNPACK_SUCCESS) {
+            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
+                                 len - off);
+        } else if (ur == MSGPACK_UNPACK_CONTINUE) {
+            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "truncated msgpack message");
+        } else if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
+            rc = tdm__serve_fail(&e, TDM_E_NOMEM, "out of memory decoding the message");
+        } else {
+            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "malformed msgpack message");
+        }
+    }
+
+    if (rc == TDM_SERVE_DEFERRED && deferred && st->deferred) {
+        *deferred = st->deferred; /* the reply comes later */
+    } else {
+        if (rc == TDM_SERVE_DEFERRED) rc = tdm__serve_fail(&e, TDM_E_INTERNAL, "reply deferred without a token");
+        if (rc) st->errors++;
+        tdm__serve_pack_reply(out, rc, st->seq, st->seq_len, &r.body, r.pairs, e.msg);
+    }
+    st->caller = &local;
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&r.body);
+    return (deferred && *deferred) || out->data ? 0 : -1;
 }

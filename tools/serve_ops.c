@@ -53,6 +53,13 @@ void tdm__serve_init(tdm__serve_state *st)
     st->max_instances = TDM_SERVE_DEFAULT_MAX_INSTANCES;
     st->max_msg_bytes = TDM_SERVE_DEFAULT_MAX_MSG;
     st->max_kvx_bytes = TDM_SERVE_DEFAULT_MAX_KVX_BYTES;
+    st->lim.max_blocks_per_instance = TDM_SERVE_DEFAULT_MAX_BLOCKS_PER_INSTANCE;
+    st->lim.max_total_blocks = TDM_SERVE_DEFAULT_MAX_TOTAL_BLOCKS;
+    st->lim.max_queued_requests = TDM_SERVE_DEFAULT_MAX_QUEUED_REQUESTS;
+    st->lim.max_queued_tokens = TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS;
+    st->lim.max_prompt_tokens = TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS;
+    st->lim.max_connections = TDM_SERVE_DEFAULT_MAX_CONNECTIONS;
+    st->wake_fd[0] = st->wake_fd[1] = -1;
 }
 
 void tdm__serve_free(tdm__serve_state *st)
@@ -64,6 +71,8 @@ void tdm__serve_free(tdm__serve_state *st)
     while (in) {
         tdm__serve_instance *next = in->next;
         tdm_sched_destroy(in->sched);
+        free(in->tok_ids);
+        free(in->tok_n);
         free(in);
         in = next;
     }
@@ -108,10 +117,16 @@ static int op_create(tdm__serve_state *st, tdm__serve_instance *unused, const ms
     if (find(st, name)) return tdm__serve_fail(e, TDM_E_EXISTS, "instance \"%s\" exists", name);
     if (st->num_instances >= st->max_instances)
         return tdm__serve_fail(e, TDM_E_RANGE, "at most %u instances", st->max_instances);
+    int shared = 0;
+    if ((rc = tdm__serve_get_bool(m, "shared", &shared, e))) return rc;
     char *json = NULL;
     const msgpack_object *cfg = tdm__serve_field(m, "config");
     if (cfg && cfg->type != MSGPACK_OBJECT_NIL && (rc = tdm__serve_config_json(cfg, &json, e)))
         return rc;
+    if ((rc = tdm__serve_check_blocks(st, tdm__serve_blocks_after(NULL, json), 0, e))) {
+        free(json);
+        return rc;
+    }
     tdm__serve_instance *in = calloc(1, sizeof *in);
     if (!in) {
         free(json);
@@ -129,7 +144,18 @@ static int op_create(tdm__serve_state *st, tdm__serve_instance *unused, const ms
         free(in);
         return rc;
     }
+    int64_t nb = 0;
+    tdm_sched_get_param(in->sched, TDM_SCHED_NUM_BLOCKS, &nb);
+    if ((rc = tdm__serve_check_blocks(st, nb, 0, e))) { /* the guess from the JSON text was wrong */
+        tdm_sched_destroy(in->sched);
+        free(in);
+        return rc;
+    }
     memcpy(in->name, name, sizeof name);
+    memcpy(in->owner, st->caller->user, sizeof in->owner);
+    in->shared = shared || !st->curve;
+    in->num_blocks = (uint64_t)nb;
+    st->total_blocks += in->num_blocks;
     in->next = st->instances;
     st->instances = in;
     st->num_instances++;
@@ -143,7 +169,11 @@ static int op_destroy(tdm__serve_state *st, tdm__serve_instance *in, const msgpa
     for (tdm__serve_instance **p = &st->instances; *p; p = &(*p)->next) {
         if (*p != in) continue;
         *p = in->next;
+        st->total_blocks -= in->num_blocks;
+        st->queued_tokens -= in->queued_tokens;
         tdm_sched_destroy(in->sched);
+        free(in->tok_ids);
+        free(in->tok_n);
         free(in);
         st->num_instances--;
         return 0;
@@ -154,9 +184,12 @@ static int op_destroy(tdm__serve_state *st, tdm__serve_instance *in, const msgpa
 static int op_list(tdm__serve_state *st, tdm__serve_instance *unused, const msgpack_object *m,
                    reply *r, tdm__serve_err *e)
 {
+    uint32_t n = 0;
+    for (tdm__serve_instance *in = st->instances; in; in = in->next) n += tdm__serve_may_use(st, in) ? 1u : 0u;
     msgpack_packer *pk = tdm__serve_key(r, "names");
-    msgpack_pack_array(pk, st->num_instances);
-    for (tdm__serve_instance *in = st->instances; in; in = in->next) tdm__serve_pack_str(pk, in->name);
+    msgpack_pack_array(pk, n);
+    for (tdm__serve_instance *in = st->instances; in; in = in->next)
+        if (tdm__serve_may_use(st, in)) tdm__serve_pack_str(pk, in->name);
     return 0;
 }
 
@@ -168,9 +201,15 @@ static int op_configure(tdm__serve_state *st, tdm__serve_instance *in, const msg
     char *json = NULL;
     int rc = tdm__serve_config_json(cfg, &json, e);
     if (rc) return rc;
+    if ((rc = tdm__serve_check_blocks(st, tdm__serve_blocks_after(in->sched, json), in->num_blocks, e))) {
+        free(json);
+        return rc;
+    }
     rc = tdm_sched_configure(in->sched, json);
     free(json);
-    return rc ? lib_fail(e, rc, in->sched, "config") : 0;
+    if (rc) return lib_fail(e, rc, in->sched, "config");
+    tdm__serve_recount_blocks(st, in);
+    return 0;
 }
 
 static int op_get_config(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
@@ -240,8 +279,11 @@ static int op_set_param(tdm__serve_state *st, tdm__serve_instance *in, const msg
     int rc = get_param_key(m, &k, e);
     if (!rc) rc = tdm__serve_get_i64(m, "value", 1, INT64_MIN, INT64_MAX, &v, e);
     if (rc) return rc;
+    if (k == TDM_SCHED_NUM_BLOCKS && (rc = tdm__serve_check_blocks(st, v, in->num_blocks, e))) return rc;
     rc = tdm_sched_set_param(in->sched, (tdm_sched_param)k, v);
-    return rc ? lib_fail(e, rc, in->sched, "set_param") : 0;
+    if (rc) return lib_fail(e, rc, in->sched, "set_param");
+    tdm__serve_recount_blocks(st, in);
+    return 0;
 }
 
 static int op_get_param(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
@@ -322,10 +364,17 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
     d.cache_salt_len = salt_len;
     d.num_remote_tokens = (uint32_t)remote;
     d.tenant = (uint32_t)tenant;
+    rc = tdm__serve_admit(st, in, np, e);
+    if (rc) {
+        free(prompt);
+        free(stops);
+        return rc;
+    }
     rc = tdm_sched_add(in->sched, &d);
     free(prompt);
     free(stops);
     if (rc) return lib_fail(e, rc, in->sched, "add");
+    tdm__serve_admitted(st, in, id, np);
     msgpack_pack_uint64(tdm__serve_key(r, "id"), id);
     return 0;
 }
@@ -595,6 +644,9 @@ static int op_stats(tdm__serve_state *st, tdm__serve_instance *in, const msgpack
 static int op_shutdown(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_object *m,
                        reply *r, tdm__serve_err *e)
 {
+    if (!st->caller->admin && !st->caller->local)
+        return tdm__serve_fail(e, TDM_E_AUTH, "shutdown needs an admin key (--admin-key), or a "
+                               "loopback service without CURVE");
     st->shutdown = 1;
     return 0;
 }
@@ -631,6 +683,7 @@ static const struct op {
     {"kvx_connect", tdm__serve_op_kvx_connect, 0},
     {"kvx_send", tdm__serve_op_kvx_send, 0},
     {"kvx_recv", tdm__serve_op_kvx_recv, 0},
+    {"kvx_send_ready", tdm__serve_op_kvx_send_ready, 0},
     {"kvx_cancel", tdm__serve_op_kvx_cancel, 0},
     {"kvx_poll", tdm__serve_op_kvx_poll, 0},
     {"kvx_write", tdm__serve_op_kvx_write, 0},
@@ -640,7 +693,8 @@ static const struct op {
 };
 
 /* Runs the request; fills r (success) or e (failure). */
-static int dispatch(tdm__serve_state *st, const msgpack_object *m, reply *r, tdm__serve_err *e)
+int tdm__serve_dispatch(tdm__serve_state *st, const msgpack_object *m, tdm__serve_reply *r,
+                        tdm__serve_err *e)
 {
     if (m->type != MSGPACK_OBJECT_MAP)
         return tdm__serve_fail(e, TDM_E_PROTOCOL, "a request must be a msgpack map, not another type");
@@ -657,89 +711,9 @@ static int dispatch(tdm__serve_state *st, const msgpack_object *m, reply *r, tdm
         if ((rc = tdm__serve_get_str(m, "name", 1, name, sizeof name, e))) return rc;
         if (!(in = find(st, name)))
             return tdm__serve_fail(e, TDM_E_NOT_FOUND, "no instance \"%s\"", name);
+        if (!tdm__serve_may_use(st, in))
+            return tdm__serve_fail(e, TDM_E_AUTH, "instance \"%s\" belongs to another client "
+                                   "(create it with \"shared\": true to share it)", name);
     }
     return op->fn(st, in, m, r, e);
-}
-
-/* The correlation value a client may send as "seq" is echoed back when it is a scalar. */
-static const msgpack_object *seq_of(const msgpack_object *m)
-{
-    const msgpack_object *s = tdm__serve_field(m, "seq");
-    if (!s) return NULL;
-    switch (s->type) {
-    case MSGPACK_OBJECT_POSITIVE_INTEGER:
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        return s;
-    case MSGPACK_OBJECT_STR:
-        return s->via.str.size <= 256 ? s : NULL;
-    default:
-        return NULL;
-    }
-}
-
-int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack_sbuffer *out)
-{
-    reply r;
-    tdm__serve_err e;
-    memset(&e, 0, sizeof e);
-    msgpack_sbuffer_init(&r.body);
-    msgpack_packer_init(&r.pk, &r.body, msgpack_sbuffer_write);
-    r.pairs = 0;
-    st->requests++;
-
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
-    const msgpack_object *seq = NULL;
-    int rc;
-    if (len > st->max_msg_bytes) {
-        rc = tdm__serve_fail(&e, TDM_E_RANGE, "message of %zu bytes exceeds the limit of %zu",
-                             len, st->max_msg_bytes);
-    } else if (len == 0) {
-        rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "empty message");
-    } else if ((rc = tdm__serve_precheck(msg, len, &e)) != 0) {
-        /* rc and e are set */
-    } else {
-        size_t off = 0;
-        msgpack_unpack_return ur = msgpack_unpack_next(&up, msg, len, &off);
-        if (ur == MSGPACK_UNPACK_SUCCESS && off == len) {
-            seq = seq_of(&up.data);
-            rc = dispatch(st, &up.data, &r, &e);
-        } else if (ur == MSGPACK_UNPACK_SUCCESS) {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
-                                 len - off);
-        } else if (ur == MSGPACK_UNPACK_CONTINUE) {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "truncated msgpack message");
-        } else if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
-            rc = tdm__serve_fail(&e, TDM_E_NOMEM, "out of memory decoding the message");
-        } else {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "malformed msgpack message");
-        }
-    }
-
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
-    uint32_t extra = seq ? 1 : 0;
-    if (rc == 0) {
-        msgpack_pack_map(&pk, 1 + extra + r.pairs);
-        tdm__serve_kv_bool(&pk, "ok", 1);
-        if (seq) {
-            tdm__serve_pack_str(&pk, "seq");
-            msgpack_pack_object(&pk, *seq);
-        }
-        if (r.body.size) msgpack_sbuffer_write(out, r.body.data, r.body.size);
-    } else {
-        st->errors++;
-        msgpack_pack_map(&pk, 4 + extra);
-        tdm__serve_kv_bool(&pk, "ok", 0);
-        if (seq) {
-            tdm__serve_pack_str(&pk, "seq");
-            msgpack_pack_object(&pk, *seq);
-        }
-        tdm__serve_kv_i64(&pk, "status", rc);
-        tdm__serve_kv_str(&pk, "error", tdm_strerror(rc));
-        tdm__serve_kv_str(&pk, "message", e.msg);
-    }
-    msgpack_unpacked_destroy(&up);
-    msgpack_sbuffer_destroy(&r.body);
-    return out->data ? 0 : -1;
 }

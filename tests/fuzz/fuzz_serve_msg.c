@@ -2,7 +2,9 @@
  * fuzz_serve_msg.c -- fuzz harness for the request decoder of `tandem serve`: each input is
  * one request message handled against a fresh service state holding instance "s" (a small
  * pool and one running request). Properties: a reply is always produced and is a msgpack map
- * with a boolean "ok"; an error reply leaves the instance's stats and request unchanged.
+ * with a boolean "ok"; an error reply leaves the instance's stats and request and the
+ * service's counters (blocks, queued tokens, instances) unchanged; the same message from a
+ * CURVE client that does not own the instance never changes it nor stops the service.
  * The service sources are compiled in directly (they live in tools/, not in the library).
  */
 #include <stdint.h>
@@ -13,6 +15,7 @@
 /* The transfer-engine ops bind sockets and start threads: not part of this harness. */
 #define TDM_SERVE_NO_KVX 1
 #include "../../tools/serve_msg.c"
+#include "../../tools/serve_limits.c"
 #include "../../tools/serve_ops.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -98,6 +101,25 @@ static void snapshot(tdm__serve_state *st, tdm_sched_stats *s, tdm_request_info 
     if (tdm_sched_request_tokens(in->sched, 1, &t, ntok)) *ntok = 0;
 }
 
+/* The message from another CURVE client (not an admin, not the owner of "s"). */
+static void run_as_stranger(tdm__serve_state *st, const char *msg, size_t len, int *ok)
+{
+    static const tdm__serve_caller stranger = {"0123456789012345678901234567890123456789", 0, 0};
+    msgpack_sbuffer out;
+    msgpack_sbuffer_init(&out);
+    uint64_t deferred = 0;
+    if (tdm__serve_handle_as(st, &stranger, msg, len, &out, &deferred) != 0 || deferred) abort();
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    if (msgpack_unpack_next(&up, out.data, out.size, &off) != MSGPACK_UNPACK_SUCCESS) abort();
+    const msgpack_object *o = tdm__serve_field(&up.data, "ok");
+    if (!o || o->type != MSGPACK_OBJECT_BOOLEAN) abort();
+    *ok = o->via.boolean;
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&out);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     tdm__serve_state st;
@@ -106,14 +128,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tdm_request_info i0, i1;
     uint32_t n0, n1;
     snapshot(&st, &s0, &i0, &n0);
+    uint64_t blocks0 = st.total_blocks, tokens0 = st.queued_tokens, inst0 = st.num_instances;
     int ok = 0;
     run(&st, (const char *)data, size, &ok);
     if (!ok) {
         snapshot(&st, &s1, &i1, &n1);
-        if (memcmp(&s0, &s1, sizeof s0) || memcmp(&i0, &i1, sizeof i0) || n0 != n1) {
-            fprintf(stderr, "fuzz_serve_msg: an error reply changed the instance's state\n");
+        if (memcmp(&s0, &s1, sizeof s0) || memcmp(&i0, &i1, sizeof i0) || n0 != n1 ||
+            st.total_blocks != blocks0 || st.queued_tokens != tokens0 || st.num_instances != inst0) {
+            fprintf(stderr, "fuzz_serve_msg: an error reply changed the service's state\n");
             abort();
         }
+    }
+    tdm__serve_free(&st);
+
+    /* Under CURVE a stranger can neither change "s" (owned by the local creator) nor stop
+     * the service, whatever it sends; its error replies change nothing either. */
+    setup(&st);
+    st.curve = 1;
+    find(&st, "s")->shared = 0; /* created before CURVE was on: make it private */
+    snapshot(&st, &s0, &i0, &n0);
+    run_as_stranger(&st, (const char *)data, size, &ok);
+    snapshot(&st, &s1, &i1, &n1);
+    if (memcmp(&s0, &s1, sizeof s0) || memcmp(&i0, &i1, sizeof i0) || n0 != n1 || st.shutdown ||
+        !find(&st, "s")) {
+        fprintf(stderr, "fuzz_serve_msg: a client that does not own \"s\" changed it\n");
+        abort();
     }
     tdm__serve_free(&st);
     return 0;

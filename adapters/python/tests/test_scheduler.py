@@ -191,9 +191,22 @@ def test_closed_scheduler__raises_state(needs_scheduler):
 def test_update__malformed_report_is_rejected_without_change(sched):
     sched.add(id=1, prompt=[1, 2, 3], max_tokens=3)
     sched.step(now=0.0)
-    r = sched.update({999: [1]})  # unknown ids are skipped, as a late output of an abort
-    assert 999 not in [u.req_id for u in r]
+    # an unknown id is refused (TDM_E_STATE, naming it) and nothing else in the report applies
+    with pytest.raises(TandemError) as ei:
+        sched.update({1: [], 999: [1]})
+    assert ei.value.status == Status.STATE and "999" in ei.value.message
     assert sched.request_info(1).num_output_tokens == 0
+    r = sched.update({1: [4]})
+    assert [u.req_id for u in r] == [1]
+    # a replayed update (a host retrying) is refused: no second token
+    with pytest.raises(TandemError) as ei:
+        sched.update({1: [4]})
+    assert ei.value.status == Status.STATE and "request 1" in ei.value.message
+    assert sched.request_info(1).num_output_tokens == 1
+    # a late output of a request aborted after it was scheduled is skipped, as in vLLM
+    sched.step(now=0.1)
+    sched.abort(1)
+    assert [u.req_id for u in sched.update({1: [5]})] == []
 
 
 def test_draft_tokens__scheduled_and_verified(needs_scheduler):

@@ -314,7 +314,11 @@ def test_kvx__two_engines_move_blocks_through_the_service(client, tmp_path):
         client.ok("kvx_write", name="p", layer=layer, offset=0,
                   data=bytes(rng.randrange(256) for _ in range(LAYER_BYTES)))
     peer = client.ok("kvx_connect", name="d", endpoint=r["endpoint"])["peer"]
-    hs = client.ok("kvx_send", name="p", request_id=9, block_ids=[2, 3, 7])["handle"]
+    hs = client.ok("kvx_send", name="p", request_id=9, block_ids=[2, 3, 7],
+                   num_blocks_ready=1)["handle"]
+    client.ok("kvx_send_ready", name="p", handle=hs, num_blocks_ready=3)  # streaming: the rest
+    r = client("kvx_send_ready", name="p", handle=hs + 100, num_blocks_ready=3)
+    assert not r["ok"] and r["status"] == -3, r
     hr = client.ok("kvx_recv", name="d", peer=peer, request_id=9, transfer_id=1,
                    block_ids=[10, 11, 12])["handle"]
     got = {}
@@ -330,6 +334,8 @@ def test_kvx__two_engines_move_blocks_through_the_service(client, tmp_path):
             assert block_bytes(client, "d", layer, t) == block_bytes(client, "p", layer, s)
     st = client.ok("kvx_stats", name="d")["stats"]
     assert st["transfers_done"] == 1 and st["num_reserved_blocks"] == 0
+    assert st["chunks_sent"] == 0  # d only received; p sent the chunks
+    assert client.ok("kvx_stats", name="p")["stats"]["chunks_sent"] >= 1
     # Errors change nothing and name the problem.
     for bad in ({"name": "d", "layer": 2, "offset": 0, "length": 1},
                 {"name": "d", "layer": 0, "offset": LAYER_BYTES - 1, "length": 2},

@@ -7,6 +7,7 @@
  * outputs between valid steps (TANDEM_SCHED_GARBAGE_SEED picks another seed) must never leave
  * the scheduler inconsistent.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,6 +120,14 @@ static void add__bad_descriptors_rejected(void **state)
     d = good; d.cache_salt = NULL; d.cache_salt_len = 4;
     BAD(tdm_sched_add(s, &d), TDM_E_INVAL);
     d = good; d.flags = TDM_REQ_REMOTE_PREFILL; d.num_remote_tokens = 21;
+    BAD(tdm_sched_add(s, &d), TDM_E_INVAL);
+    d = good; d.min_tokens = 5; /* > max_tokens 4 */
+    BAD(tdm_sched_add(s, &d), TDM_E_INVAL);
+    tsd_assert_msg_has(s, "min_tokens 5 > max_tokens 4");
+    d = good; d.arrival_time = -1e308;
+    BAD(tdm_sched_add(s, &d), TDM_E_INVAL);
+    tsd_assert_msg_has(s, "arrival_time");
+    d = good; d.arrival_time = NAN;
     BAD(tdm_sched_add(s, &d), TDM_E_INVAL);
     d = good; d.id = 1;
     BAD(tdm_sched_add(s, &d), TDM_E_EXISTS);
@@ -286,18 +295,36 @@ static void step_update__malformed_arguments_apply_nothing(void **state)
     uint32_t nz[2] = { 1, 2 }; /* offsets not starting at 0 */
     o = good; o.token_offsets = nz;
     BAD(tdm_sched_update(s, &o, NULL), TDM_E_INVAL);
-    free(before.config);
-
-    /* an unknown id in a well-formed output is skipped, the rest applied */
-    uint64_t ids2[2] = { 777, 1 };
+    /* now negative or not finite, for step and update */
+    tdm_batch_init(&bb);
+    BAD(tdm_sched_step(s, -1e308, &bb), TDM_E_INVAL);
+    BAD(tdm_sched_step(s, -0.5, &bb), TDM_E_INVAL);
+    o = good; o.now = -1e308;
+    BAD(tdm_sched_update(s, &o, NULL), TDM_E_INVAL);
+    /* an unknown id (777) or one not scheduled in the step (2 is waiting) in a well-formed
+     * output: refused with TDM_E_STATE naming the request, and nothing applied (not even
+     * request 1's token, listed first) */
+    uint64_t ids2[2] = { 1, 777 };
     uint32_t offs2[3] = { 0, 1, 2 };
     o = good; o.num_reqs = 2; o.req_ids = ids2; o.token_offsets = offs2;
+    BAD(tdm_sched_update(s, &o, NULL), TDM_E_STATE);
+    tsd_assert_msg_has(s, "request 777 is unknown");
+    ids2[1] = 2;
+    BAD(tdm_sched_update(s, &o, NULL), TDM_E_STATE);
+    tsd_assert_msg_has(s, "request 2 has no scheduled step");
+    free(before.config);
+
     tdm_update_result r;
     tdm_update_result_init(&r);
-    assert_int_equal(tdm_sched_update(s, &o, &r), TDM_OK);
+    assert_int_equal(tdm_sched_update(s, &good, &r), TDM_OK);
     tdm_request_info i;
     tsd_info(s, 1, &i);
     assert_int_equal(i.num_output_tokens, 2);
+    /* the same update again (a host retrying): refused, no second token */
+    take(s, &before);
+    BAD(tdm_sched_update(s, &good, &r), TDM_E_STATE);
+    tsd_assert_msg_has(s, "request 1 has no scheduled step awaiting its output");
+    free(before.config);
     double now = 3.0;
     tsd_run(s, 200, &now);
     tsd_done(s);
@@ -313,8 +340,8 @@ static uint64_t xs64(uint64_t *s)
 
 /* Seeded garbage step outputs (unknown and duplicate ids, non-monotonic or out-of-range
  * offsets, negative tokens, too many tokens) between valid steps: each update either applies
- * (TDM_OK) or is refused with TDM_E_INVAL and changes nothing; the scheduler stays consistent
- * and the scenario still runs to completion. */
+ * (TDM_OK) or is refused with TDM_E_INVAL or TDM_E_STATE and changes nothing; the scheduler
+ * stays consistent and the scenario still runs to completion. */
 static void update__random_malformed_outputs_never_corrupt(void **state)
 {
     (void)state;
@@ -362,9 +389,9 @@ static void update__random_malformed_outputs_never_corrupt(void **state)
         tdm_sched_stats before, after;
         tsd_stats(s, &before);
         int rc = tdm_sched_update(s, &o, NULL);
-        assert_true(rc == TDM_OK || rc == TDM_E_INVAL);
+        assert_true(rc == TDM_OK || rc == TDM_E_INVAL || rc == TDM_E_STATE);
         tsd_check(s);
-        if (rc == TDM_E_INVAL) {
+        if (rc != TDM_OK) {
             refused++;
             tsd_stats(s, &after);
             assert_memory_equal(&before, &after, sizeof(before));

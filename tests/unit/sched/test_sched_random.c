@@ -7,7 +7,8 @@
  * (the test's own set of live ids against the scheduler's counts and states), the block tables
  * (no block twice in one table, no block held by two requests unless both hold the same full
  * prefix at the same position, i.e. it is shared through the prefix cache), output counts
- * within max_tokens and max_model_len. TANDEM_SCHED_RANDOM_OPS sets the number of operations
+ * within max_tokens and max_model_len; replayed updates and tokens for a non-final prefill
+ * chunk are refused with TDM_E_STATE and change nothing. TANDEM_SCHED_RANDOM_OPS sets the number of operations
  * (default 100000); TANDEM_SCHED_RANDOM_SEED the first seed.
  */
 #include <stdio.h>
@@ -51,7 +52,7 @@ typedef struct world {
     uint32_t n, cap;
     uint64_t next_id;
     double now;
-    uint64_t ops, steps, finished, preempted, adds_refused, recv_ready, kv_done, released;
+    uint64_t ops, steps, finished, preempted, adds_refused, recv_ready, kv_done, released, refused_updates;
     /* per id ever added: 1 = added, 2 = reported finished once (batch finished_ids) */
     uint8_t *seen;
     uint64_t seen_cap;
@@ -217,6 +218,12 @@ static void op_add(world *w)
         d.cache_salt_len = 3;
     }
     int rc = tdm_sched_add(w->s, &d);
+    if (d.min_tokens > d.max_tokens) { /* refused, naming both */
+        assert_int_equal(rc, TDM_E_INVAL);
+        tsd_assert_msg_has(w->s, "min_tokens");
+        w->adds_refused++;
+        return;
+    }
     uint64_t need = ((uint64_t)np + (uint64_t)w->lim.block_size - 1) / (uint64_t)w->lim.block_size;
     if (rc == TDM_E_RANGE) {
         /* allowed only when the prompt (plus one token) cannot fit the pool */
@@ -284,6 +291,45 @@ static void apply_plan(world *w, const plan *p)
         assert_true(res.num_new_tokens[i] <= p->offs[k + 1] - p->offs[k]);
         if (res.finish_reasons[i] != TDM_FINISH_NONE) on_finished(w, res.req_ids[i]);
     }
+}
+
+/* An update the scheduler must refuse with TDM_E_STATE, changing nothing: the plan sent
+ * again after it was applied (a host retrying), or, before it is applied, the plan with a
+ * token added for a prefill chunk that does not complete its prompt. */
+static void refused_plan(world *w, const plan *p, int inject)
+{
+    static plan q;
+    q = *p;
+    if (inject) {
+        uint32_t k = UINT32_MAX;
+        for (uint32_t i = 0; i < p->n && k == UINT32_MAX; i++)
+            if (p->offs[i] == p->offs[i + 1]) k = i;
+        if (k == UINT32_MAX) return; /* no non-final chunk in this batch */
+        memmove(&q.toks[p->offs[k] + 1], &q.toks[p->offs[k]], (p->nt - p->offs[k]) * sizeof(tdm_token));
+        q.toks[p->offs[k]] = 10;
+        for (uint32_t i = k + 1; i <= p->n; i++) q.offs[i]++;
+        q.nt++;
+    } else if (!p->n) {
+        return;
+    }
+    tdm_step_output o;
+    tdm_step_output_init(&o);
+    o.num_reqs = q.n;
+    o.req_ids = q.ids;
+    o.token_offsets = q.offs;
+    o.tokens = q.toks;
+    o.now = w->now + 0.001;
+    tdm_sched_stats before, after;
+    tsd_stats(w->s, &before);
+    int rc = tdm_sched_update(w->s, &o, NULL);
+    if (rc != TDM_E_STATE)
+        fail_msg("%s update -> %d (expected TDM_E_STATE): %s", inject ? "a token for a non-final chunk:" : "replayed",
+                 rc, tdm_sched_errmsg(w->s));
+    tsd_assert_msg_has(w->s, "request ");
+    tsd_stats(w->s, &after);
+    assert_memory_equal(&before, &after, sizeof(before));
+    tsd_check(w->s);
+    w->refused_updates++;
 }
 
 /* Requests the scheduler finished by itself: a remote-KV wait that timed out or failed with
@@ -412,15 +458,20 @@ static void op_cycle(world *w)
             assert_int_equal(tdm_sched_abort(w->s, id), TDM_OK);
             on_finished(w, id);
         }
+        if (chance(&w->r, 8)) refused_plan(w, &pa, 1);
         apply_plan(w, &pa);
         apply_plan(w, &pb);
+        if (chance(&w->r, 8)) refused_plan(w, &pa, 0);
+        if (chance(&w->r, 8)) refused_plan(w, &pb, 0);
     } else {
         if (b.num_reqs && chance(&w->r, 5)) {
             uint64_t id = b.req_ids[below(&w->r, b.num_reqs)];
             assert_int_equal(tdm_sched_abort(w->s, id), TDM_OK);
             on_finished(w, id);
         }
+        if (chance(&w->r, 8)) refused_plan(w, &pa, 1);
         apply_plan(w, &pa);
+        if (chance(&w->r, 8)) refused_plan(w, &pa, 0);
     }
     /* drafts for some running requests */
     if (w->lookahead > 0) {
@@ -547,7 +598,7 @@ static void random_ops__invariants_hold_after_every_step(void **state)
     (void)state;
     uint64_t target = env_u64("TANDEM_SCHED_RANDOM_OPS", 100000);
     uint64_t seed = env_u64("TANDEM_SCHED_RANDOM_SEED", 0x7a5d3e11u);
-    uint64_t ops = 0, steps = 0, finished = 0, preempted = 0, refused = 0, recv = 0, done = 0, rel = 0;
+    uint64_t ops = 0, steps = 0, finished = 0, preempted = 0, refused = 0, recv = 0, done = 0, rel = 0, upd_refused = 0;
     int rounds = 0;
     while (ops < target) {
         world w;
@@ -574,6 +625,7 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         recv += w.recv_ready;
         done += w.kv_done;
         rel += w.released;
+        upd_refused += w.refused_updates;
         free(w.reqs);
         free(w.seen);
         free(w.owner);
@@ -582,14 +634,15 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         rounds++;
     }
     print_message("%llu random ops in %d configurations: %llu steps, %llu finished, %llu preempted, "
-                  "%llu adds refused, %llu remote-KV reservations, %llu remote_kv_done, %llu releases "
-                  "(seed 0x%llx)\n", (unsigned long long)ops, rounds,
+                  "%llu adds refused, %llu remote-KV reservations, %llu remote_kv_done, %llu releases, "
+                  "%llu replayed or bad-chunk updates refused (seed 0x%llx)\n", (unsigned long long)ops, rounds,
                   (unsigned long long)steps, (unsigned long long)finished, (unsigned long long)preempted,
                   (unsigned long long)refused, (unsigned long long)recv, (unsigned long long)done,
-                  (unsigned long long)rel, (unsigned long long)seed);
+                  (unsigned long long)rel, (unsigned long long)upd_refused, (unsigned long long)seed);
     assert_true(finished > 0);
     assert_true(preempted > 0);
     assert_true(recv > 0 && done > 0 && rel > 0);
+    assert_true(upd_refused > 0);
 }
 
 int main(void)

@@ -4,7 +4,8 @@
  * the stop reason), max_tokens and max_model_len (LENGTH), ignore_eos, min_tokens, trimming of
  * the tokens after a stop, drafts set with tdm_sched_set_draft_tokens (scheduled with the
  * request, truncated to the budget, used once), num_computed_tokens corrected for rejected
- * drafts, and a late output with drafts for a request preempted in flight.
+ * drafts, a late output with drafts for a request preempted in flight, and the outputs a
+ * report may hold (a replayed update, a token for a non-final prefill chunk: TDM_E_STATE).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -526,6 +527,83 @@ static void set_draft_tokens__while_step_in_flight_keeps_batches_consistent(void
     tsd_done(s);
 }
 
+/* Issue 11, defect 6: the same update sent three times after one step gave three tokens.
+ * Each step's output is taken once; a replay is refused with TDM_E_STATE naming the request
+ * and changes nothing. */
+static void update__replayed_update_refused_and_applied_once(void **state)
+{
+    (void)state;
+    tdm_token prompt[4] = { 501, 502, 503, 504 };
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_batch b;
+    tsd_step(s, 2.0, &b);
+    assert_int_equal(b.num_reqs, 2);
+    const tdm_token t = 20;
+    assert_int_equal(tsd_update_one(s, 0, &t, 1, 2.1, NULL), TDM_OK);
+    for (int k = 0; k < 2; k++) {
+        int rc = tsd_update_one(s, 0, &t, 1, 2.1, NULL);
+        if (rc != TDM_E_STATE) fail_msg("replay %d -> %d: %s", k, rc, tdm_sched_errmsg(s));
+        tsd_assert_msg_has(s, "request 0 has no scheduled step awaiting its output");
+    }
+    tdm_request_info i;
+    tsd_info(s, 0, &i);
+    assert_int_equal(i.num_output_tokens, 2); /* 100 from the prefill, 20 once */
+    /* request 1 of the same step is still owed its output: accepted once */
+    assert_int_equal(tsd_update_one(s, 1, &t, 1, 2.1, NULL), TDM_OK);
+    assert_int_equal(tsd_update_one(s, 1, &t, 1, 2.1, NULL), TDM_E_STATE);
+    tsd_info(s, 1, &i);
+    assert_int_equal(i.num_output_tokens, 2);
+    finish_all(s);
+}
+
+/* Issue 11, defect 6: a token sent for a non-final prefill chunk became output #1 with the
+ * first-token time set at 32 of 99 prompt tokens. Only a step that completes the prompt (or
+ * decodes) may bring sampled tokens; also with two chunks in flight (a pipelining host), each
+ * chunk is reported once, in order, and only the last one takes the token. */
+static void update__token_for_non_final_prefill_chunk_refused(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, 32, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 7, 99, 5), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_tokens[0], 32);
+    const tdm_token t = 20;
+    assert_int_equal(tsd_update_one(s, 7, &t, 1, 1.1, NULL), TDM_E_STATE);
+    tsd_assert_msg_has(s, "request 7: 1 sampled token(s) for a prefill chunk that does not complete");
+    tdm_request_info i;
+    tsd_info(s, 7, &i);
+    assert_int_equal(i.num_output_tokens, 0);
+    assert_true(i.first_token_time < 0);
+    assert_int_equal(i.num_computed_tokens, 32);
+    assert_int_equal(tsd_update_one(s, 7, NULL, 0, 1.1, NULL), TDM_OK); /* the right report */
+    /* two chunks in flight before any update: 64 and 96 of 99 */
+    tdm_batch b2;
+    tsd_step(s, 1.2, &b);
+    tsd_step(s, 1.3, &b2);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b2.num_reqs, 1);
+    assert_int_equal(b2.num_computed[0], 64);
+    assert_int_equal(tsd_update_one(s, 7, &t, 1, 1.35, NULL), TDM_E_STATE); /* for step 2 */
+    assert_int_equal(tsd_update_one(s, 7, NULL, 0, 1.35, NULL), TDM_OK);
+    assert_int_equal(tsd_update_one(s, 7, &t, 1, 1.36, NULL), TDM_E_STATE); /* step 3 too */
+    assert_int_equal(tsd_update_one(s, 7, NULL, 0, 1.36, NULL), TDM_OK);
+    assert_int_equal(tsd_update_one(s, 7, NULL, 0, 1.37, NULL), TDM_E_STATE); /* nothing owed */
+    tsd_step(s, 1.4, &b); /* the last 3 tokens complete the prompt: the token is taken */
+    assert_int_equal(b.num_tokens[0], 3);
+    assert_int_equal(tsd_update_one(s, 7, &t, 1, 1.5, NULL), TDM_OK);
+    tsd_info(s, 7, &i);
+    assert_int_equal(i.num_output_tokens, 1);
+    assert_true(i.first_token_time == 1.5);
+    double now = 2.0;
+    tsd_run(s, 20, &now);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -542,6 +620,8 @@ int main(void)
         TSD_TEST(update__late_stop_of_preempted_request_finishes_it),
         TSD_TEST(update__empty_output_for_drafted_decode_keeps_state_consistent),
         TSD_TEST(set_draft_tokens__while_step_in_flight_keeps_batches_consistent),
+        TSD_TEST(update__replayed_update_refused_and_applied_once),
+        TSD_TEST(update__token_for_non_final_prefill_chunk_refused),
     };
     return cmocka_run_group_tests_name("sched_stop", tests, NULL, NULL);
 }
