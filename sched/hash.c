@@ -9,8 +9,17 @@
  * and that buffer is digested in one call, L being the algorithm's digest length (32 or 16).
  * XXH3-128 digests are stored in xxHash's canonical (big-endian) byte order, the bytes
  * `xxhsum -H2` and Python's xxhash.xxh3_128_digest print.
+ *
+ * Allocation: OpenSSL 3.0's EVP_DigestInit frees and allocates the provider's context on
+ * every call (OpenSSL >= 3.1 reuses it), i.e. one malloc per block. The scheduler must not
+ * allocate in steady state, so with a 3.0 library at run time the SHA-256 digest is taken
+ * with libcrypto's SHA256_Init/Update/Final on a stack context instead (deprecated in 3.0 but
+ * shipped by every 3.x; the same SHA-256, allocation-free); from 3.1 on it is EVP.
  */
+#define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_Init & co. for OpenSSL 3.0 (see above) */
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/sha.h>
 #include <xxhash.h>
 
 #include "hash.h"
@@ -29,6 +38,7 @@ int tdm__hasher_init(tdm__hasher *h)
     }
     h->md = md;
     h->ctx = ctx;
+    h->use_evp = OpenSSL_version_num() >= 0x30100000UL;
     return TDM_OK;
 }
 
@@ -74,9 +84,15 @@ static int digest(const tdm__hasher *h, int algo, const void *data, size_t len, 
     }
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int n = 0;
-    if (!EVP_DigestInit_ex2(h->ctx, h->md, NULL) || !EVP_DigestUpdate(h->ctx, data, len) ||
-        !EVP_DigestFinal_ex(h->ctx, md, &n) || n != 32)
-        return TDM_E_INTERNAL;
+    if (h->use_evp) {
+        if (!EVP_DigestInit_ex2(h->ctx, h->md, NULL) || !EVP_DigestUpdate(h->ctx, data, len) ||
+            !EVP_DigestFinal_ex(h->ctx, md, &n) || n != 32)
+            return TDM_E_INTERNAL;
+    } else {
+        SHA256_CTX c;
+        if (!SHA256_Init(&c) || !SHA256_Update(&c, data, len) || !SHA256_Final(md, &c))
+            return TDM_E_INTERNAL;
+    }
     memcpy(out, md, 32);
     return TDM_OK;
 }

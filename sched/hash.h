@@ -37,6 +37,8 @@ typedef struct tdm__hasher {
     void *ctx;              /* EVP_MD_CTX * */
     unsigned char *buf;     /* parent | n | tokens | extra_len | extra */
     size_t cap;             /* bytes of buf */
+    int use_evp;            /* SHA-256 through EVP (libcrypto >= 3.1), else SHA256_* (3.0,
+                               whose EVP allocates per digest; see hash.c) */
 } tdm__hasher;
 
 /* Fetch SHA-256 and create the context. TDM_OK, TDM_E_NOMEM or TDM_E_INTERNAL (libcrypto
