@@ -29,7 +29,7 @@ VERSION       := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
 
 # msgpack-c >= 6 ships msgpack-c.pc; Debian 12's 4.x ships msgpack.pc.
 MSGPACK_PC := $(shell $(PKG_CONFIG) --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
-DEP_PKGS   := libzmq $(MSGPACK_PC) jansson
+DEP_PKGS   := libzmq $(MSGPACK_PC) jansson libcrypto libxxhash
 TEST_PKGS  := cmocka
 
 # Only resolve package flags for goals that build something.
@@ -117,7 +117,7 @@ bootstrap:
 deps:
 	@if [ -n "$(strip $(DEP_MISSING))" ]; then \
 	  echo "error: missing pkg-config modules: $(DEP_MISSING)" >&2; \
-	  echo "       (Debian: libzmq3-dev libmsgpack-dev libjansson-dev libcmocka-dev; run scripts/bootstrap)" >&2; \
+	  echo "       (Debian: libzmq3-dev libmsgpack-dev libjansson-dev libssl-dev libxxhash-dev libcmocka-dev; run scripts/bootstrap)" >&2; \
 	  exit 1; fi
 
 # ---- library -----------------------------------------------------------------------------

@@ -7,6 +7,12 @@
  *   mixed    about 1024 running plus 10,000 waiting, prompts sharing a few long prefixes
  *            (prefix hits), chunked prefills under a token budget, requests finishing and
  *            being replaced: microseconds per cycle.
+ *   hash_ALGO  the block digest alone (sched/hash.c, the prefix_hash algorithm ALGO =
+ *            sha256, xxh3_128): nanoseconds per 16-token block, chained as the scheduler does.
+ *   prefix_ALGO  a prefix-heavy phase: 512 requests of 1024-token prompts (8 families sharing
+ *            960 tokens) admitted and finished, max_tokens 1: nanoseconds per prompt block
+ *            (hashing, prefix lookup, caching and scheduling together), and the same with
+ *            prefix caching off (no hashing) as the baseline of that phase.
  *   steady_allocs  heap allocations during the timed decode cycles: the library's own count
  *            (tdm__alloc_count) plus every libc malloc/calloc/realloc of the process (this file
  *            interposes them and forwards to glibc's __libc_* entry points).
@@ -23,6 +29,7 @@
 
 #include "internal.h"
 #include "tandem.h"
+#include "../sched/hash.h"
 
 #ifndef TDM_HAVE_SCHED_IMPL
 #define TDM_HAVE_SCHED_IMPL 1
@@ -277,13 +284,15 @@ static double bench_decode(uint32_t n, uint64_t *allocs)
 
 /* ---- mixed ---- */
 
-static double bench_mixed(void)
+static double bench_mixed(const char *algo)
 {
     const uint32_t running = 1024, waiting = 10000, cycles = 270, warm = 400;
     const uint32_t cap = running + waiting + 64 * (warm + cycles) + 4096;
-    tdm_sched *s = make_sched("{\"max_num_seqs\": 1024, \"max_num_batched_tokens\": 8192,"
-                              " \"long_prefill_token_threshold\": 512, \"num_blocks\": 60000,"
-                              " \"max_model_len\": 4096, \"block_size\": 16}");
+    char json[512];
+    snprintf(json, sizeof(json), "{\"max_num_seqs\": 1024, \"max_num_batched_tokens\": 8192,"
+             " \"long_prefill_token_threshold\": 512, \"num_blocks\": 60000,"
+             " \"max_model_len\": 4096, \"block_size\": 16, \"prefix_hash\": \"%s\"}", algo);
+    tdm_sched *s = make_sched(json);
     host h;
     host_init(&h, s, cap, running);
     enum { NPREFIX = 16, PREFIX_LEN = 256 };
@@ -324,15 +333,76 @@ static double bench_mixed(void)
     tdm_sched_stats_init(&st);
     CHECK(tdm_sched_get_stats(s, &st), s);
     double us = median(per, CHUNKS);
-    printf("mixed       %8.1f us/cycle     (median of %d runs of %u cycles [%.1f .. %.1f]; step %.0f%%; now %u running, %u waiting; prefix hit rate %.2f;"
+    printf("mixed%-6s %8.1f us/cycle     (median of %d runs of %u cycles [%.1f .. %.1f]; step %.0f%%; now %u running, %u waiting; prefix hit rate %.2f;"
            " %llu preemptions; %llu tdm allocs in the timed cycles: adds and admissions)\n",
-           us, CHUNKS, cycles / CHUNKS, per[0], per[CHUNKS - 1], 100.0 * h.t_step / (h.t_step + h.t_update),
+           strcmp(algo, "sha256") ? "_xxh3" : "", us, CHUNKS, cycles / CHUNKS, per[0], per[CHUNKS - 1], 100.0 * h.t_step / (h.t_step + h.t_update),
            st.num_running, st.num_waiting, st.prefix_hit_rate, (unsigned long long)st.preemptions,
            (unsigned long long)a_timed);
     host_free(&h);
     tdm_sched_destroy(s);
     return us;
 #undef RND
+}
+
+/* ---- the block digest alone, and a prefix-heavy phase ---- */
+
+static double bench_hash(int algo, const char *name)
+{
+    enum { N = 200000, BS = 16 };
+    tdm__hasher hs;
+    if (tdm__hasher_init(&hs) || tdm__hasher_reserve(&hs, BS)) die("tdm__hasher_init", -1, NULL);
+    tdm_token toks[BS * 64];
+    for (uint32_t i = 0; i < BS * 64; i++) toks[i] = (tdm_token)(1000 + i * 7);
+    tdm__digest d[2];
+    double per[CHUNKS];
+    for (int c = 0; c < CHUNKS; c++) {
+        double t0 = now_s();
+        for (uint32_t i = 0; i < N / CHUNKS; i++)
+            if (tdm__hash_block(&hs, algo, i ? &d[(i - 1) & 1] : NULL, toks + (i % 64) * BS, BS, NULL, &d[i & 1]))
+                die("tdm__hash_block", -1, NULL);
+        per[c] = (now_s() - t0) * 1e9 / (N / CHUNKS);
+    }
+    double ns = median(per, CHUNKS);
+    printf("hash_%-8s %6.1f ns/block     (16 tokens, chained; median of %d runs of %d blocks [%.1f .. %.1f]%s)\n",
+           name, ns, CHUNKS, N / CHUNKS, per[0], per[CHUNKS - 1],
+           algo == TDM_PREFIX_HASH_SHA256 ? (hs.use_evp ? "; libcrypto EVP" : "; libcrypto SHA256_*") : "; libxxhash");
+    tdm__hasher_free(&hs);
+    return ns;
+}
+
+/* 512 requests of 1024 tokens, 8 families sharing their first 960: ns per prompt block. */
+static double bench_prefix(const char *algo, int caching)
+{
+    enum { NREQ = 512, LEN = 1024, SHARED = 960, FAMILIES = 8 };
+    char json[512];
+    snprintf(json, sizeof(json), "{\"max_num_seqs\": 256, \"max_num_batched_tokens\": 65536,"
+             " \"num_blocks\": 40000, \"max_model_len\": 2048, \"block_size\": 16,"
+             " \"enable_prefix_caching\": %s, \"prefix_hash\": \"%s\"}", caching ? "true" : "false", algo);
+    double per[CHUNKS];
+    for (int c = 0; c < CHUNKS; c++) {
+        tdm_sched *s = make_sched(json);
+        host h;
+        host_init(&h, s, NREQ, 256);
+        tdm_token prompt[LEN];
+        const uint32_t per_run = NREQ;
+        for (uint32_t id = 0; id < per_run; id++) {
+            for (uint32_t i = 0; i < LEN; i++)
+                prompt[i] = i < SHARED ? (tdm_token)(500 + (id % FAMILIES) * 4096 + i)
+                                       : (tdm_token)(200000 + id * 64 + i);
+            host_add(&h, id, prompt, LEN, 1);
+        }
+        h.t_lib = 0;
+        while (h.finished_since < per_run) host_cycle(&h);
+        per[c] = h.t_lib * 1e9 / ((double)per_run * (LEN / 16));
+        host_free(&h);
+        tdm_sched_destroy(s);
+    }
+    double ns = median(per, CHUNKS);
+    printf("prefix_%-6s %6.1f ns/block     (%s; 512 prompts of 64 blocks, 8 families sharing 60;"
+           " step + update per prompt block, median of %d runs [%.1f .. %.1f])\n",
+           caching ? algo : "off", ns, caching ? "prefix caching on" : "prefix caching off: no hashing, the baseline",
+           CHUNKS, per[0], per[CHUNKS - 1]);
+    return ns;
 }
 
 int main(void)
@@ -344,23 +414,40 @@ int main(void)
     printf("baseline    %8.1f ns/req/cycle  (touching 64 B per request, 4096 requests)\n",
            baseline_ns_per_req(4096, 2000));
     uint64_t al256, al1024, al4096;
-    const char *only = getenv("SCHED_BENCH_ONLY"); /* "mixed" or "decode": profile one part */
+    /* Profile one part: "mixed" (SCHED_BENCH_HASH picks its prefix_hash), "hash", "prefix",
+     * "prefix_off", "prefix_sha256", "prefix_xxh3_128" (e.g. under valgrind --tool=callgrind). */
+    const char *only = getenv("SCHED_BENCH_ONLY");
     if (only && !strcmp(only, "mixed")) {
-        bench_mixed();
+        bench_mixed(getenv("SCHED_BENCH_HASH") ? getenv("SCHED_BENCH_HASH") : "sha256");
         return 0;
     }
+    if (only && !strncmp(only, "prefix_", 7)) {
+        bench_prefix(strcmp(only, "prefix_off") ? only + 7 : "sha256", strcmp(only, "prefix_off") != 0);
+        return 0;
+    }
+    double h_sha = bench_hash(TDM_PREFIX_HASH_SHA256, "sha256");
+    double h_xxh = bench_hash(TDM_PREFIX_HASH_XXH3_128, "xxh3_128");
+    if (only && !strcmp(only, "hash")) return 0;
+    double p_off = bench_prefix("sha256", 0);
+    double p_sha = bench_prefix("sha256", 1);
+    double p_xxh = bench_prefix("xxh3_128", 1);
+    if (only && !strcmp(only, "prefix")) return 0;
     uint64_t libc_before = libc_allocs();
     double d256 = bench_decode(256, &al256);
     double d1024 = bench_decode(1024, &al1024);
     double d4096 = bench_decode(4096, &al4096);
-    double mixed = bench_mixed();
+    double mixed = bench_mixed("sha256");
+    double mixed_xxh = bench_mixed("xxh3_128");
     printf("libc allocations counted over the whole run: %llu (the counter works)\n",
            (unsigned long long)(libc_allocs() - libc_before));
     printf("targets: decode <= 100 ns/req, mixed <= 100 us/step, steady_allocs 0%s\n",
            BENCH_COUNT_LIBC ? "" : " (libc allocations not counted in this build)");
     printf("sched_bench decode256_ns_per_req=%.1f decode1024_ns_per_req=%.1f decode4096_ns_per_req=%.1f"
-           " mixed_us_per_step=%.1f steady_allocs=%llu\n",
-           d256, d1024, d4096, mixed, (unsigned long long)(al256 + al1024 + al4096));
+           " mixed_us_per_step=%.1f steady_allocs=%llu mixed_xxh3_us_per_step=%.1f"
+           " hash_sha256_ns_per_block=%.1f hash_xxh3_128_ns_per_block=%.1f prefix_off_ns_per_block=%.1f"
+           " prefix_sha256_ns_per_block=%.1f prefix_xxh3_128_ns_per_block=%.1f\n",
+           d256, d1024, d4096, mixed, (unsigned long long)(al256 + al1024 + al4096), mixed_xxh,
+           h_sha, h_xxh, p_off, p_sha, p_xxh);
     return 0;
 #endif
 }

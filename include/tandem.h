@@ -167,9 +167,20 @@ typedef enum tdm_sched_param {
                                               fails; 0 = never; default 0 */
     TDM_SCHED_DELAY_FREE_TIMEOUT_MS = 17,  /* ["delay_free_timeout_ms"] held blocks of a finished
                                               prefill-side request are freed after it; default 120000 */
-    TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS = 18 /* ["max_num_partial_prefills"] in DECODE_FIRST mode, the
+    TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS = 18, /* ["max_num_partial_prefills"] in DECODE_FIRST mode, the
                                               most prefills in progress at once; 0 = no limit */
+    TDM_SCHED_PREFIX_HASH = 19             /* ["prefix_hash"] a tdm_prefix_hash: the block digest of
+                                              the prefix cache ("sha256", "xxh3_128"); default SHA256.
+                                              Changing it drops the cached blocks; only while the
+                                              scheduler holds no request */
 } tdm_sched_param;
+
+/* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */
+typedef enum tdm_prefix_hash {
+    TDM_PREFIX_HASH_SHA256 = 0,   /* SHA-256 (OpenSSL libcrypto): collision-resistant */
+    TDM_PREFIX_HASH_XXH3_128 = 1  /* XXH3-128 (libxxhash): faster, but a tenant who chooses
+                                     prompts can search for collisions; trusted tenants only */
+} tdm_prefix_hash;
 
 typedef enum tdm_policy_kind {
     TDM_POLICY_FCFS = 0,      /* arrival order; preempt the most recently admitted running request */
@@ -260,6 +271,16 @@ typedef struct tdm_request_desc {
     uint32_t num_remote_tokens;    /* REMOTE_PREFILL: tokens whose KV arrives (0 = the whole
                                       prompt); the rest is computed locally */
     uint32_t tenant;               /* an opaque tenant id available to policies */
+    /* Host-supplied block hashes (appended fields; see docs/ABI.md). With block_hash_size
+     * non-zero, the prefix cache uses the host's digest of each full block instead of
+     * computing one: block_hashes holds num_block_hashes digests of block_hash_size bytes
+     * (16..32), one per full prompt block in order (at most num_prompt_tokens / block_size).
+     * The digests of blocks that fill later are given with tdm_sched_append_block_hashes();
+     * a full block without a digest is neither looked up nor cached. Exclusive with
+     * cache_salt: the host's digests must already cover it. */
+    const void *block_hashes;
+    uint32_t num_block_hashes;
+    uint32_t block_hash_size;      /* bytes per digest; 0 = Tandem computes the digests */
 } tdm_request_desc;
 
 /* Fill *d with defaults: struct_size set, eos_token_id -1, max_tokens 16 (vLLM's default),
@@ -270,6 +291,16 @@ TDM_API int tdm_request_desc_init(tdm_request_desc *d);
  * (duplicate id), TDM_E_RANGE (prompt longer than max_model_len - 1 or needing more blocks
  * than the pool has), TDM_E_NOMEM. On failure nothing is added. */
 TDM_API int tdm_sched_add(tdm_sched *s, const tdm_request_desc *d);
+
+/* Append host-supplied digests (see tdm_request_desc.block_hashes) for the request's next
+ * full blocks, e.g. those that filled during decode once tdm_sched_update() reported their
+ * tokens. hashes holds count digests of hash_size bytes, which must equal the request's
+ * block_hash_size; the total may not exceed the full blocks of the request's known tokens.
+ * Read during the call only. Errors: TDM_E_NOT_FOUND (no unfinished request), TDM_E_INVAL
+ * (the request was added without host hashes, hash_size differs, hashes NULL),
+ * TDM_E_RANGE (more digests than full blocks). On failure nothing is appended. */
+TDM_API int tdm_sched_append_block_hashes(tdm_sched *s, uint64_t id, const void *hashes,
+                                          uint32_t count, uint32_t hash_size);
 
 /* Finish reasons. */
 typedef enum tdm_finish_reason {

@@ -4,9 +4,23 @@
  * blocks they touch; nothing allocates after tdm__pool_init.
  */
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <xxhash.h>
 
 #include "block_pool.h"
 #include "internal.h"
+
+/* The key of the index's slot hash: from the kernel's random pool, or (if that fails) from
+ * the clock and an address, which is weaker but only affects probe lengths, never results. */
+static uint64_t slot_seed(const void *where)
+{
+    uint64_t seed;
+    if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) == (ssize_t)sizeof(seed)) return seed;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return tdm__mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)(uintptr_t)where);
+}
 
 static inline uint32_t sentinel(const tdm__pool *p) { return p->num_blocks; }
 
@@ -46,7 +60,7 @@ int tdm__pool_init(tdm__pool *p, uint32_t num_blocks)
     p->refcnt = tdm__calloc(num_blocks, sizeof(uint32_t));
     p->prev = tdm__malloc(((size_t)num_blocks + 1) * sizeof(uint32_t));
     p->next = tdm__malloc(((size_t)num_blocks + 1) * sizeof(uint32_t));
-    p->hash = tdm__calloc(num_blocks, sizeof(tdm__h128));
+    p->hash = tdm__calloc(num_blocks, sizeof(tdm__digest));
     p->hashed = tdm__calloc(num_blocks, 1);
     p->slots = tdm__malloc((size_t)cap * sizeof(uint32_t));
     p->tags = tdm__malloc((size_t)cap * sizeof(uint32_t));
@@ -55,6 +69,7 @@ int tdm__pool_init(tdm__pool *p, uint32_t num_blocks)
         return TDM_E_NOMEM;
     }
     p->slot_mask = cap - 1;
+    p->seed = slot_seed(p);
     memset(p->slots, 0xff, (size_t)cap * sizeof(uint32_t));
     uint32_t s = sentinel(p);
     p->next[s] = p->prev[s] = s;
@@ -75,20 +90,27 @@ void tdm__pool_free(tdm__pool *p)
     memset(p, 0, sizeof(*p));
 }
 
-static inline uint32_t slot_of(const tdm__pool *p, tdm__h128 h)
+/* The keyed slot hash of a digest: its low bits pick the home slot, its high 32 bits are the
+ * tag. Keyed, so that digests an attacker can compute (they may choose prompts) do not let
+ * them pick slots. */
+static inline uint64_t slot_hash(const tdm__pool *p, const tdm__digest *h)
 {
-    return (uint32_t)(h.lo ^ (h.hi >> 17)) & p->slot_mask;
+    return XXH3_64bits_withSeed(h, sizeof(*h), p->seed);
 }
 
-static inline uint32_t tag_of(tdm__h128 h) { return (uint32_t)(h.hi >> 32); }
-
-uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__h128 h)
+static inline uint32_t slot_of(const tdm__pool *p, const tdm__digest *h)
 {
-    uint32_t tag = tag_of(h);
-    for (uint32_t i = slot_of(p, h);; i = (i + 1) & p->slot_mask) {
+    return (uint32_t)slot_hash(p, h) & p->slot_mask;
+}
+
+uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__digest h)
+{
+    uint64_t k = slot_hash(p, &h);
+    uint32_t tag = (uint32_t)(k >> 32);
+    for (uint32_t i = (uint32_t)k & p->slot_mask;; i = (i + 1) & p->slot_mask) {
         uint32_t b = p->slots[i];
         if (b == TDM__NO_BLOCK) return TDM__NO_BLOCK;
-        if (p->tags[i] == tag && tdm__h128_eq(p->hash[b], h)) return b;
+        if (p->tags[i] == tag && tdm__digest_eq(&p->hash[b], &h)) return b;
     }
 }
 
@@ -96,7 +118,7 @@ uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__h128 h)
  * needs no tombstones). */
 static void index_remove(tdm__pool *p, uint32_t b)
 {
-    uint32_t i = slot_of(p, p->hash[b]);
+    uint32_t i = slot_of(p, &p->hash[b]);
     while (p->slots[i] != b) i = (i + 1) & p->slot_mask;
     for (;;) {
         p->slots[i] = TDM__NO_BLOCK;
@@ -105,7 +127,7 @@ static void index_remove(tdm__pool *p, uint32_t b)
             j = (j + 1) & p->slot_mask;
             uint32_t c = p->slots[j];
             if (c == TDM__NO_BLOCK) return;
-            uint32_t home = slot_of(p, p->hash[c]);
+            uint32_t home = slot_of(p, &p->hash[c]);
             /* c may move to i if its home is not in the cyclic range (i, j]. */
             if (((j - home) & p->slot_mask) >= ((j - i) & p->slot_mask)) {
                 p->slots[i] = c;
@@ -131,14 +153,15 @@ static void evict(tdm__pool *p, uint32_t b)
     p->evictions++;
 }
 
-int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__h128 h)
+int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__digest h)
 {
     if (p->hashed[b]) return 0;
-    uint32_t i = slot_of(p, h), tag = tag_of(h);
+    uint64_t k = slot_hash(p, &h);
+    uint32_t i = (uint32_t)k & p->slot_mask, tag = (uint32_t)(k >> 32);
     for (;; i = (i + 1) & p->slot_mask) {
         uint32_t c = p->slots[i];
         if (c == TDM__NO_BLOCK) break;
-        if (p->tags[i] == tag && tdm__h128_eq(p->hash[c], h)) return 0;
+        if (p->tags[i] == tag && tdm__digest_eq(&p->hash[c], &h)) return 0;
     }
     p->slots[i] = b;
     p->tags[i] = tag;

@@ -1,9 +1,11 @@
 /*
  * block_pool.h -- the paged KV block pool: block 0 is the null block; every other block has
  * a refcount; free blocks sit in an intrusive doubly linked queue (O(1) pop from the head,
- * append, prepend and removal from the middle); full blocks may carry a 128-bit hash and
- * be found through an open-addressing index (the prefix cache). Eviction is lazy: a free
- * hashed block keeps its hash until it is popped for reuse.
+ * append, prepend and removal from the middle); full blocks may carry a digest (32 bytes,
+ * stored in full) and be found through an open-addressing index (the prefix cache). The
+ * index slot of a digest is a keyed hash (XXH3 with a per-pool random seed) of all its bytes,
+ * so prompts chosen to crowd one slot cannot make probes long. Eviction is lazy: a free
+ * hashed block keeps its digest until it is popped for reuse.
  */
 #ifndef TANDEM_SCHED_BLOCK_POOL_H
 #define TANDEM_SCHED_BLOCK_POOL_H
@@ -20,12 +22,13 @@ typedef struct tdm__pool {
     uint32_t num_hashed;   /* blocks carrying a hash (in use or free) */
     uint32_t *refcnt;
     uint32_t *prev, *next; /* free queue links; index num_blocks is the sentinel */
-    tdm__h128 *hash;
+    tdm__digest *hash;
     uint8_t *hashed;
     /* hash index: open addressing, linear probing, backward-shift deletion */
     uint32_t *slots;       /* block id or TDM__NO_BLOCK */
-    uint32_t *tags;        /* 32 bits of the slot's hash: most probes never touch `hash` */
+    uint32_t *tags;        /* 32 bits of the keyed slot hash: most probes never touch `hash` */
     uint32_t slot_mask;
+    uint64_t seed;         /* key of the slot hash, random per pool */
     uint64_t evictions;
 } tdm__pool;
 
@@ -46,12 +49,12 @@ void tdm__pool_touch(tdm__pool *p, uint32_t block);
  * the head (reused first). Going backwards, a request's tail blocks are evicted first. */
 void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n);
 
-/* Look up a hash: the cached block id, or TDM__NO_BLOCK. */
-uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__h128 h);
+/* Look up a digest (all 32 bytes compared): the cached block id, or TDM__NO_BLOCK. */
+uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__digest h);
 
 /* Give block `b` hash h and index it, unless an equal hash is already indexed (then the
  * block stays unhashed: the earlier copy remains the cached one). Returns 1 if indexed. */
-int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__h128 h);
+int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__digest h);
 
 /* Drop every hash of free blocks from the index. */
 void tdm__pool_reset_cache(tdm__pool *p);

@@ -28,6 +28,7 @@ static const char *const policy_names[] = { "fcfs", "priority", "custom", "slo",
 static const char *const mode_names[] = { "vllm", "decode_first", "prefill_first", NULL };
 static const char *const role_names[] = { "both", "prefill", "decode", NULL };
 static const char *const failure_names[] = { "recompute", "fail", NULL };
+static const char *const hash_names[] = { "sha256", "xxh3_128", NULL };
 
 #define OFF(f) offsetof(tdm__params, f)
 #define I32MAX 2147483647LL
@@ -51,6 +52,7 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_REMOTE_KV_TIMEOUT_MS, "remote_kv_timeout_ms", K_INT, 0, 86400000LL * 365, OFF(remote_kv_timeout_ms), NULL, false },
     { TDM_SCHED_DELAY_FREE_TIMEOUT_MS, "delay_free_timeout_ms", K_INT, 0, 86400000LL * 365, OFF(delay_free_timeout_ms), NULL, false },
     { TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS, "max_num_partial_prefills", K_INT, 0, 1 << 20, OFF(max_num_partial_prefills), NULL, false },
+    { TDM_SCHED_PREFIX_HASH, "prefix_hash", K_ENUM, 0, 1, OFF(prefix_hash), hash_names, true },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {
@@ -127,12 +129,16 @@ static int commit(tdm_sched *s, const tdm__params *np)
     bool reshape = np->num_blocks != s->prm.num_blocks || np->block_size != s->prm.block_size ||
                    np->enable_prefix_caching != s->prm.enable_prefix_caching ||
                    np->max_model_len != s->prm.max_model_len ||
-                   np->num_lookahead_tokens != s->prm.num_lookahead_tokens;
+                   np->num_lookahead_tokens != s->prm.num_lookahead_tokens ||
+                   np->prefix_hash != s->prm.prefix_hash;
     if (reshape && s->map_len)
         return tdm__fail(&s->err, TDM_E_STATE,
-                         "num_blocks, block_size, enable_prefix_caching, max_model_len and "
-                         "num_lookahead_tokens can only change while the scheduler holds no request "
-                         "(%u held)", s->map_len);
+                         "num_blocks, block_size, enable_prefix_caching, max_model_len, "
+                         "num_lookahead_tokens and prefix_hash can only change while the scheduler "
+                         "holds no request (%u held)", s->map_len);
+    if (tdm__hasher_reserve(&s->hasher, (uint32_t)np->block_size))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for hashing blocks of %lld tokens",
+                         (long long)np->block_size);
     if (np->max_num_seqs > (int64_t)s->cap_entries && tdm__sched_grow(s, (uint32_t)np->max_num_seqs))
         return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for max_num_seqs %lld",
                          (long long)np->max_num_seqs);
@@ -153,7 +159,7 @@ static int commit(tdm_sched *s, const tdm__params *np)
         s->pool = np_pool;
         s->pool_ready = true;
     } else if (reshape) {
-        tdm__pool_reset_cache(&s->pool); /* block size or caching changed: hashes are stale */
+        tdm__pool_reset_cache(&s->pool); /* block size, caching or hash changed: hashes are stale */
     }
     if (repolicy && s->prm.policy == TDM_POLICY_CUSTOM) tdm__policy_drop(s);
     s->prm = *np;

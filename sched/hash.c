@@ -1,74 +1,130 @@
 /*
- * hash.c -- the 128-bit block hash: two independent 64-bit lanes, each a multiply-rotate
- * absorption of 64-bit words (two token ids per word) seeded differently, finalised with
- * cross-lane mixing. Not cryptographic; designed for speed with a negligible accidental
- * collision rate over the number of blocks a cache ever holds.
+ * hash.c -- the prefix cache's block digests from libraries (see hash.h): SHA-256 through
+ * OpenSSL's EVP API (the default; collision-resistant) and XXH3-128 from libxxhash (fast, not
+ * collision-resistant against a chosen-prompt attacker). A block is serialized into the
+ * hasher's buffer as
+ *     parent digest (L bytes; L zero bytes for the first block)
+ *     u32le token count, the token ids as u32le
+ *     u32le extra-key length (0 or L), the extra key (the cache salt's digest)
+ * and that buffer is digested in one call, L being the algorithm's digest length (32 or 16).
+ * XXH3-128 digests are stored in xxHash's canonical (big-endian) byte order, the bytes
+ * `xxhsum -H2` and Python's xxhash.xxh3_128_digest print.
+ *
+ * Allocation: OpenSSL 3.0's EVP_DigestInit frees and allocates the provider's context on
+ * every call (OpenSSL >= 3.1 reuses it), i.e. one malloc per block. The scheduler must not
+ * allocate in steady state, so with a 3.0 library at run time the SHA-256 digest is taken
+ * with libcrypto's SHA256_Init/Update/Final on a stack context instead (deprecated in 3.0 but
+ * shipped by every 3.x; the same SHA-256, allocation-free); from 3.1 on it is EVP.
  */
-#include <string.h>
+#define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_Init & co. for OpenSSL 3.0 (see above) */
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/sha.h>
+#include <xxhash.h>
 
 #include "hash.h"
+#include "internal.h"
+#include "tandem.h"
 
-const tdm__h128 tdm__hash_root = { 0x5443444d5f524f4fULL, 0x544e44454d5f3031ULL };
-
-#define P1 0x9e3779b97f4a7c15ULL
-#define P2 0xc2b2ae3d27d4eb4fULL
-#define P3 0x165667b19e3779f9ULL
-#define P4 0xd6e8feb86659fd93ULL
-
-static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-typedef struct lanes {
-    uint64_t a, b;
-} lanes;
-
-static inline void absorb(lanes *l, uint64_t w)
+int tdm__hasher_init(tdm__hasher *h)
 {
-    l->a = rotl(l->a ^ (w * P1), 31) * P2;
-    l->b = rotl(l->b ^ (w * P3), 29) * P4;
+    memset(h, 0, sizeof(*h));
+    EVP_MD *md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    if (!md) return TDM_E_INTERNAL;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx) {
+        EVP_MD_free(md);
+        return TDM_E_NOMEM;
+    }
+    h->md = md;
+    h->ctx = ctx;
+    h->use_evp = OpenSSL_version_num() >= 0x30100000UL;
+    return TDM_OK;
 }
 
-static inline tdm__h128 finish(lanes l, uint64_t len)
+void tdm__hasher_free(tdm__hasher *h)
 {
-    uint64_t a = l.a ^ len, b = l.b ^ (len * P1);
-    a += b;
-    b += a;
-    a = tdm__mix64(a);
-    b = tdm__mix64(b ^ P3);
-    a += b;
-    b += a;
-    tdm__h128 h = { a, b };
-    return h;
+    EVP_MD_CTX_free(h->ctx);
+    EVP_MD_free(h->md);
+    tdm__free(h->buf);
+    memset(h, 0, sizeof(*h));
 }
 
-tdm__h128 tdm__hash_block(tdm__h128 parent, const int32_t *tokens, uint32_t n,
-                          const tdm__h128 *extra)
+int tdm__hasher_reserve(tdm__hasher *h, uint32_t block_size)
 {
-    lanes l = { parent.lo ^ P4, parent.hi ^ P1 };
-    absorb(&l, parent.hi);
-    absorb(&l, parent.lo);
-    uint32_t i = 0;
-    for (; i + 1 < n; i += 2)
-        absorb(&l, (uint64_t)(uint32_t)tokens[i] | ((uint64_t)(uint32_t)tokens[i + 1] << 32));
-    if (i < n) absorb(&l, (uint64_t)(uint32_t)tokens[i] | (1ULL << 63));
+    size_t need = TDM__DIGEST_MAX + 4 + (size_t)block_size * 4 + 4 + TDM__DIGEST_MAX;
+    if (need <= h->cap) return TDM_OK;
+    unsigned char *b = tdm__malloc(need);
+    if (!b) return TDM_E_NOMEM;
+    tdm__free(h->buf);
+    h->buf = b;
+    h->cap = need;
+    return TDM_OK;
+}
+
+uint32_t tdm__hash_len(int algo) { return algo == TDM_PREFIX_HASH_XXH3_128 ? 16u : 32u; }
+
+static inline unsigned char *put_u32le(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+    return p + 4;
+}
+
+static int digest(const tdm__hasher *h, int algo, const void *data, size_t len, tdm__digest *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (algo == TDM_PREFIX_HASH_XXH3_128) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits(data, len));
+        memcpy(out, c.digest, sizeof(c.digest));
+        return TDM_OK;
+    }
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (h->use_evp) {
+        if (!EVP_DigestInit_ex2(h->ctx, h->md, NULL) || !EVP_DigestUpdate(h->ctx, data, len) ||
+            !EVP_DigestFinal_ex(h->ctx, md, &n) || n != 32)
+            return TDM_E_INTERNAL;
+    } else {
+        SHA256_CTX c;
+        if (!SHA256_Init(&c) || !SHA256_Update(&c, data, len) || !SHA256_Final(md, &c))
+            return TDM_E_INTERNAL;
+    }
+    memcpy(out, md, 32);
+    return TDM_OK;
+}
+
+int tdm__hash_block(const tdm__hasher *h, int algo, const tdm__digest *parent,
+                    const int32_t *tokens, uint32_t n, const tdm__digest *extra, tdm__digest *out)
+{
+    uint32_t L = tdm__hash_len(algo);
+    size_t need = 2u * L + 8u + (size_t)n * 4u;
+    if (!h->buf || need > h->cap) {
+        memset(out, 0, sizeof(*out));
+        return TDM_E_INTERNAL;
+    }
+    unsigned char *p = h->buf;
+    if (parent) memcpy(p, parent, L);
+    else memset(p, 0, L);
+    p = put_u32le(p + L, n);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, tokens, (size_t)n * 4u);
+    p += (size_t)n * 4u;
+#else
+    for (uint32_t i = 0; i < n; i++) p = put_u32le(p, (uint32_t)tokens[i]);
+#endif
+    p = put_u32le(p, extra ? L : 0u);
     if (extra) {
-        absorb(&l, extra->lo ^ P2);
-        absorb(&l, extra->hi ^ P3);
+        memcpy(p, extra, L);
+        p += L;
     }
-    return finish(l, (uint64_t)n | (extra ? 1ULL << 40 : 0));
+    return digest(h, algo, h->buf, (size_t)(p - h->buf), out);
 }
 
-tdm__h128 tdm__hash_bytes(const void *data, size_t len)
+int tdm__hash_bytes(const tdm__hasher *h, int algo, const void *data, size_t len, tdm__digest *out)
 {
-    const unsigned char *p = data;
-    lanes l = { P1 ^ len, P2 };
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        absorb(&l, w);
-    }
-    uint64_t tail = 0;
-    for (size_t k = 0; i < len; i++, k++) tail |= (uint64_t)p[i] << (8 * k);
-    absorb(&l, tail);
-    return finish(l, len);
+    return digest(h, algo, data, len, out);
 }

@@ -1,33 +1,68 @@
 /*
- * hash.h -- the 128-bit chained block hash of the prefix cache and the 64-bit mixers used
- * by the scheduler's hash tables. A block's hash covers its parent block's hash, its token
- * ids and an extra key (the cache salt, first block only), so equal hashes mean equal
- * prefixes (up to a 2^-128 collision chance).
+ * hash.h -- the chained block hash of the prefix cache, computed by well-kept libraries
+ * (SHA-256 from OpenSSL's libcrypto through the EVP API, or XXH3-128 from libxxhash), and
+ * the digest type the block pool indexes. A block's digest covers its parent block's digest,
+ * its token ids and an extra key (the digest of the cache salt, first block only), so equal
+ * digests mean equal prefixes up to the algorithm's collision resistance. Hosts may supply
+ * their own digests instead (16 to 32 bytes each); every digest is stored in full, zero-padded
+ * to 32 bytes. The byte format hashed is documented in docs/scheduler.md.
+ *
+ * tdm__mix64 (the splitmix64 finaliser) stays: it spreads the host's 64-bit request ids over
+ * the id table, a bijection on integers the host chooses anyway, not a content hash.
  */
 #ifndef TANDEM_SCHED_HASH_H
 #define TANDEM_SCHED_HASH_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
-typedef struct tdm__h128 {
-    uint64_t lo, hi;
-} tdm__h128;
+#define TDM__DIGEST_MAX 32u   /* bytes stored per digest (SHA-256's size) */
+#define TDM__HOST_HASH_MIN 16u /* the shortest host digest accepted (128 bits) */
 
-/* The parent hash of a request's first block (a fixed, documented constant, so that hashes
- * are reproducible across processes, unlike vLLM's per-process random NONE_HASH). */
-extern const tdm__h128 tdm__hash_root;
+/* A digest as bytes, zero-padded to TDM__DIGEST_MAX (the words only make it aligned). */
+typedef struct tdm__digest {
+    uint64_t w[TDM__DIGEST_MAX / 8];
+} tdm__digest;
 
-/* Hash of one full block: parent, `n` token ids, and an optional extra key. */
-tdm__h128 tdm__hash_block(tdm__h128 parent, const int32_t *tokens, uint32_t n,
-                          const tdm__h128 *extra);
+static inline int tdm__digest_eq(const tdm__digest *a, const tdm__digest *b)
+{
+    return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) | (a->w[3] ^ b->w[3])) == 0;
+}
 
-/* Hash of arbitrary bytes (for the cache salt). */
-tdm__h128 tdm__hash_bytes(const void *data, size_t len);
+/* The hashing state of one scheduler: the fetched algorithm, a reusable digest context and
+ * a serialization buffer sized for one block. Not thread-safe (one per scheduler). */
+typedef struct tdm__hasher {
+    void *md;               /* EVP_MD * (SHA-256), fetched once */
+    void *ctx;              /* EVP_MD_CTX * */
+    unsigned char *buf;     /* parent | n | tokens | extra_len | extra */
+    size_t cap;             /* bytes of buf */
+    int use_evp;            /* SHA-256 through EVP (libcrypto >= 3.1), else SHA256_* (3.0,
+                               whose EVP allocates per digest; see hash.c) */
+} tdm__hasher;
 
-static inline int tdm__h128_eq(tdm__h128 a, tdm__h128 b) { return a.lo == b.lo && a.hi == b.hi; }
+/* Fetch SHA-256 and create the context. TDM_OK, TDM_E_NOMEM or TDM_E_INTERNAL (libcrypto
+ * has no SHA-256: a broken installation). */
+int tdm__hasher_init(tdm__hasher *h);
+void tdm__hasher_free(tdm__hasher *h);
 
-/* splitmix64 finaliser: a fast bijective mixer for 64-bit keys. */
+/* Size the serialization buffer for blocks of block_size tokens. TDM_OK or TDM_E_NOMEM
+ * (then the hasher is unchanged). */
+int tdm__hasher_reserve(tdm__hasher *h, uint32_t block_size);
+
+/* Digest length of an algorithm (a tdm_prefix_hash value): 32 or 16. */
+uint32_t tdm__hash_len(int algo);
+
+/* Digest of one full block: parent (NULL for the first block), n token ids (n <= the
+ * reserved block size) and an optional extra key. Returns TDM_OK or TDM_E_INTERNAL when the
+ * library call fails (then *out is all zero, which no lookup of a real digest matches). */
+int tdm__hash_block(const tdm__hasher *h, int algo, const tdm__digest *parent,
+                    const int32_t *tokens, uint32_t n, const tdm__digest *extra, tdm__digest *out);
+
+/* Digest of arbitrary bytes (the cache salt). Same errors as tdm__hash_block. */
+int tdm__hash_bytes(const tdm__hasher *h, int algo, const void *data, size_t len, tdm__digest *out);
+
+/* splitmix64 finaliser: spreads integer keys (request ids) over a table. */
 static inline uint64_t tdm__mix64(uint64_t x)
 {
     x ^= x >> 30;

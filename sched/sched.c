@@ -74,10 +74,13 @@ int tdm_sched_create(tdm_sched **out)
     if (!s) return TDM_E_NOMEM;
     tdm__params_default(&s->prm);
     tdm__params p = s->prm;
-    if (tdm__sched_apply_shape(s, &p) || size_step_arrays(s, (uint32_t)s->prm.max_num_seqs)) {
+    int rc = tdm__hasher_init(&s->hasher);
+    if (!rc && (tdm__sched_apply_shape(s, &p) || size_step_arrays(s, (uint32_t)s->prm.max_num_seqs)))
+        rc = TDM_E_NOMEM;
+    if (rc) {
         tdm__handle_acquire();
         tdm_sched_destroy(s);
-        return TDM_E_NOMEM;
+        return rc;
     }
     s->now = 0.0;
     tdm__handle_acquire();
@@ -92,6 +95,7 @@ void tdm_sched_destroy(tdm_sched *s)
         for (uint32_t i = 0; i <= s->map_mask; i++)
             if (s->map[i]) tdm__req_destroy(s, s->map[i]);
     tdm__run_cache_free(s);
+    tdm__hasher_free(&s->hasher);
     tdm__free(s->map);
     tdm__free(s->heap);
     tdm__free(s->running);
@@ -132,12 +136,36 @@ static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
     (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE)
 #define MAX_STOP_IDS 4096u
 #define MAX_SALT 4096u
+/* The size of the first published tdm_request_desc (before the host block hashes). */
+#define DESC_V1_SIZE offsetof(tdm_request_desc, block_hashes)
 
+/* Host-supplied block digests: sizes, count, and no cache_salt beside them. */
+static int validate_host_hashes(tdm_sched *s, const tdm_request_desc *d)
+{
+    unsigned long long id = (unsigned long long)d->id;
+    if (!d->block_hash_size) {
+        if (d->num_block_hashes || d->block_hashes)
+            return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: block_hashes given with block_hash_size 0", id);
+        return TDM_OK;
+    }
+    if (d->block_hash_size < TDM__HOST_HASH_MIN || d->block_hash_size > TDM__DIGEST_MAX)
+        return tdm__fail(&s->err, TDM_E_RANGE, "add %llu: block_hash_size %u is not in [%u, %u] bytes",
+                         id, d->block_hash_size, TDM__HOST_HASH_MIN, TDM__DIGEST_MAX);
+    if (d->num_block_hashes && !d->block_hashes)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: block_hashes is NULL", id);
+    if (d->cache_salt_len)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: cache_salt and block_hashes are exclusive "
+                         "(the host's block hashes must already cover the salt)", id);
+    uint32_t full = d->num_prompt_tokens / (uint32_t)s->prm.block_size;
+    if (d->num_block_hashes > full)
+        return tdm__fail(&s->err, TDM_E_RANGE, "add %llu: %u block hashes for %u full prompt blocks",
+                         id, d->num_block_hashes, full);
+    return TDM_OK;
+}
+
+/* d: the caller's desc copied into a full-size one (struct_size already checked). */
 static int validate_desc(tdm_sched *s, const tdm_request_desc *d)
 {
-    if (!TDM_STRUCT_OK(d, sizeof(tdm_request_desc)))
-        return tdm__fail(&s->err, TDM_E_INVAL, "add: desc is NULL or struct_size %u is too small",
-                         d ? d->struct_size : 0);
     if (d->flags & ~ALL_REQ_FLAGS)
         return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: unknown flags 0x%x",
                          (unsigned long long)d->id, d->flags & ~ALL_REQ_FLAGS);
@@ -168,6 +196,8 @@ static int validate_desc(tdm_sched *s, const tdm_request_desc *d)
     if (!finite_nonneg(d->arrival_time) || !finite_nonneg(d->ttft_slo) || !finite_nonneg(d->tpot_slo))
         return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: arrival_time (%g), ttft_slo and tpot_slo must be "
                          "finite and >= 0", (unsigned long long)d->id, d->arrival_time);
+    int rc = validate_host_hashes(s, d);
+    if (rc) return rc;
     if (d->num_remote_tokens > d->num_prompt_tokens)
         return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: num_remote_tokens %u > prompt length %u",
                          (unsigned long long)d->id, d->num_remote_tokens, d->num_prompt_tokens);
@@ -185,9 +215,17 @@ static int validate_desc(tdm_sched *s, const tdm_request_desc *d)
     return TDM_OK;
 }
 
-int tdm_sched_add(tdm_sched *s, const tdm_request_desc *d)
+int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
 {
     if (!s) return TDM_E_INVAL;
+    if (!TDM_STRUCT_OK(desc, DESC_V1_SIZE))
+        return tdm__fail(&s->err, TDM_E_INVAL, "add: desc is NULL or struct_size %u is too small",
+                         desc ? desc->struct_size : 0);
+    /* Read only what the caller's struct covers; later fields are zero. */
+    tdm_request_desc dc;
+    memset(&dc, 0, sizeof(dc));
+    memcpy(&dc, desc, TDM_MIN((size_t)desc->struct_size, sizeof(dc)));
+    const tdm_request_desc *d = &dc;
     int rc = validate_desc(s, d);
     if (rc) return rc;
     /* Reserve first so that nothing after the map insert can fail: the finished array and
@@ -195,10 +233,24 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *d)
     if (tdm__vec_reserve(&s->finished, s->map_len + 1, sizeof(tdm__req *)) ||
         tdm__waiting_reserve(s, s->map_len + 1))
         return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
-    size_t sz = sizeof(tdm__req) + ((size_t)d->num_prompt_tokens + d->num_stop_token_ids) * sizeof(tdm_token);
+    /* One allocation: the record, the host digests (room for every full prompt block), the
+     * prompt and the stop ids. */
+    uint32_t nhost = d->block_hash_size ? d->num_prompt_tokens / (uint32_t)s->prm.block_size : 0;
+    size_t sz_host = (size_t)nhost * sizeof(tdm__digest);
+    size_t sz = sizeof(tdm__req) + sz_host +
+                ((size_t)d->num_prompt_tokens + d->num_stop_token_ids) * sizeof(tdm_token);
     tdm__req *r = tdm__calloc(1, sz);
     if (!r) return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
-    tdm_token *prompt = (tdm_token *)(r + 1);
+    tdm__digest *host = (tdm__digest *)(r + 1);
+    tdm_token *prompt = (tdm_token *)((char *)(r + 1) + sz_host);
+    if (d->block_hash_size) {
+        for (uint32_t i = 0; i < d->num_block_hashes; i++)
+            memcpy(&host[i], (const unsigned char *)d->block_hashes + (size_t)i * d->block_hash_size,
+                   d->block_hash_size); /* the rest stays zero (calloc) */
+        r->host_hashes = host;
+        r->num_host_hashes = d->num_block_hashes;
+        r->host_hash_size = d->block_hash_size;
+    }
     memcpy(prompt, d->prompt, (size_t)d->num_prompt_tokens * sizeof(tdm_token));
     if (d->num_stop_token_ids)
         memcpy(prompt + d->num_prompt_tokens, d->stop_token_ids, (size_t)d->num_stop_token_ids * sizeof(tdm_token));
@@ -219,7 +271,11 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *d)
     r->tpot_slo = d->tpot_slo;
     r->seq = ++s->next_seq;
     if (d->cache_salt_len) {
-        r->salt = tdm__hash_bytes(d->cache_salt, d->cache_salt_len);
+        if (tdm__hash_bytes(&s->hasher, (int)s->prm.prefix_hash, d->cache_salt, d->cache_salt_len, &r->salt)) {
+            tdm__req_destroy(s, r);
+            return tdm__fail(&s->err, TDM_E_INTERNAL, "add %llu: hashing the cache salt failed (libcrypto)",
+                             (unsigned long long)d->id);
+        }
         r->has_salt = true;
     }
     if (d->flags & TDM_REQ_REMOTE_PREFILL)
@@ -242,6 +298,39 @@ static tdm__req *live(tdm_sched *s, uint64_t id, const char *what)
         return NULL;
     }
     return r;
+}
+
+int tdm_sched_append_block_hashes(tdm_sched *s, uint64_t id, const void *hashes, uint32_t count,
+                                  uint32_t hash_size)
+{
+    if (!s) return TDM_E_INVAL;
+    tdm__req *r = live(s, id, "append_block_hashes");
+    if (!r) return TDM_E_NOT_FOUND;
+    unsigned long long uid = (unsigned long long)id;
+    if (!r->host_hash_size)
+        return tdm__fail(&s->err, TDM_E_INVAL, "append_block_hashes %llu: the request was added "
+                         "without block hashes (block_hash_size 0)", uid);
+    if (hash_size != r->host_hash_size)
+        return tdm__fail(&s->err, TDM_E_INVAL, "append_block_hashes %llu: hash_size %u differs from "
+                         "the request's block_hash_size %u", uid, hash_size, r->host_hash_size);
+    if (count && !hashes)
+        return tdm__fail(&s->err, TDM_E_INVAL, "append_block_hashes %llu: hashes is NULL", uid);
+    /* Before admission the digests wait in the request record (room for every full prompt
+     * block, and no other block can fill yet); after it they go to the run arrays. */
+    tdm__req_sync_host_hashes(r);
+    uint32_t have = r->hashes ? r->num_hashes : r->num_host_hashes;
+    uint32_t full = r->num_tokens / (uint32_t)s->prm.block_size;
+    if (count > full - have)
+        return tdm__fail(&s->err, TDM_E_RANGE, "append_block_hashes %llu: %u + %u block hashes for "
+                         "%u full blocks", uid, have, count, full);
+    tdm__digest *dst = (r->hashes ? r->hashes : r->host_hashes) + have;
+    for (uint32_t i = 0; i < count; i++) {
+        memset(&dst[i], 0, sizeof(dst[i]));
+        memcpy(&dst[i], (const unsigned char *)hashes + (size_t)i * hash_size, hash_size);
+    }
+    if (r->hashes) r->num_hashes += count;
+    else r->num_host_hashes += count;
+    return TDM_OK;
 }
 
 int tdm_sched_finish(tdm_sched *s, uint64_t id, tdm_finish_reason reason)
@@ -350,6 +439,7 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
         tdm__req_hash_blocks(s, r);
         for (uint32_t i = r->num_cached_blocks; i < full && i < r->num_hashes; i++)
             tdm__pool_cache(&s->pool, r->blocks[i], r->hashes[i]);
+        full = TDM_MIN(full, r->num_hashes); /* host-supplied digests may lag */
         if (full > r->num_cached_blocks) r->num_cached_blocks = full;
     }
     r->state = TDM_STATE_WAITING;

@@ -78,12 +78,16 @@ struct tdm__req {
     const tdm_token *prompt;   /* points into this allocation; `tokens` once admitted */
     const tdm_token *stop_ids;
     tdm_token *spec;           /* capacity = the scheduler's lookahead */
-    tdm__h128 *hashes;         /* hashes of the full blocks of tokens[0..num_tokens) */
+    tdm__digest *hashes;       /* digests of the full blocks of tokens[0..num_tokens) */
     uint32_t num_hashes;
+    tdm__digest *host_hashes;  /* host digests given before admission (in this
+                                       allocation), copied to `hashes` when admitted */
+    uint32_t num_host_hashes;  /* digests in host_hashes (capacity: full prompt blocks) */
+    uint32_t host_hash_size;   /* bytes per host digest; 0 = Tandem computes them */
     uint32_t num_cached;       /* prefix hit at the first admission */
     uint32_t num_remote;       /* REMOTE_PREFILL: tokens whose KV arrives from the peer */
     uint32_t num_preemptions;
-    tdm__h128 salt;
+    tdm__digest salt;          /* digest of the cache salt (the first block's extra key) */
     bool has_salt;
     uint8_t run_class;         /* size class of run_mem in the scheduler's buffer cache */
     int32_t priority;
@@ -118,6 +122,7 @@ typedef struct tdm__params {
     int64_t remote_kv_timeout_ms;
     int64_t delay_free_timeout_ms;
     int64_t max_num_partial_prefills;
+    int64_t prefix_hash;       /* tdm_prefix_hash */
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;
@@ -144,6 +149,7 @@ struct tdm_sched {
     tdm__params prm;
     tdm__pool pool;
     bool pool_ready;
+    tdm__hasher hasher;        /* block digests (prm.prefix_hash) */
 
     /* id -> request: open addressing, linear probing, backward-shift deletion */
     tdm__req **map;
@@ -247,6 +253,7 @@ void tdm__req_destroy(tdm_sched *s, tdm__req *r);
 void tdm__run_cache_free(tdm_sched *s);
 int tdm__req_prepare_run(tdm_sched *s, tdm__req *r);
 void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r);
+void tdm__req_sync_host_hashes(tdm__req *r);
 void tdm__req_free_blocks(tdm_sched *s, tdm__req *r);
 void tdm__finish(tdm_sched *s, tdm__req *r, uint32_t reason, double now);
 void tdm__running_remove_at(tdm_sched *s, uint32_t idx);

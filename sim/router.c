@@ -3,10 +3,12 @@
  * outstanding requests, then tokens), or KV-aware as Dynamo's router scores it: for each
  * instance, cost = overlap_weight * (prompt blocks it would have to prefill) + (blocks of
  * its active requests), lowest wins. Prefix overlap is read from an approximate per-instance
- * index of chained block hashes that the router fills as it routes.
+ * index of chained block hashes (XXH3-64 from libxxhash, seeded with the parent's hash;
+ * an approximate routing index, not a KV-sharing decision) that the router fills as it routes.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "engine.h"
 
@@ -55,9 +57,7 @@ static void bs_add(tdm_sim_blockset *b, uint64_t h)
 
 static uint64_t block_hash(uint64_t parent, const tdm_token *t, uint32_t n)
 {
-    uint64_t h = parent ^ 0x51ed27ull;
-    for (uint32_t i = 0; i < n; i++) h = tdm_sim_mix64(h + (uint32_t)t[i]);
-    return h | 1; /* never 0 (the empty slot) */
+    return XXH3_64bits_withSeed(t, (size_t)n * sizeof(*t), parent) | 1; /* never 0 (the empty slot) */
 }
 
 int tdm_sim_route(tdm_sim_inst *in, size_t first, size_t count, tdm_sim_router router,

@@ -13,7 +13,8 @@ how libtandem.so is found (TANDEM_LIBRARY first).
 from . import _lib
 from .errors import Status, TandemError
 from .scheduler import (Batch, BatchEntry, EntryKind, FinishReason, Mode, Param, Policy,
-                        RemoteKVFailure, Request, RequestInfo, RequestState, RequestView, Role,
+                        PrefixHash, RemoteKVFailure, Request, RequestInfo, RequestState,
+                        RequestView, Role,
                         Scheduler, Stats, UpdateEntry, UpdateResult)
 from .kvx import (DType, Event, EventType, KVLayout, KVTransfer, KVXStats, LayoutKind,
                   ScaleKind, host_cache)
@@ -42,7 +43,7 @@ def strerror(status: int) -> str:
 
 
 __all__ = [
-    "Batch", "BatchEntry", "EntryKind", "FinishReason", "Mode", "Param", "Policy",
+    "Batch", "BatchEntry", "EntryKind", "FinishReason", "Mode", "Param", "Policy", "PrefixHash",
     "RemoteKVFailure", "Request", "RequestInfo", "RequestState", "RequestView", "Role",
     "Scheduler", "Stats",
     "Status", "TandemError", "UpdateEntry", "UpdateResult", "__version__", "library_version",

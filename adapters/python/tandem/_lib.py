@@ -87,6 +87,7 @@ class RequestDesc(Structure):
         ("priority", c_int32), ("arrival_time", c_double), ("ttft_slo", c_double),
         ("tpot_slo", c_double), ("cache_salt", c_void_p), ("cache_salt_len", c_uint32),
         ("num_remote_tokens", c_uint32), ("tenant", c_uint32),
+        ("block_hashes", c_void_p), ("num_block_hashes", c_uint32), ("block_hash_size", c_uint32),
     ]
 
 
@@ -189,6 +190,7 @@ _PROTOS = {
     "tdm_sched_get_param": (c_int, [_vp, c_int, POINTER(c_int64)]),
     "tdm_request_desc_init": (c_int, [POINTER(RequestDesc)]),
     "tdm_sched_add": (c_int, [_vp, POINTER(RequestDesc)]),
+    "tdm_sched_append_block_hashes": (c_int, [_vp, c_uint64, c_void_p, c_uint32, c_uint32]),
     "tdm_sched_abort": (c_int, [_vp, c_uint64]),
     "tdm_sched_finish": (c_int, [_vp, c_uint64, c_int]),
     "tdm_batch_init": (c_int, [POINTER(BatchC)]),

@@ -38,6 +38,13 @@ class Param(IntEnum):
     REMOTE_KV_TIMEOUT_MS = 16
     DELAY_FREE_TIMEOUT_MS = 17
     MAX_NUM_PARTIAL_PREFILLS = 18
+    PREFIX_HASH = 19
+
+
+class PrefixHash(IntEnum):
+    """The block digest of the prefix cache (JSON key "prefix_hash")."""
+    SHA256 = 0
+    XXH3_128 = 1
 
 
 class Policy(IntEnum):
@@ -125,6 +132,12 @@ class Request:
     remote_prefill: bool = False
     remote_decode: bool = False
     skip_prefix_cache: bool = False
+    # The host's own digests of the full prompt blocks (e.g. vLLM's Request.block_hashes):
+    # given (even empty), the prefix cache uses them instead of computing its own; later
+    # blocks' digests go through Scheduler.append_block_hashes. block_hash_size: bytes per
+    # digest (16..32); 0 = the length of the first digest.
+    block_hashes: Optional[Sequence[bytes]] = None
+    block_hash_size: int = 0
 
     @property
     def flags(self) -> int:
@@ -285,6 +298,15 @@ def _struct_to_dataclass(cls, s, conv=None):
             v = conv[name](v)
         kw[name] = v
     return cls(**kw)
+
+
+def _hash_buffer(hashes: Sequence[bytes], size: int):
+    """The digests concatenated in a ctypes buffer (every one must be `size` bytes)."""
+    for h in hashes:
+        if len(h) != size:
+            raise ValueError(f"block hash of {len(h)} bytes, expected {size}")
+    joined = b"".join(bytes(h) for h in hashes)
+    return (ctypes.c_char * max(len(joined), 1)).from_buffer_copy(joined or b"\0")
 
 
 def _ints(ptr, n) -> List[int]:
@@ -461,8 +483,28 @@ class Scheduler:
             d.cache_salt_len = len(salt)
         d.num_remote_tokens = int(r.num_remote_tokens)
         d.tenant = int(r.tenant)
+        hbuf = None
+        if r.block_hashes is not None:
+            size = int(r.block_hash_size) or (len(r.block_hashes[0]) if len(r.block_hashes) else 0)
+            if not size:
+                raise ValueError("block_hash_size is needed when block_hashes is empty")
+            hbuf = _hash_buffer(r.block_hashes, size)
+            d.block_hashes = ctypes.cast(hbuf, c_void_p) if len(r.block_hashes) else None
+            d.num_block_hashes = len(r.block_hashes)
+            d.block_hash_size = size
         self._call("tdm_sched_add", byref(d))
+        del hbuf
         return int(r.id)
+
+    def append_block_hashes(self, req_id: int, hashes: Sequence[bytes], hash_size: int = 0):
+        """Give the digests of the request's next full blocks (those that filled since the
+        last call, e.g. during decode); hash_size 0 = the length of the first digest."""
+        if not len(hashes):
+            return
+        size = int(hash_size) or len(hashes[0])
+        buf = _hash_buffer(hashes, size)
+        self._call("tdm_sched_append_block_hashes", int(req_id), ctypes.cast(buf, c_void_p),
+                   len(hashes), size)
 
     def abort(self, req_id: int):
         self._call("tdm_sched_abort", int(req_id))

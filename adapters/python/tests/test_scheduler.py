@@ -282,3 +282,53 @@ def test_set_policy__refused_while_requests_wait(sched):
     with pytest.raises(TandemError) as ei:
         sched.set_policy(lambda a, b: 0)
     assert ei.value.status == Status.STATE
+
+
+def test_block_hashes__host_digests_hit_across_requests_and_appended(sched):
+    """Host digests (block_size 4 here) decide the prefix cache: equal digests hit, other
+    tokens notwithstanding; a digest appended during decode caches the block it names."""
+    h = [bytes([i + 1]) * 32 for i in range(4)]
+    sched.add(Request(id=1, prompt=list(range(9)), max_tokens=4, block_hashes=h[:2]))
+    t = 0.0
+    appended = False
+    while sched.num_unfinished():
+        t += 0.01
+        b = sched.step(now=t)
+        rep = {}
+        for e in b:
+            info = sched.request_info(e.req_id)
+            rep[e.req_id] = ([7] if e.num_computed + e.num_tokens >=
+                             info.num_prompt_tokens + info.num_output_tokens else [])
+        sched.update(rep, now=t + 0.005)
+        info = sched.request_info(1)
+        if not appended and info.num_prompt_tokens + info.num_output_tokens >= 12 \
+                and info.state != RequestState.FINISHED:
+            sched.append_block_hashes(1, [h[2]])   # block 2 (tokens 8..11) is full now
+            appended = True
+    assert appended
+    sched.add(Request(id=2, prompt=list(range(100, 113)), max_tokens=1, block_hashes=h[:3]))
+    assert sched.step(now=t + 1).entry(2).num_computed == 12
+    sched.update({2: [7]}, now=t + 1.05)
+    assert sched.num_unfinished() == 0
+
+
+def test_block_hashes__validation_and_prefix_hash_key(sched):
+    with pytest.raises(TandemError) as ei:
+        sched.add(Request(id=1, prompt=list(range(9)), block_hashes=[b"x" * 8]))
+    assert ei.value.status == Status.RANGE and "block_hash_size" in str(ei.value)
+    with pytest.raises(ValueError):
+        sched.add(Request(id=1, prompt=list(range(9)), block_hashes=[b"x" * 32, b"y" * 16]))
+    with pytest.raises(ValueError):
+        sched.add(Request(id=1, prompt=list(range(9)), block_hashes=[]))
+    sched.add(Request(id=1, prompt=list(range(9)), block_hashes=[], block_hash_size=16))
+    with pytest.raises(TandemError) as ei:
+        sched.append_block_hashes(1, [b"z" * 32])
+    assert ei.value.status == Status.INVAL and "differs" in str(ei.value)
+    sched.append_block_hashes(1, [b"z" * 16, b"w" * 16])
+    with pytest.raises(TandemError) as ei:
+        sched.configure({"prefix_hash": "md5"})
+    assert ei.value.status == Status.CONFIG and "prefix_hash" in str(ei.value)
+    run_to_completion(sched)
+    sched.step(now=100.0)  # reports (and drops) the finished request
+    sched.configure({"prefix_hash": "xxh3_128"})
+    assert sched.get_param(tandem.Param.PREFIX_HASH) == tandem.PrefixHash.XXH3_128

@@ -204,3 +204,14 @@ def test_compare__reset_prefix_cache_refused_while_running(tiny_model):
         return s.reset_prefix_cache()
     compare(tiny_model, req_kw=dict(num_requests=2, num_tokens=20, max_tokens=6),
             actions={1: reset})
+
+
+def test_compare__block_filled_in_decode_is_hit_by_its_hash(tiny_model):
+    """Request 0's second block fills during decode; request 1 (admitted after it, one seq at a
+    time) repeats request 0's prompt and outputs, so vLLM hits both blocks by their hashes.
+    Tandem gets the same hit only from the digest the adapter appends after the update."""
+    p0 = [5] * 20
+    p1 = p0 + [default_token("0", k) for k in range(13)] + [9]
+    t = compare(tiny_model, sched_kw=dict(max_num_seqs=1),
+                req_kw=dict(num_requests=2, max_tokens=14, prompts=[p0, p1]))
+    assert any(rid == "1" and nc == 32 for s, _ in t for rid, (_, nc) in s["new"].items())

@@ -32,6 +32,9 @@ pub struct tdm_request_desc {
     pub cache_salt_len: u32,
     pub num_remote_tokens: u32,
     pub tenant: u32,
+    pub block_hashes: *const c_void,
+    pub num_block_hashes: u32,
+    pub block_hash_size: u32,
 }
 
 #[repr(C)]

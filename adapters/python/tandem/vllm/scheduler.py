@@ -75,8 +75,24 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
         "enable_prefix_caching": bool(cc.enable_prefix_caching),
         "policy": "priority" if policy == "priority" else "fcfs",
         "num_lookahead_tokens": int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0),
+        # Tandem hashes blocks only for requests without vLLM's digests (see _hash_size).
+        "prefix_hash": "xxh3_128" if _hash_algo(cc).startswith("xxhash") else "sha256",
     }
     return cfg
+
+
+def _hash_algo(cache_config) -> str:
+    return str(getattr(cache_config, "prefix_caching_hash_algo", "sha256") or "sha256")
+
+
+def _hash_size(vllm_config, block_size: int, hash_block_size: Optional[int]) -> int:
+    """Bytes of vLLM's block digests when the adapter passes Request.block_hashes to Tandem
+    (prefix caching on, digests over the scheduler's block size): sha256 and sha256_cbor give
+    32, xxhash and xxhash_cbor 16 (xxh3_128). 0: Tandem hashes the blocks itself."""
+    cc = vllm_config.cache_config
+    if not cc.enable_prefix_caching or (hash_block_size and hash_block_size != block_size):
+        return 0
+    return 16 if _hash_algo(cc).startswith("xxhash") else 32
 
 
 class TandemScheduler(SchedulerInterface):
@@ -134,6 +150,10 @@ class TandemScheduler(SchedulerInterface):
         self._step_count = 0
         self._prefix_q = 0
         self._prefix_h = 0
+        # vLLM's own block digests go to Tandem, so both prefix caches and the KV events
+        # name blocks alike; _nhash: digests handed over so far, per tandem id.
+        self._hash_size = _hash_size(vllm_config, block_size, hash_block_size)
+        self._nhash: dict[int, int] = {}
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -158,16 +178,22 @@ class TandemScheduler(SchedulerInterface):
         if request.lora_request is not None:
             salt += f"\x00lora:{request.lora_request.lora_int_id}"
         eos = getattr(sp, "eos_token_id", None)
+        hashes = list(request.block_hashes) if self._hash_size else None
+        if hashes is not None:
+            salt = ""   # vLLM's digests already cover cache_salt and the LoRA
         r = tandem.Request(
             id=rid, prompt=request.prompt_token_ids, max_tokens=request.max_tokens,
             min_tokens=int(getattr(sp, "min_tokens", 0) or 0),
             eos_token_id=None if eos is None else int(eos),
             stop_token_ids=list(getattr(sp, "stop_token_ids", None) or ()),
             priority=int(request.priority), arrival_time=float(request.arrival_time),
-            cache_salt=salt or None, ignore_eos=bool(getattr(sp, "ignore_eos", False)))
+            cache_salt=salt or None, ignore_eos=bool(getattr(sp, "ignore_eos", False)),
+            block_hashes=hashes, block_hash_size=self._hash_size)
         if self.connector is not None:
             self._connector_prepare(request, r)
         self.sched.add(r)
+        if hashes is not None:
+            self._nhash[rid] = len(hashes)
         self._next_id += 1
         self._id_of[request.request_id] = rid
         self._req_of[rid] = request.request_id
@@ -264,6 +290,7 @@ class TandemScheduler(SchedulerInterface):
         return params
 
     def _forget(self, tid: int):
+        self._nhash.pop(tid, None)
         req_id = self._req_of.pop(tid, None)
         if req_id is not None:
             self._id_of.pop(req_id, None)
@@ -403,6 +430,9 @@ class TandemScheduler(SchedulerInterface):
             for t in new:
                 request.append_output_token_ids(t)
             stopped = u.finish_reason != FinishReason.NONE
+            if (self._hash_size and not stopped and
+                    len(request.block_hashes) > self._nhash.get(u.req_id, 0)):
+                self._append_hashes(u.req_id, request)
             if stopped:
                 request.num_computed_tokens -= len(toks) - len(new)
                 request.status = _REASON_TO_STATUS[u.finish_reason]
@@ -471,6 +501,16 @@ class TandemScheduler(SchedulerInterface):
                 e = eco[0] = EngineCoreOutputs()
             e.scheduler_stats = stats
         return eco
+
+    def _append_hashes(self, tid: int, request: Request) -> None:
+        """Hand the digests of blocks that filled (vLLM extends request.block_hashes as it
+        appends tokens) to Tandem, which caches those blocks at its next step."""
+        sent = self._nhash.get(tid, 0)
+        try:
+            self.sched.append_block_hashes(tid, request.block_hashes[sent:], self._hash_size)
+            self._nhash[tid] = len(request.block_hashes)
+        except TandemError:
+            pass    # a block without its digest is only not cached; scheduling is unaffected
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         for req_id, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
