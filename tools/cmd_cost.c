@@ -13,7 +13,7 @@
 
 static const char USAGE[] =
     "usage: tandem cost --model M --hw H [--tp N] --prefill P --decode-batch B --context C [--json]\n"
-    "       tandem cost --calibrate [--shared DIR]\n"
+    "       tandem cost --calibrate [--shared DIR] [--tables DIR]\n"
     "  M: a preset (llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b,\n"
     "     opt-13b, opt-66b) or a model JSON; H: a100-80g, h100-sxm, h200 or a hardware JSON.\n";
 
@@ -44,7 +44,8 @@ static void terms_text(const char *title, const tdm_sim_cost_terms *t)
 
 int tdm_cmd_cost(int argc, char **argv)
 {
-    const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL;
+    const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL, *tables = NULL;
+    const char *precision = NULL;
     long tp = 1, prefill = 2048, batch = 64, context = 2048;
     int json = 0, calibrate = 0;
     for (int i = 1; i < argc; i++) {
@@ -66,6 +67,8 @@ int tdm_cmd_cost(int argc, char **argv)
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--hw")) hw = v;
         else if (!strcmp(a, "--shared")) shared = v;
+        else if (!strcmp(a, "--tables")) tables = v;
+        else if (!strcmp(a, "--precision")) precision = v;
         else if (!isnum || n < 0 || n > 100000000) {
             fprintf(stderr, "tandem cost: %s: bad value '%s'\n", a, v);
             return 2;
@@ -87,6 +90,9 @@ int tdm_cmd_cost(int argc, char **argv)
             fprintf(stderr, "tandem cost: no profile tables under %s/profiles\n", shared);
             return 1;
         }
+        tdm_sim_calib_table ct;
+        tdm_sim_calibrate_table(shared, tables, stdout, &ct);
+        tdm_sim_calib_table_line(stdout, &ct);
         return 0;
     }
     char err[TDM_SIM_ERRLEN];
@@ -98,6 +104,10 @@ int tdm_cmd_cost(int argc, char **argv)
         return 2;
     }
     m.tp = (uint32_t)tp;
+    if (precision && tdm_sim_model_set_precision(&m, precision) != 0) {
+        fprintf(stderr, "tandem cost: --precision must be bf16 or fp8\n");
+        return 2;
+    }
     tdm_sim_cost c;
     tdm_sim_cost_init(&c, &m, &h);
     tdm_sim_shape ps = {0}, ds = {0};
