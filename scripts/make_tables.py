@@ -36,7 +36,7 @@ KEYS = {
     "attn_context": ["batch", "isl", "heads", "kv_heads", "head_dim"],
     "attn_generation": ["batch", "ctx", "heads", "kv_heads", "head_dim"],
     "allreduce": ["tp", "bytes"],
-    "elementwise": ["tokens", "hidden", "ffn"],
+    "elementwise": ["tokens", "width"],
 }
 # Per-step host overhead the JSONs carry (us): the modern-stack value of the presets (H100/
 # H200); `make calibrate` reports the value fitted to each measured stack.
@@ -107,8 +107,8 @@ def vidur_elementwise(shared, prefix):
             for r in csv.DictReader(f):
                 tp = int(r["num_tensor_parallel_workers"])
                 us = sum(float(r[f"time_stats.{o}.median"]) for o in EW_OPS) * 1e3
-                key = ("bf16", int(r["num_tokens"]), int(r["n_embd"]),
-                       int(r["n_expanded_embd"]) // tp)
+                # width: activation elements per token that the ops stream (hidden + ffn/tp)
+                key = ("bf16", int(r["num_tokens"]), int(r["n_embd"]) + int(r["n_expanded_embd"]) // tp)
                 acc[key].append(us)
     return {k: sum(v) / len(v) for k, v in acc.items()}, names
 

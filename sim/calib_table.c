@@ -131,7 +131,7 @@ static int vidur_file(const char *path, const char *hwname, FILE *out, double *s
             if (tdm_sim_table_add(&set.op[TDM_SIM_OP_GEMM], TDM_SIM_DT_BF16, k, rows[i].gemm[g]))
                 goto done;
         }
-        double k[3] = {rows[i].H, rows[i].I / rows[i].tp, rows[i].tokens};
+        double k[2] = {rows[i].H + rows[i].I / rows[i].tp, rows[i].tokens};
         if (tdm_sim_table_add(&set.op[TDM_SIM_OP_ELEMWISE], TDM_SIM_DT_BF16, k, rows[i].ew))
             goto done;
     }

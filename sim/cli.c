@@ -28,6 +28,7 @@ const char tdm_sim_cli_common_usage[] =
     "  --model M             preset or JSON file (default llama-3-8b)\n"
     "  --hw H                a100-80g | h100-sxm | h200 or a hardware JSON (default h100-sxm)\n"
     "  --tp N                tensor-parallel degree (default 1)\n"
+    "  --precision P         bf16 | fp8: weight and KV bytes, fp8 GEMM rates (default bf16)\n"
     "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
     "metrics and output:\n"
     "  --slo-ttft-ms X       TTFT SLO (default 500)\n"
@@ -139,6 +140,15 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
                 c->topts.max_len = (uint32_t)v;
             } else if (!strcmp(a, "--model")) c->model = s;
             else if (!strcmp(a, "--hw")) c->hw = s;
+            else if (!strcmp(a, "--precision")) {
+                tdm_sim_model probe;
+                memset(&probe, 0, sizeof probe);
+                if (tdm_sim_model_set_precision(&probe, s) != 0) {
+                    fprintf(stderr, "tandem: --precision: bf16 or fp8\n");
+                    return -1;
+                }
+                c->precision = s;
+            }
             else if (!strcmp(a, "--tp")) {
                 if (num(a, s, 1, 64, &v)) return -1;
                 c->tp = (uint32_t)v;
@@ -182,6 +192,7 @@ int tdm_sim_cli_setup(tdm_sim_cli *c)
         return -1;
     }
     c->m.tp = c->tp;
+    if (c->precision) tdm_sim_model_set_precision(&c->m, c->precision);
     if (!c->no_clip && !c->topts.max_len) c->topts.max_len = c->m.max_len;
     if (c->no_clip) c->topts.max_len = 0;
     if (tdm_sim_trace_load(c->trace, &c->topts, &c->t, err, sizeof err) != 0) {
@@ -196,7 +207,8 @@ void tdm_sim_cli_free(tdm_sim_cli *c) { tdm_sim_trace_free(&c->t); }
 void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c)
 {
     double span = tdm_sim_trace_span(&c->t);
-    fprintf(f, "workload: %s, %zu requests over %.1f s (%.2f req/s); model %s (tp %u) on %s\n",
-            c->t.name, c->t.n, span, span > 0 ? (double)c->t.n / span : 0.0, c->m.name,
-            c->m.tp, c->h.name);
+    fprintf(f, "workload: %s, %zu requests over %.1f s (%.2f req/s); model %s (tp %u, %s) on %s"
+            "%s\n", c->t.name, c->t.n, span, span > 0 ? (double)c->t.n / span : 0.0, c->m.name,
+            c->m.tp, tdm_sim_model_precision(&c->m), c->h.name,
+            c->h.cost_model == TDM_SIM_COST_TABLE ? " (table cost model)" : "");
 }

@@ -5,14 +5,17 @@
  *   GEMMs        per layer QKV (m=T, n=(heads+2 kv_heads) d/tp, k=H), O (T, H, heads d/tp),
  *                up/gate (T, (2|1) I/tp, H), down (T, H, I/tp); the LM head (sampling
  *                sequences, V/tp, H) once
- *   element-wise per layer (H, I/tp, T): norms, activation, rope, residual adds
+ *   element-wise per layer (width H + I/tp, T): norms, activation, rope, residual adds
  *   context attn per layer (heads/tp, kv_heads/tp, d, batch = prefill chunks, isl = the
  *                causal length with the same work, sqrt(2 sum c (p + c/2) / batch))
  *   decode attn  per layer (heads/tp, kv_heads/tp, d, batch = decode requests, ctx = their
  *                mean context), as Vidur summarizes a decode batch
  *   all-reduce   2 per layer of T * H * 2 bytes at the pool's TP degree
  *   overhead     hw.step_overhead_us
+ * A GEMM wider (n) or taller (m) than the profiled range runs as equal slices that fit it
+ * (the LM head of a 128k vocabulary as two n = 64k GEMMs), as a library would tile it.
  * An operator without a table falls back to its roofline term (sim/cost.c's formulas).
+ * Lookups go through a direct-mapped memo per table set (steps repeat their shapes).
  * Every lookup outside the profiled range is counted (tdm_sim_cost.extrapolated_*).
  */
 #include <math.h>
@@ -95,14 +98,49 @@ fail:
 #define ACT_BYTES 2.0
 #define ELEM_PASSES 8.0 /* as in cost.c */
 
+#define MEMO_BITS 13
+
+struct tdm_sim_memo {
+    double k[TDM_SIM_TABLE_MAXDIM], us;
+    int op, dt, ex, valid;
+};
+
+static uint64_t memo_hash(int op, int dt, const double *k, int nd)
+{
+    uint64_t h = (uint64_t)(op * 2 + dt) * 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < nd; i++) {
+        uint64_t b;
+        memcpy(&b, &k[i], sizeof b);
+        h = tdm_sim_mix64(h ^ b);
+    }
+    return h >> (64 - MEMO_BITS);
+}
+
 /* One lookup in microseconds, or -1 when the set has no such table (or no usable row). */
 static double look(const tdm_sim_cost *c, tdm_sim_op op, tdm_sim_dtype dt, const double *k)
 {
-    const tdm_sim_tableset *s = c->tables;
+    tdm_sim_tableset *s = (tdm_sim_tableset *)c->tables; /* the memo; see sim.h */
     if (!s->have[op]) return -1;
     tdm_sim_cost *mc = (tdm_sim_cost *)c; /* the counters; see sim.h */
-    int ex = 0;
-    double us = tdm_sim_table_lookup(&s->op[op], dt, k, &ex);
+    int nd = s->op[op].ndim, ex = 0;
+    if (!s->memo) s->memo = calloc((size_t)1 << MEMO_BITS, sizeof *s->memo);
+    struct tdm_sim_memo *e = s->memo ? &s->memo[memo_hash(op, dt, k, nd)] : NULL;
+    double us;
+    if (e && e->valid && e->op == (int)op && e->dt == (int)dt &&
+        !memcmp(e->k, k, (size_t)nd * sizeof *k)) {
+        us = e->us;
+        ex = e->ex;
+    } else {
+        us = tdm_sim_table_lookup(&s->op[op], dt, k, &ex);
+        if (e) {
+            memcpy(e->k, k, (size_t)nd * sizeof *k);
+            e->us = us;
+            e->op = (int)op;
+            e->dt = (int)dt;
+            e->ex = ex;
+            e->valid = 1;
+        }
+    }
     mc->lookups++;
     if (ex) mc->extrapolated_lookups++;
     return us;
@@ -112,9 +150,14 @@ static double look(const tdm_sim_cost *c, tdm_sim_op op, tdm_sim_dtype dt, const
 static double gemm(const tdm_sim_cost *c, double m, double n, double k)
 {
     if (m <= 0) return 0;
-    double key[3] = {n, k, m};
-    double us = look(c, TDM_SIM_OP_GEMM, c->gemm_dt, key);
-    if (us >= 0) return us * 1e-6;
+    if (c->tables->have[TDM_SIM_OP_GEMM]) {
+        const tdm_sim_table *t = &c->tables->op[TDM_SIM_OP_GEMM];
+        double sn = n > t->kmax[0] ? ceil(n / t->kmax[0]) : 1;
+        double sm = m > t->kmax[2] ? ceil(m / t->kmax[2]) : 1;
+        double key[3] = {n / sn, k, ceil(m / sm)};
+        double us = look(c, TDM_SIM_OP_GEMM, c->gemm_dt, key);
+        if (us >= 0) return sn * sm * us * 1e-6;
+    }
     double fl = 2 * m * n * k / c->flop_rate;
     double by = (n * k * c->model.bytes_per_param + (m * k + m * n) * ACT_BYTES) / c->byte_rate;
     return fl > by ? fl : by;
@@ -137,7 +180,7 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
                        gemm(c, T, (m->gated ? 2 : 1) * I / tp, H) + gemm(c, T, H, I / tp);
     double lm = m->vocab && s->emit_seqs ? gemm(c, s->emit_seqs, m->vocab / tp, H) : 0;
     /* element-wise */
-    double ek[3] = {H, I / tp, T};
+    double ek[2] = {H + I / tp, T};
     double ew = look(c, TDM_SIM_OP_ELEMWISE, TDM_SIM_DT_BF16, ek);
     ew = ew >= 0 ? ew * 1e-6
                  : ELEM_PASSES * (H + I / tp) * ACT_BYTES * T / c->byte_rate;

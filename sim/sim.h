@@ -143,6 +143,7 @@ typedef struct tdm_sim_tableset {
     tdm_sim_table op[TDM_SIM_OP_COUNT];
     int have[TDM_SIM_OP_COUNT];
     char key[1024];                 /* the joined paths, to find it again */
+    struct tdm_sim_memo *memo;      /* lookups already made (cost_table.c; lazily allocated) */
     struct tdm_sim_tableset *next;
 } tdm_sim_tableset;
 

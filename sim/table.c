@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "table.h"
 
@@ -23,7 +24,7 @@ static const char *const K_GEMM[] = {"n", "k", "m"};
 static const char *const K_CTX[] = {"heads", "kv_heads", "head_dim", "batch", "isl"};
 static const char *const K_GEN[] = {"heads", "kv_heads", "head_dim", "batch", "ctx"};
 static const char *const K_AR[] = {"tp", "bytes"};
-static const char *const K_EW[] = {"hidden", "ffn", "tokens"};
+static const char *const K_EW[] = {"width", "tokens"};
 
 const char *tdm_sim_op_name(tdm_sim_op op)
 {
@@ -47,7 +48,7 @@ int tdm_sim_op_keys(tdm_sim_op op, const char *const **names)
     case TDM_SIM_OP_ATTN_CTX: *names = K_CTX; return 5;
     case TDM_SIM_OP_ATTN_GEN: *names = K_GEN; return 5;
     case TDM_SIM_OP_ALLREDUCE: *names = K_AR; return 2;
-    case TDM_SIM_OP_ELEMWISE: *names = K_EW; return 3;
+    case TDM_SIM_OP_ELEMWISE: *names = K_EW; return 2;
     default: *names = NULL; return 0;
     }
 }
@@ -95,6 +96,20 @@ int tdm_sim_table_add(tdm_sim_table *t, tdm_sim_dtype dt, const double *keys, do
 
 static int g_cmp_dims; /* qsort has no context argument; set before each sort */
 
+static void set_range(tdm_sim_table *t)
+{
+    for (int k = 0; k < t->ndim; k++) {
+        t->kmin[k] = INFINITY;
+        t->kmax[k] = 0;
+    }
+    for (size_t i = 0; i < t->n; i++)
+        for (int k = 0; k < t->ndim; k++) {
+            double v = t->rows[i * STRIDE(t) + (size_t)k + 1];
+            if (v < t->kmin[k]) t->kmin[k] = v;
+            if (v > t->kmax[k]) t->kmax[k] = v;
+        }
+}
+
 static int row_cmp(const void *a, const void *b)
 {
     const double *x = a, *y = b;
@@ -122,6 +137,7 @@ int tdm_sim_table_finish(tdm_sim_table *t, char *err, size_t errlen)
             return -1;
         }
     }
+    set_range(t);
     t->sorted = 1;
     return 0;
 }
@@ -146,6 +162,7 @@ int tdm_sim_table_merge(tdm_sim_table *t)
         i = j;
     }
     t->n = w;
+    set_range(t);
     t->sorted = 1;
     return 0;
 }
@@ -291,7 +308,7 @@ int tdm_sim_table_parse(const char *buf, size_t len, const char *name, tdm_sim_t
                 }
             }
         }
-        if (!nl) break;
+        if (!nl || nl + 1 == end) break; /* no empty last line after a final newline */
         p = nl + 1;
     }
     if (state < 3) {
@@ -311,6 +328,13 @@ int tdm_sim_table_load(const char *path, tdm_sim_table *t, char *err, size_t err
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        tdm_sim_table_init(t, TDM_SIM_OP_GEMM, path);
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 30)) {
+        fclose(f);
+        snprintf(err, errlen, "%s: not a regular file of at most 1 GiB", path);
         tdm_sim_table_init(t, TDM_SIM_OP_GEMM, path);
         return -1;
     }

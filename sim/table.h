@@ -17,7 +17,8 @@ typedef enum tdm_sim_op {
     TDM_SIM_OP_ATTN_CTX,     /* keys heads kv_heads head_dim batch isl: causal prefill, per layer */
     TDM_SIM_OP_ATTN_GEN,     /* keys heads kv_heads head_dim batch ctx: one decode token, per layer */
     TDM_SIM_OP_ALLREDUCE,    /* keys tp bytes: one all-reduce */
-    TDM_SIM_OP_ELEMWISE,     /* keys hidden ffn tokens: norms, activation, rope, adds of a layer */
+    TDM_SIM_OP_ELEMWISE,     /* keys width tokens: norms, activation, rope, adds of a layer;
+                              * width = hidden + ffn/tp activation elements per token */
     TDM_SIM_OP_COUNT
 } tdm_sim_op;
 
@@ -34,6 +35,7 @@ typedef struct tdm_sim_table {
     size_t n, cap;
     double *rows;             /* n rows of (dtype, keys in the op's order, us) */
     int sorted;
+    double kmin[TDM_SIM_TABLE_MAXDIM], kmax[TDM_SIM_TABLE_MAXDIM]; /* profiled range (sorted) */
     char name[160];           /* file name or a label, for messages */
 } tdm_sim_table;
 

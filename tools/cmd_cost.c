@@ -12,7 +12,8 @@
 #include "../sim/sim.h"
 
 static const char USAGE[] =
-    "usage: tandem cost --model M --hw H [--tp N] --prefill P --decode-batch B --context C [--json]\n"
+    "usage: tandem cost --model M --hw H [--tp N] [--precision bf16|fp8] --prefill P --decode-batch B\n"
+    "                   --context C [--json]\n"
     "       tandem cost --calibrate [--shared DIR] [--tables DIR]\n"
     "  M: a preset (llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b,\n"
     "     opt-13b, opt-66b) or a model JSON; H: a100-80g, h100-sxm, h200 or a hardware JSON.\n";
