@@ -153,6 +153,12 @@ const tdm_sim_tableset *tdm_sim_tableset_get(const char *const paths[TDM_SIM_OP_
                                              const char *dir, char *err, size_t errlen);
 /* Take ownership of an in-memory set (calibration, tests); NULL on allocation failure. */
 const tdm_sim_tableset *tdm_sim_tableset_adopt(tdm_sim_tableset *s);
+/* `tandem profile --tables DIR`: write DIR/gemm.txt, DIR/attn_generation.txt and DIR/hw.json
+ * (the table model) from the hardware JSON that kernels/profile.cu wrote, for a model of
+ * these heads / KV heads / head dim at this TP degree (sim/profile_tables.c). */
+int tdm_sim_profile_to_tables(const char *hw_json, const char *dir, uint32_t heads,
+                              uint32_t kv_heads, uint32_t head_dim, uint32_t tp, char *err,
+                              size_t errlen);
 /* Weight / KV precision: "bf16" (2 bytes) or "fp8" (1 byte, fp8 GEMM rates). */
 int tdm_sim_model_set_precision(tdm_sim_model *m, const char *precision);
 const char *tdm_sim_model_precision(const tdm_sim_model *m);

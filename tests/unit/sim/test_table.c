@@ -413,6 +413,49 @@ static void run__counts_extrapolated_steps(void **state)
     rm_dir(dir);
 }
 
+/* `tandem profile --tables DIR`: the measurements of kernels/profile.cu as cost tables. */
+static void profile_to_tables__writes_a_table_model(void **state)
+{
+    (void)state;
+    char dir[256], path[512], err[TDM_SIM_ERRLEN];
+    snprintf(dir, sizeof dir, "/tmp/tandem-simtest-%d-prof", (int)getpid());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    assert_int_equal(system(cmd), 0);
+    static const char prof[] =
+        "{\"name\": \"measured-NVIDIA H200\", \"peak_tflops\": 702.5, \"hbm_gbps\": 4012.1,"
+        " \"eff_compute\": 1, \"eff_memory\": 1, \"step_overhead_us\": 9.5,"
+        " \"interconnect_gbps\": 0, \"measured\": {\"gpu\": \"NVIDIA H200\", \"tp\": 1,"
+        " \"memory_gib\": 139.8,"
+        " \"attention\": [{\"batch\": 8, \"context\": 2048, \"us\": 12.0, \"gbps\": 3000},"
+        "                {\"batch\": 64, \"context\": 2048, \"us\": 80.0, \"gbps\": 3000}],"
+        " \"prefill\": [{\"op\": \"qkv\", \"tokens\": 512, \"n\": 6144, \"k\": 4096, \"us\": 40},"
+        "               {\"op\": \"qkv\", \"tokens\": 2048, \"n\": 6144, \"k\": 4096, \"us\": 160}],"
+        " \"decode\": [{\"op\": \"qkv\", \"batch\": 1, \"n\": 6144, \"k\": 4096, \"us\": 10},"
+        "              {\"op\": \"qkv\", \"batch\": 1, \"n\": 6144, \"k\": 4096, \"us\": 40}]}}";
+    assert_int_equal(tdm_sim_profile_to_tables(prof, dir, 32, 8, 128, 1, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/hw.json", dir);
+    tdm_sim_hw h;
+    assert_int_equal(tdm_sim_hw_load(path, &h, err, sizeof err), 0);
+    assert_int_equal(h.cost_model, TDM_SIM_COST_TABLE);
+    assert_true(h.tables->have[TDM_SIM_OP_GEMM] && h.tables->have[TDM_SIM_OP_ATTN_GEN]);
+    assert_false(h.tables->have[TDM_SIM_OP_ATTN_CTX]);
+    assert_float_equal(h.mem_gib, 139.8, 1e-9);
+    const tdm_sim_table *g = &h.tables->op[TDM_SIM_OP_GEMM];
+    assert_int_equal(g->n, 3);   /* the two batch-1 rows merged */
+    double k1[3] = {6144, 4096, 1}, k2[3] = {6144, 4096, 1024};
+    assert_float_equal(tdm_sim_table_lookup(g, TDM_SIM_DT_BF16, k1, NULL), 20, 1e-9);
+    assert_float_equal(tdm_sim_table_lookup(g, TDM_SIM_DT_BF16, k2, NULL), 80, 1e-9);
+    double ka[5] = {32, 8, 128, 16, 2048};
+    assert_true(tdm_sim_table_lookup(&h.tables->op[TDM_SIM_OP_ATTN_GEN], TDM_SIM_DT_BF16, ka,
+                                     NULL) > 12);
+    assert_int_equal(tdm_sim_profile_to_tables("{\"measured\": {\"prefill\": 1}}", dir, 32, 8,
+                                               128, 1, err, sizeof err), -1);
+    assert_non_null(strstr(err, "\"prefill\" and \"decode\""));
+    assert_int_equal(tdm_sim_profile_to_tables("{", dir, 32, 8, 128, 1, err, sizeof err), -1);
+    rm_dir(dir);
+}
+
 static const char *tables_dir(char *buf, size_t n)
 {
     const char *t = getenv("TANDEM_TABLES"), *b = getenv("TANDEM_BUILD");
@@ -480,6 +523,7 @@ int main(void)
         cmocka_unit_test(hw_json__table_errors),
         cmocka_unit_test(precision__fp8_halves_bytes_and_doubles_gemm_rate),
         cmocka_unit_test(run__counts_extrapolated_steps),
+        cmocka_unit_test(profile_to_tables__writes_a_table_model),
         cmocka_unit_test(calibrate_table__vidur_held_out_within_target),
         cmocka_unit_test(calibrate_table__stacks_held_out_within_targets),
     };
