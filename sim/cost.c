@@ -53,6 +53,7 @@ void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw
     /* 0 = unknown (a profile of one GPU cannot measure the link): assume NVLink3's 300 GB/s */
     double link = h->interconnect_gbps > 0 ? h->interconnect_gbps : TDM_SIM_DEFAULT_LINK_GBPS;
     c->ar_bw = tp > 1 ? link * 1e9 / (2.0 * (tp - 1) / tp) : 1;
+    if (c->tables) tdm_sim__cost_table_init(c);
 }
 
 static double roofline_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t)

@@ -116,8 +116,12 @@ static uint64_t memo_hash(int op, int dt, const double *k, int nd)
     return h >> (64 - MEMO_BITS);
 }
 
-/* One lookup in microseconds, or -1 when the set has no such table (or no usable row). */
-static double look(const tdm_sim_cost *c, tdm_sim_op op, tdm_sim_dtype dt, const double *k)
+enum { PRE_QKV, PRE_O, PRE_UP, PRE_DOWN, PRE_LM, PRE_CTX, PRE_GEN, PRE_NONE = -1 };
+
+/* One lookup in microseconds, or -1 when the set has no such table (or no usable row);
+ * pre: the slot of c->pre whose exact prefix these keys may share, or PRE_NONE. */
+static double look(const tdm_sim_cost *c, tdm_sim_op op, tdm_sim_dtype dt, const double *k,
+                   int pre)
 {
     tdm_sim_tableset *s = (tdm_sim_tableset *)c->tables; /* the memo; see sim.h */
     if (!s->have[op]) return -1;
@@ -131,7 +135,10 @@ static double look(const tdm_sim_cost *c, tdm_sim_op op, tdm_sim_dtype dt, const
         us = e->us;
         ex = e->ex;
     } else {
-        us = tdm_sim_table_lookup(&s->op[op], dt, k, &ex);
+        int np = op == TDM_SIM_OP_GEMM ? 2 : 3;
+        if (pre != PRE_NONE && c->pre[pre].ok && !memcmp(c->pre[pre].key, k, (size_t)np * sizeof *k))
+            us = tdm_sim_table_lookup_in(&s->op[op], c->pre[pre].lo, c->pre[pre].hi, np, k, &ex);
+        else us = tdm_sim_table_lookup(&s->op[op], dt, k, &ex);
         if (e) {
             memcpy(e->k, k, (size_t)nd * sizeof *k);
             e->us = us;
@@ -146,21 +153,70 @@ static double look(const tdm_sim_cost *c, tdm_sim_op op, tdm_sim_dtype dt, const
     return us;
 }
 
+/* The GEMM's n split into slices no wider than the table (1 when it fits). */
+static double n_slices(const tdm_sim_cost *c, double n)
+{
+    const tdm_sim_table *t = &c->tables->op[TDM_SIM_OP_GEMM];
+    return n > t->kmax[0] ? ceil(n / t->kmax[0]) : 1;
+}
+
 /* Seconds of one GEMM y[m,n] = x[m,k] W[k,n]. */
-static double gemm(const tdm_sim_cost *c, double m, double n, double k)
+static double gemm(const tdm_sim_cost *c, double m, double n, double k, int pre)
 {
     if (m <= 0) return 0;
     if (c->tables->have[TDM_SIM_OP_GEMM]) {
         const tdm_sim_table *t = &c->tables->op[TDM_SIM_OP_GEMM];
-        double sn = n > t->kmax[0] ? ceil(n / t->kmax[0]) : 1;
+        double sn = n_slices(c, n);
         double sm = m > t->kmax[2] ? ceil(m / t->kmax[2]) : 1;
         double key[3] = {n / sn, k, ceil(m / sm)};
-        double us = look(c, TDM_SIM_OP_GEMM, c->gemm_dt, key);
+        double us = look(c, TDM_SIM_OP_GEMM, c->gemm_dt, key, pre);
         if (us >= 0) return sn * sm * us * 1e-6;
     }
     double fl = 2 * m * n * k / c->flop_rate;
     double by = (n * k * c->model.bytes_per_param + (m * k + m * n) * ACT_BYTES) / c->byte_rate;
     return fl > by ? fl : by;
+}
+
+/* Per-rank attention heads of the model. */
+static void attn_heads(const tdm_sim_model *m, double *heads, double *kvh)
+{
+    double tp = m->tp ? m->tp : 1;
+    *heads = m->heads / tp;
+    *kvh = m->kv_heads / tp;
+    if (*heads < 1) *heads = 1;
+    if (*kvh < 1) *kvh = 1;
+}
+
+void tdm_sim__cost_table_init(tdm_sim_cost *c)
+{
+    const tdm_sim_model *m = &c->model;
+    const tdm_sim_tableset *s = c->tables;
+    double tp = m->tp ? m->tp : 1, H = m->hidden, d = m->head_dim;
+    double q = m->heads * d, kv = m->kv_heads * d, I = m->ffn;
+    memset(c->pre, 0, sizeof c->pre);
+    if (s->have[TDM_SIM_OP_GEMM]) {
+        const double nk[5][2] = {{(q + 2 * kv) / tp, H}, {H, q / tp},
+                                 {(m->gated ? 2 : 1) * I / tp, H}, {H, I / tp},
+                                 {m->vocab / tp, H}};
+        for (int i = 0; i < 5; i++) {
+            c->pre[i].key[0] = nk[i][0] / n_slices(c, nk[i][0]);
+            c->pre[i].key[1] = nk[i][1];
+            c->pre[i].ok = tdm_sim_table_prefix(&s->op[TDM_SIM_OP_GEMM], c->gemm_dt,
+                                                c->pre[i].key, 2, &c->pre[i].lo,
+                                                &c->pre[i].hi) == 0;
+        }
+    }
+    double heads, kvh;
+    attn_heads(m, &heads, &kvh);
+    for (int i = PRE_CTX; i <= PRE_GEN; i++) {
+        tdm_sim_op op = i == PRE_CTX ? TDM_SIM_OP_ATTN_CTX : TDM_SIM_OP_ATTN_GEN;
+        if (!s->have[op]) continue;
+        c->pre[i].key[0] = heads;
+        c->pre[i].key[1] = kvh;
+        c->pre[i].key[2] = d;
+        c->pre[i].ok = tdm_sim_table_prefix(&s->op[op], c->kv_dt, c->pre[i].key, 3,
+                                            &c->pre[i].lo, &c->pre[i].hi) == 0;
+    }
 }
 
 double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
@@ -172,16 +228,16 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
     if (T <= 0) return 0;
     double tp = m->tp ? m->tp : 1, L = m->layers, H = m->hidden, d = m->head_dim;
     double q = m->heads * d, kv = m->kv_heads * d, I = m->ffn;
-    double heads = m->heads / tp, kvh = m->kv_heads / tp;
-    if (heads < 1) heads = 1;
-    if (kvh < 1) kvh = 1;
+    double heads, kvh;
+    attn_heads(m, &heads, &kvh);
     /* GEMMs */
-    double per_layer = gemm(c, T, (q + 2 * kv) / tp, H) + gemm(c, T, H, q / tp) +
-                       gemm(c, T, (m->gated ? 2 : 1) * I / tp, H) + gemm(c, T, H, I / tp);
-    double lm = m->vocab && s->emit_seqs ? gemm(c, s->emit_seqs, m->vocab / tp, H) : 0;
+    double per_layer = gemm(c, T, (q + 2 * kv) / tp, H, PRE_QKV) + gemm(c, T, H, q / tp, PRE_O) +
+                       gemm(c, T, (m->gated ? 2 : 1) * I / tp, H, PRE_UP) +
+                       gemm(c, T, H, I / tp, PRE_DOWN);
+    double lm = m->vocab && s->emit_seqs ? gemm(c, s->emit_seqs, m->vocab / tp, H, PRE_LM) : 0;
     /* element-wise */
     double ek[2] = {H + I / tp, T};
-    double ew = look(c, TDM_SIM_OP_ELEMWISE, TDM_SIM_DT_BF16, ek);
+    double ew = look(c, TDM_SIM_OP_ELEMWISE, TDM_SIM_DT_BF16, ek, PRE_NONE);
     ew = ew >= 0 ? ew * 1e-6
                  : ELEM_PASSES * (H + I / tp) * ACT_BYTES * T / c->byte_rate;
     double lin = L * (per_layer + ew) + lm;
@@ -190,7 +246,7 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
     if (s->prefill_reqs && s->prefill_attn > 0) {
         double b = s->prefill_reqs, isl = sqrt(2 * s->prefill_attn / b);
         double k[5] = {heads, kvh, d, b, isl < 1 ? 1 : isl};
-        double us = look(c, TDM_SIM_OP_ATTN_CTX, c->kv_dt, k);
+        double us = look(c, TDM_SIM_OP_ATTN_CTX, c->kv_dt, k, PRE_CTX);
         if (us >= 0) ap = L * us * 1e-6;
         else {
             double pc = c->attn_flops_per_unit * s->prefill_attn / c->flop_rate;
@@ -203,7 +259,7 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
     if (s->decode_reqs && s->decode_ctx) {
         double b = s->decode_reqs, ctx = (double)s->decode_ctx / b;
         double k[5] = {heads, kvh, d, b, ctx < 1 ? 1 : ctx};
-        double us = look(c, TDM_SIM_OP_ATTN_GEN, c->kv_dt, k);
+        double us = look(c, TDM_SIM_OP_ATTN_GEN, c->kv_dt, k, PRE_GEN);
         if (us >= 0) ad = L * us * 1e-6;
         else {
             double dc = c->attn_flops_per_unit * (double)s->decode_ctx / c->flop_rate;
@@ -215,7 +271,7 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
     double ar = 0;
     if (tp > 1) {
         double k[2] = {tp, T * H * ACT_BYTES};
-        double us = look(c, TDM_SIM_OP_ALLREDUCE, TDM_SIM_DT_BF16, k);
+        double us = look(c, TDM_SIM_OP_ALLREDUCE, TDM_SIM_DT_BF16, k, PRE_NONE);
         ar = us >= 0 ? 2 * L * us * 1e-6
                      : c->ar_count * c->ar_alpha_s + c->ar_bytes_per_token * T / c->ar_bw;
     }

@@ -212,6 +212,11 @@ typedef struct tdm_sim_cost {
     /* the table model (hw.cost_model == TDM_SIM_COST_TABLE) */
     const tdm_sim_tableset *tables;
     tdm_sim_dtype gemm_dt, kv_dt;
+    struct {                         /* exact key prefixes of this model's lookups, found once */
+        int ok;
+        double key[3];
+        size_t lo, hi;
+    } pre[8];
     /* counters, updated by every tdm_sim_cost_step (cost objects are never const-defined) */
     uint64_t steps, extrapolated_steps, lookups, extrapolated_lookups;
 } tdm_sim_cost;
@@ -226,6 +231,8 @@ typedef struct tdm_sim_cost {
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);
+/* Internal: the table model's per-model prefixes (called by tdm_sim_cost_init). */
+void tdm_sim__cost_table_init(tdm_sim_cost *c);
 /* The table model's step (called by tdm_sim_cost_step when c->tables is set). */
 double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
                                tdm_sim_cost_terms *t);

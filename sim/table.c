@@ -482,3 +482,31 @@ double tdm_sim_table_lookup(const tdm_sim_table *t, tdm_sim_dtype dt, const doub
     if (ex && extrap) *extrap = 1;
     return r;
 }
+
+int tdm_sim_table_prefix(const tdm_sim_table *t, tdm_sim_dtype dt, const double *keys, int np,
+                         size_t *lo, size_t *hi)
+{
+    if (!t || !t->n || !t->sorted || np < 0 || np > t->ndim) return -1;
+    size_t a = lower(t, 0, t->n, 0, (double)dt), b = upper(t, 0, t->n, 0, (double)dt);
+    for (int d = 0; d < np && a < b; d++) {
+        size_t na = lower(t, a, b, d + 1, keys[d]);
+        b = upper(t, na, b, d + 1, keys[d]);
+        a = na;
+    }
+    if (a >= b) return -1;
+    *lo = a;
+    *hi = b;
+    return 0;
+}
+
+double tdm_sim_table_lookup_in(const tdm_sim_table *t, size_t lo, size_t hi, int np,
+                               const double *keys, int *extrap)
+{
+    if (!t || lo >= hi || hi > t->n || np < 0 || np > t->ndim) return -1;
+    int ex = 0;
+    double q[TDM_SIM_TABLE_MAXDIM];
+    for (int i = 0; i < t->ndim; i++) q[i] = keys[i] >= 1e-9 ? keys[i] : 1e-9;
+    double r = exp(interp(t, lo, hi, np, q, &ex));
+    if (ex && extrap) *extrap = 1;
+    return r;
+}

@@ -66,4 +66,12 @@ int tdm_sim_table_write(const tdm_sim_table *t, const char *path, const char *so
 double tdm_sim_table_lookup(const tdm_sim_table *t, tdm_sim_dtype dt, const double *keys,
                             int *extrap);
 
+/* The rows [*lo, *hi) whose dtype and first np keys equal dt and keys exactly; -1 when there
+ * are none. tdm_sim_table_lookup_in() then interpolates over the remaining keys only (a
+ * caller that asks the same prefix many times skips its searches). */
+int tdm_sim_table_prefix(const tdm_sim_table *t, tdm_sim_dtype dt, const double *keys, int np,
+                         size_t *lo, size_t *hi);
+double tdm_sim_table_lookup_in(const tdm_sim_table *t, size_t lo, size_t hi, int np,
+                               const double *keys, int *extrap);
+
 #endif /* TANDEM_SIM_TABLE_H */

@@ -33,6 +33,15 @@ static void terms_json(const char *key, const tdm_sim_cost_terms *t, const char 
 static void terms_text(const char *title, const tdm_sim_cost_terms *t)
 {
     printf("%s: %.3f ms\n", title, t->total_s * 1e3);
+    if (t->linear_compute_s == 0 && t->linear_memory_s == 0) { /* the table model */
+        printf("  linear layers   %8.3f ms  (measured GEMM and element-wise tables)\n",
+               t->linear_s * 1e3);
+        printf("  attention       %8.3f ms  (measured attention tables)\n",
+               (t->attn_prefill_s + t->attn_decode_s) * 1e3);
+        printf("  all-reduce      %8.3f ms\n", t->allreduce_s * 1e3);
+        printf("  overhead        %8.3f ms\n", t->overhead_s * 1e3);
+        return;
+    }
     printf("  linear layers   %8.3f ms  (compute %.3f ms, weights %.3f ms: %s-bound)\n",
            t->linear_s * 1e3, t->linear_compute_s * 1e3, t->linear_memory_s * 1e3,
            t->linear_compute_bound ? "compute" : "memory");
@@ -134,10 +143,11 @@ int tdm_cmd_cost(int argc, char **argv)
         printf("}\n");
         return 0;
     }
-    printf("model %s (%.2f B params, %.0f KiB KV/token), tp %ld, on %s (%.0f TFLOP/s x %.2f, "
-           "%.0f GB/s x %.2f, overhead %.0f us)\n",
-           m.name, tdm_sim_model_params(&m) / 1e9, kvb / 1024, tp, h.name, h.peak_tflops,
-           h.eff_compute, h.hbm_gbps, h.eff_memory, h.step_overhead_us);
+    printf("model %s (%.2f B params, %.0f KiB KV/token, %s), tp %ld, on %s (%.0f TFLOP/s x %.2f, "
+           "%.0f GB/s x %.2f, overhead %.0f us%s)\n",
+           m.name, tdm_sim_model_params(&m) / 1e9, kvb / 1024, tdm_sim_model_precision(&m), tp,
+           h.name, h.peak_tflops, h.eff_compute, h.hbm_gbps, h.eff_memory, h.step_overhead_us,
+           h.cost_model == TDM_SIM_COST_TABLE ? "; table cost model" : "");
     char title[128];
     snprintf(title, sizeof title, "prefill step of %ld tokens", prefill);
     terms_text(title, &pt);
