@@ -189,8 +189,13 @@ done:
 }
 
 /* Held-out score of one attention table: train on even ranks of the sequence key. */
-static int attn_file(const char *path, FILE *out, double *sum, size_t *cnt, uint64_t *extrap)
+static int attn_file(const char *path, const char *hwname, FILE *out, double *sum, size_t *cnt,
+                     uint64_t *extrap, double *roof_sum)
 {
+    tdm_sim_hw hw;
+    tdm_sim_hw_preset(hwname, &hw);
+    double F = hw.peak_tflops * 1e12 * hw.eff_compute, B = hw.hbm_gbps * 1e9 * hw.eff_memory;
+    double rs = 0;
     char err[TDM_SIM_ERRLEN];
     tdm_sim_table all, train;
     if (tdm_sim_table_load(path, &all, err, sizeof err) != 0) return -1;
@@ -236,10 +241,19 @@ static int attn_file(const char *path, FILE *out, double *sum, size_t *cnt, uint
         s += fabs(p - r[all.ndim + 1]) / r[all.ndim + 1];
         k++;
         ex += (size_t)e;
+        /* the roofline's attention terms of one layer on the same row, for comparison */
+        double heads = r[1], kvh = r[2], hd = r[3], b = r[4], len = r[5];
+        double work = all.op == TDM_SIM_OP_ATTN_CTX ? b * len * len / 2 : b * len;
+        double kvb = 2 * kvh * hd * (r[0] == TDM_SIM_DT_FP8 ? 1 : 2) * b * len;
+        double fl = 4 * heads * hd * work / F, by = kvb / B;
+        double roof = (fl > by ? fl : by) * 1e6;
+        rs += fabs(roof - r[all.ndim + 1]) / r[all.ndim + 1];
     }
     if (out && k)
-        fprintf(out, "  attention %-34s train %5zu, test %5zu rows: MAPE %5.2f%% (%zu extrapolated)\n",
-                path, train.n, k, 100 * s / (double)k, ex);
+        fprintf(out, "  attention %-34s train %5zu, test %5zu rows: MAPE %5.2f%% (%zu extrapolated;"
+                " roofline %.1f%%)\n", path, train.n, k, 100 * s / (double)k, ex,
+                100 * rs / (double)k);
+    *roof_sum += rs;
     *sum += s;
     *cnt += k;
     *extrap += ex;
@@ -578,6 +592,7 @@ int tdm_sim_calibrate_table(const char *dir, const char *tables, FILE *out,
 {
     memset(cal, 0, sizeof *cal);
     cal->vidur_mape = cal->attn_mape = cal->ds_prefill_mape = cal->ds_decode_mape = -1;
+    cal->attn_roofline_mape = -1;
     cal->sw_prompt_mape = cal->sw_token_mape = -1;
     char path[1024];
     if (out) fprintf(out, "table cost model, held-out rows (profiles under %s, tables under %s)\n",
@@ -595,14 +610,22 @@ int tdm_sim_calibrate_table(const char *dir, const char *tables, FILE *out,
     if (tables) {
         static const char *const HW[3] = {"a100-80g", "h100-sxm", "h200"};
         static const char *const OPS[2] = {"attn_context", "attn_generation"};
+        double rs = 0;
         s = 0;
         k = 0;
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 2; j++) {
                 snprintf(path, sizeof path, "%s/%s/%s.txt", tables, HW[i], OPS[j]);
-                attn_file(path, out, &s, &k, &cal->attn_extrapolated);
+                attn_file(path, HW[i], out, &s, &k, &cal->attn_extrapolated, &rs);
             }
-        if (k) cal->attn_mape = s / (double)k, cal->attn_n = k;
+        if (k) {
+            cal->attn_mape = s / (double)k, cal->attn_n = k;
+            cal->attn_roofline_mape = rs / (double)k;
+            if (out)
+                fprintf(out, "  attention: table %.2f%%, the roofline's attention terms %.1f%% on "
+                        "the same %zu rows\n", 100 * cal->attn_mape, 100 * cal->attn_roofline_mape,
+                        k);
+        }
         snprintf(path, sizeof path, "%s/profiles/distserve/profiler-a100-80g.distserve.json", dir);
         distserve(path, tables, out, cal);
         snprintf(path, sizeof path, "%s/profiles/splitwise/perf_model.csv", dir);

@@ -271,6 +271,7 @@ typedef struct tdm_sim_calib_table {
     double ds_alpha, ds_overhead_ms[16];
     double sw_alpha[2], sw_overhead_ms[2][16];
     uint64_t attn_extrapolated;                 /* held-out attention rows outside the table */
+    double attn_roofline_mape;                  /* the roofline's attention terms, same rows */
 } tdm_sim_calib_table;
 int tdm_sim_calibrate_table(const char *shared_dir, const char *tables_dir, FILE *f,
                             tdm_sim_calib_table *out);
