@@ -7,7 +7,9 @@ Sources:
     systems/data/<gpu>/{gemm,attention,comm}/vllm/<version>/*.parquet (read with pyarrow)
     -> gemm, attn_context, attn_generation, allreduce
   Vidur's per-operator profiles (../shared/profiles/vidur/*_mlp.csv, MIT)
-    -> elementwise (norms, activation, rope, add of one layer) for the A100 and the H100
+    -> elementwise (norms, activation, rope, add of one layer) for the A100 and the H100, and
+       per profiled model a set vidur-<gpu>-<model> whose GEMM and element-wise tables are
+       Vidur's (2023 PyTorch kernels; the model's shapes only), the rest aiconfigurator's
 
 usage: make_tables.py --wheel WHEEL.whl --shared ../shared --out build/tables
 The outputs are build artefacts: never commit them.
@@ -113,6 +115,23 @@ def vidur_elementwise(shared, prefix):
     return {k: sum(v) / len(v) for k, v in acc.items()}, names
 
 
+VIDUR_GEMMS = ["attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"]
+
+
+def vidur_gemms(path):
+    """Vidur's four projections of one layer as GEMM rows (bf16, m = tokens, us)."""
+    acc = collections.defaultdict(list)
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            tp = int(r["num_tensor_parallel_workers"])
+            h, heads, kvh = int(r["n_embd"]), int(r["n_head"]), int(r["n_kv_head"])
+            ffn, hd, m = int(r["n_expanded_embd"]), int(r["n_embd"]) // int(r["n_head"]), int(r["num_tokens"])
+            nk = [((heads + 2 * kvh) * hd // tp, h), (h, heads * hd // tp), (2 * ffn // tp, h), (h, ffn // tp)]
+            for op, (n, k) in zip(VIDUR_GEMMS, nk):
+                acc[("bf16", m, n, k)].append(float(r[f"time_stats.{op}.median"]) * 1e3)
+    return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wheel", required=True)
@@ -145,6 +164,23 @@ def main():
             json.dump(j, f, indent=2)
             f.write("\n")
         print(f"tables {hw}: " + ", ".join(f"{k} {v} rows" for k, v in counts.items()))
+        # Vidur's own GEMMs for the models it profiled on this GPU
+        if not (vprefix and a.shared and os.path.isdir(f"{a.shared}/profiles/vidur")):
+            continue
+        for n in sorted(os.listdir(f"{a.shared}/profiles/vidur")):
+            if not (n.startswith(vprefix + "_") and n.endswith("_mlp.csv")):
+                continue
+            name = f"vidur-{hw}-{n[len(vprefix) + 1:-len('_mlp.csv')].replace('_', '-')}"
+            vd = os.path.join(a.out, name)
+            os.makedirs(vd, exist_ok=True)
+            rows = vidur_gemms(f"{a.shared}/profiles/vidur/{n}")
+            ng = write_table(f"{vd}/gemm.txt", "gemm", rows, f"vidur {n}")
+            vpaths = dict(paths, gemm=f"{name}/gemm.txt")
+            vj = dict(j, name=name, tables=vpaths, source=f"vidur {n} + " + j["source"])
+            with open(os.path.join(a.out, f"{name}.json"), "w") as f:
+                json.dump(vj, f, indent=2)
+                f.write("\n")
+            print(f"tables {name}: gemm {ng} rows (vidur), the rest as {hw}")
     return 0
 
 

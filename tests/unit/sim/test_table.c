@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
+#include <sys/wait.h>
 
 #include "sim.h"
 #include "sim_test_util.h"
@@ -456,6 +458,55 @@ static void profile_to_tables__writes_a_table_model(void **state)
     rm_dir(dir);
 }
 
+/* `tandem sim --precision` and `--hw` with a table model, end to end through the CLI. */
+static void sim_command__precision_and_table_model(void **state)
+{
+    (void)state;
+    const char *bd = getenv("TANDEM_BUILD");
+    char tool[512], dir[256], hw[512], out[512], cmd[2048];
+    snprintf(tool, sizeof tool, "%s/tandem", bd && *bd ? bd : "build");
+    if (access(tool, X_OK) != 0) {
+        printf("[ SKIP     ] %s not built\n", tool);
+        skip();
+        return;
+    }
+    table_dir(dir, sizeof dir);
+    char json[1024];
+    snprintf(json, sizeof json, "%s\"mem_gib\": 80, \"tables\": {\"gemm\": \"gemm.txt\", "
+             "\"attn_generation\": \"attn_generation.txt\"}}", HW_HEAD);
+    snprintf(hw, sizeof hw, "%s/hw.json", dir);
+    write_tmp(hw, sizeof hw, "tables/hw.json", json);
+    snprintf(out, sizeof out, "%s/out.json", dir);
+    snprintf(cmd, sizeof cmd, "%s sim --hw %s --precision fp8 --max-requests 30 --quiet --json %s"
+             " >/dev/null", tool, hw, out);
+    int rc = system(cmd);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+    json_error_t je;
+    json_t *o = json_load_file(out, 0, &je);
+    assert_non_null(o);
+    json_t *cm = json_object_get(o, "cost_model"), *ex = json_object_get(o, "extrapolated_steps"),
+           *st = json_object_get(o, "steps");
+    assert_string_equal(json_string_value(cm), "table");
+    /* fp8 KV asked of attention tables without fp8 rows: every step that decodes is flagged */
+    assert_true(json_integer_value(st) > 0);
+    assert_true(json_integer_value(ex) > json_integer_value(st) / 2);
+    assert_true(json_integer_value(ex) <= json_integer_value(st));
+    json_decref(o);
+    /* bf16: every key inside the tables, nothing flagged */
+    snprintf(cmd, sizeof cmd, "%s sim --hw %s --max-requests 30 --quiet --json %s >/dev/null",
+             tool, hw, out);
+    rc = system(cmd);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+    o = json_load_file(out, 0, &je);
+    assert_non_null(o);
+    assert_int_equal(json_integer_value(json_object_get(o, "extrapolated_steps")), 0);
+    json_decref(o);
+    snprintf(cmd, sizeof cmd, "%s sim --precision fp9 --quiet >/dev/null 2>&1", tool);
+    rc = system(cmd);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) != 0);
+    rm_dir(dir);
+}
+
 /* $TANDEM_TABLES, else $TANDEM_BUILD/tables, else build/tables (`make tables`). */
 static const char *tables_dir(char *buf, size_t n)
 {
@@ -527,6 +578,7 @@ int main(void)
         cmocka_unit_test(precision__fp8_halves_bytes_and_doubles_gemm_rate),
         cmocka_unit_test(run__counts_extrapolated_steps),
         cmocka_unit_test(profile_to_tables__writes_a_table_model),
+        cmocka_unit_test(sim_command__precision_and_table_model),
         cmocka_unit_test(calibrate_table__vidur_held_out_within_target),
         cmocka_unit_test(calibrate_table__stacks_held_out_within_targets),
     };
