@@ -139,9 +139,8 @@ static int vidur_file(const char *path, const char *hwname, FILE *out, double *s
         tdm_sim_table_merge(&set.op[TDM_SIM_OP_ELEMWISE]))
         goto done;
     set.have[TDM_SIM_OP_GEMM] = set.have[TDM_SIM_OP_ELEMWISE] = 1;
-    size_t ntrain = set.op[TDM_SIM_OP_GEMM].n / 1;
-    const tdm_sim_tableset *ts = tdm_sim_tableset_adopt(&set);
-    if (!ts) goto done;
+    size_t ntrain = set.op[TDM_SIM_OP_GEMM].n;
+    const tdm_sim_tableset *ts = &set; /* used only within this function, then freed */
     tdm_sim_hw hw;
     tdm_sim_hw_preset(hwname, &hw);
     hw.step_overhead_us = 0;
@@ -184,6 +183,7 @@ static int vidur_file(const char *path, const char *hwname, FILE *out, double *s
 done:
     tdm_sim_table_free(&set.op[TDM_SIM_OP_GEMM]);
     tdm_sim_table_free(&set.op[TDM_SIM_OP_ELEMWISE]);
+    free(set.memo);
     free(rows);
     return rc;
 }

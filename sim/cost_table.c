@@ -27,17 +27,6 @@
 
 static tdm_sim_tableset *g_sets; /* kept for the life of the process */
 
-const tdm_sim_tableset *tdm_sim_tableset_adopt(tdm_sim_tableset *s)
-{
-    tdm_sim_tableset *c = malloc(sizeof *c);
-    if (!c) return NULL;
-    *c = *s;
-    memset(s, 0, sizeof *s);
-    c->next = g_sets;
-    g_sets = c;
-    return c;
-}
-
 const tdm_sim_tableset *tdm_sim_tableset_get(const char *const paths[TDM_SIM_OP_COUNT],
                                              const char *dir, char *err, size_t errlen)
 {

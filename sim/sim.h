@@ -151,8 +151,6 @@ typedef struct tdm_sim_tableset {
  * dir) through the cache; errors "path:line: what". */
 const tdm_sim_tableset *tdm_sim_tableset_get(const char *const paths[TDM_SIM_OP_COUNT],
                                              const char *dir, char *err, size_t errlen);
-/* Take ownership of an in-memory set (calibration, tests); NULL on allocation failure. */
-const tdm_sim_tableset *tdm_sim_tableset_adopt(tdm_sim_tableset *s);
 /* `tandem profile --tables DIR`: write DIR/gemm.txt, DIR/attn_generation.txt and DIR/hw.json
  * (the table model) from the hardware JSON that kernels/profile.cu wrote, for a model of
  * these heads / KV heads / head dim at this TP degree (sim/profile_tables.c). */
