@@ -5,11 +5,15 @@
  * and a baseline measured in the same run: the same trace through a minimal continuous-
  * batching loop written inline (FCFS, 2048-token budget, chunked prefill, no KV pages, no
  * prefix cache), i.e. the cost of the step loop without the scheduler's bookkeeping.
- * Never fails on speed. Without ../shared, it uses the embedded workload and says so.
+ * Then the same run with the table cost model (build/tables/h100-sxm.json from `make
+ * tables`, or $TANDEM_TABLES/h100-sxm.json): `sim_bench table_model_wall_s=...`, with the
+ * tables' load time apart. Never fails on speed. Without ../shared, it uses the embedded
+ * workload and says so; without the tables it says so and skips that figure.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "sim.h"
 
@@ -96,11 +100,13 @@ int main(void)
     tdm_sim_run_opts_init(&o);
     tdm_sim_result r;
     t0 = tdm_sim_wall();
+    clock_t c0 = clock();
     if (tdm_sim_run(&t, &cfg, &o, &r, err, sizeof err) != 0) {
         fprintf(stderr, "sim_bench: %s\n", err);
         return 1;
     }
     double wall = tdm_sim_wall() - t0;
+    double cpu = (double)(clock() - c0) / CLOCKS_PER_SEC;
     tdm_sim_cost c;
     tdm_sim_cost_init(&c, &m, &h);
     double bdur;
@@ -119,6 +125,38 @@ int main(void)
     printf("sim_bench ratio_to_baseline=%.2f (per request-step)\n",
            (wall / (double)r.sum.request_steps) / (bwall / (double)(brs ? brs : 1)));
     tdm_sim_result_free(&r);
+    const char *td = getenv("TANDEM_TABLES");
+    char hp[1024];
+    snprintf(hp, sizeof hp, "%s/h100-sxm.json", td && *td ? td : "build/tables");
+    tdm_sim_hw th;
+    t0 = tdm_sim_wall();
+    if (tdm_sim_hw_load(hp, &th, err, sizeof err) != 0) {
+        printf("sim_bench: no table model (%s); run `make tables`\n", err);
+    } else {
+        double tload = tdm_sim_wall() - t0;
+        tdm_sim_config tc;
+        tdm_sim_config_init(&tc, &m, &th);
+        snprintf(tc.name, sizeof tc.name, "library-defaults-table");
+        t0 = tdm_sim_wall();
+        c0 = clock();
+        if (tdm_sim_run(&t, &tc, &o, &r, err, sizeof err) != 0) {
+            fprintf(stderr, "sim_bench: %s\n", err);
+            tdm_sim_config_free(&tc);
+            tdm_sim_config_free(&cfg);
+            tdm_sim_trace_free(&t);
+            return 1;
+        }
+        double tw = tdm_sim_wall() - t0;
+        double tcpu = (double)(clock() - c0) / CLOCKS_PER_SEC;
+        printf("table model (%s, loaded in %.3f s): simulated %.1f s in %llu steps, %llu "
+               "extrapolated\n", hp, tload, r.sum.duration_s, (unsigned long long)r.sum.steps,
+               (unsigned long long)r.sum.extrapolated_steps);
+        /* CPU seconds too: wall time on a loaded machine says little */
+        printf("sim_bench table_model_wall_s=%.3f request_steps_per_s=%.0f cpu_s=%.3f "
+               "roofline_cpu_s=%.3f\n", tw, tw > 0 ? r.sum.request_steps / tw : 0.0, tcpu, cpu);
+        tdm_sim_result_free(&r);
+        tdm_sim_config_free(&tc);
+    }
     tdm_sim_config_free(&cfg);
     tdm_sim_trace_free(&t);
     return 0;

@@ -19,7 +19,7 @@
 
 #include "sim.h"
 
-static char *slurp(const char *path, size_t *len)
+char *tdm_sim__slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -40,7 +40,7 @@ static char *slurp(const char *path, size_t *len)
 }
 
 /* Split a CSV line in place; returns the field count. */
-static int fields(char *line, char **f, int max)
+int tdm_sim__csv_fields(char *line, char **f, int max)
 {
     int n = 0;
     char *p = line;
@@ -54,7 +54,7 @@ static int fields(char *line, char **f, int max)
     return n;
 }
 
-static int col(char **hdr, int n, const char *name)
+int tdm_sim__csv_col(char **hdr, int n, const char *name)
 {
     for (int i = 0; i < n; i++)
         if (!strcmp(hdr[i], name)) return i;
@@ -66,23 +66,23 @@ static int col(char **hdr, int n, const char *name)
 static double vidur_file(const char *path, const char *hwname, FILE *out, size_t *count)
 {
     size_t len;
-    char *buf = slurp(path, &len);
+    char *buf = tdm_sim__slurp(path, &len);
     if (!buf) return -1;
     char *save = NULL, *line = strtok_r(buf, "\n", &save);
     char *hdr[MAXF], *f[MAXF];
     char *hline = line ? strdup(line) : NULL;
-    int nh = hline ? fields(hline, hdr, MAXF) : 0;
+    int nh = hline ? tdm_sim__csv_fields(hline, hdr, MAXF) : 0;
     static const char *const OPS[] = {"attn_pre_proj", "attn_post_proj", "mlp_up_proj",
                                       "mlp_down_proj", "mlp_act", "input_layernorm",
                                       "post_attention_layernorm", "attn_rope", "add"};
-    int oc[9], ce = col(hdr, nh, "n_embd"), ch = col(hdr, nh, "n_head"),
-        ck = col(hdr, nh, "n_kv_head"), ci = col(hdr, nh, "n_expanded_embd"),
-        ct = col(hdr, nh, "num_tokens"), cp = col(hdr, nh, "num_tensor_parallel_workers");
+    int oc[9], ce = tdm_sim__csv_col(hdr, nh, "n_embd"), ch = tdm_sim__csv_col(hdr, nh, "n_head"),
+        ck = tdm_sim__csv_col(hdr, nh, "n_kv_head"), ci = tdm_sim__csv_col(hdr, nh, "n_expanded_embd"),
+        ct = tdm_sim__csv_col(hdr, nh, "num_tokens"), cp = tdm_sim__csv_col(hdr, nh, "num_tensor_parallel_workers");
     char name[64];
     int ok = ce >= 0 && ch >= 0 && ck >= 0 && ci >= 0 && ct >= 0 && cp >= 0;
     for (int i = 0; i < 9 && ok; i++) {
         snprintf(name, sizeof name, "time_stats.%s.median", OPS[i]);
-        oc[i] = col(hdr, nh, name);
+        oc[i] = tdm_sim__csv_col(hdr, nh, name);
         ok = oc[i] >= 0;
     }
     double sum = 0;
@@ -91,7 +91,7 @@ static double vidur_file(const char *path, const char *hwname, FILE *out, size_t
     tdm_sim_hw hw;
     ok = ok && tdm_sim_hw_preset(hwname, &hw) == 0;
     while (ok && (line = strtok_r(NULL, "\n", &save))) {
-        int nf = fields(line, f, MAXF);
+        int nf = tdm_sim__csv_fields(line, f, MAXF);
         if (nf != nh) continue;
         tdm_sim_model m;
         memset(&m, 0, sizeof m);
@@ -210,16 +210,16 @@ static void distserve(const char *path, FILE *out, tdm_sim_calib *cal)
 static void splitwise(const char *path, FILE *out, tdm_sim_calib *cal)
 {
     size_t len;
-    char *buf = slurp(path, &len);
+    char *buf = tdm_sim__slurp(path, &len);
     if (!buf) return;
     char *save = NULL, *line = strtok_r(buf, "\n", &save);
     char *hdr[32], *f[32];
     char *hl = line ? strdup(line) : NULL;
-    int nh = hl ? fields(hl, hdr, 32) : 0;
-    int cm = col(hdr, nh, "model"), chw = col(hdr, nh, "hardware"), cps = col(hdr, nh, "prompt_size"),
-        cbs = col(hdr, nh, "batch_size"), cts = col(hdr, nh, "token_size"),
-        cpt = col(hdr, nh, "prompt_time"), ctt = col(hdr, nh, "token_time"),
-        ctp = col(hdr, nh, "tensor_parallel");
+    int nh = hl ? tdm_sim__csv_fields(hl, hdr, 32) : 0;
+    int cm = tdm_sim__csv_col(hdr, nh, "model"), chw = tdm_sim__csv_col(hdr, nh, "hardware"), cps = tdm_sim__csv_col(hdr, nh, "prompt_size"),
+        cbs = tdm_sim__csv_col(hdr, nh, "batch_size"), cts = tdm_sim__csv_col(hdr, nh, "token_size"),
+        cpt = tdm_sim__csv_col(hdr, nh, "prompt_time"), ctt = tdm_sim__csv_col(hdr, nh, "token_time"),
+        ctp = tdm_sim__csv_col(hdr, nh, "tensor_parallel");
     double sp = 0, st = 0;
     size_t n = 0;
     double per[2][2] = {{0}};
@@ -228,7 +228,7 @@ static void splitwise(const char *path, FILE *out, tdm_sim_calib *cal)
     double *rows = malloc(cap * 5 * sizeof *rows); /* hw, pred prompt, meas, pred token, meas (no overhead) */
     while (cm >= 0 && chw >= 0 && cps >= 0 && cbs >= 0 && cts >= 0 && cpt >= 0 && ctt >= 0 &&
            ctp >= 0 && (line = strtok_r(NULL, "\n", &save))) {
-        if (fields(line, f, 32) != nh) continue;
+        if (tdm_sim__csv_fields(line, f, 32) != nh) continue;
         if (strcmp(f[cm], "llama2-70b")) continue;
         int h100 = !strcmp(f[chw], "h100-80gb");
         if (!h100 && strcmp(f[chw], "a100-80gb")) continue;

@@ -37,6 +37,7 @@ const char tdm_sim_cli_common_usage[] =
     "  --hw H                a100-80g | h100-sxm | h200 or a hardware JSON (default h100-sxm;\n"
     "                        a config's deployment.hw takes precedence)\n"
     "  --tp N                tensor-parallel degree (default 1)\n"
+    "  --precision P         bf16 | fp8: weight and KV bytes, fp8 GEMM rates (default bf16)\n"
     "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
     "metrics and output:\n"
     "  --slo-ttft-ms X       TTFT SLO (default 500)\n"
@@ -199,6 +200,15 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
                 c->topts.max_len = (uint32_t)v;
             } else if (!strcmp(a, "--model")) c->model = s;
             else if (!strcmp(a, "--hw")) c->hw = s;
+            else if (!strcmp(a, "--precision")) {
+                tdm_sim_model probe;
+                memset(&probe, 0, sizeof probe);
+                if (tdm_sim_model_set_precision(&probe, s) != 0) {
+                    fprintf(stderr, "tandem: --precision: bf16 or fp8\n");
+                    return -1;
+                }
+                c->precision = s;
+            }
             else if (!strcmp(a, "--tp")) {
                 if (num(a, s, 1, 64, &v)) return -1;
                 c->tp = (uint32_t)v;
@@ -265,6 +275,7 @@ int tdm_sim_cli_setup(tdm_sim_cli *c)
         return -1;
     }
     c->m.tp = c->tp;
+    if (c->precision) tdm_sim_model_set_precision(&c->m, c->precision);
     if (!c->no_clip && !c->topts.max_len) c->topts.max_len = c->m.max_len;
     if (c->no_clip) c->topts.max_len = 0;
     if (tdm_sim_trace_load(c->trace, &c->topts, &c->t, err, sizeof err) != 0) {
@@ -288,10 +299,13 @@ void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c, const tdm_sim_config *c
 {
     double span = tdm_sim_trace_span(&c->t);
     char hw[160];
-    uint32_t tp = c->m.tp;
+    const tdm_sim_model *m = &c->m;
+    int table = c->h.cost_model == TDM_SIM_COST_TABLE;
     if (cfg) {
         tdm_sim_config_hw_label(cfg, hw, sizeof hw);
-        tp = cfg->pools[0].model.tp;
+        m = &cfg->pools[0].model;
+        table = cfg->pools[0].hw.cost_model == TDM_SIM_COST_TABLE ||
+                (cfg->disagg && cfg->pools[1].hw.cost_model == TDM_SIM_COST_TABLE);
     } else {
         snprintf(hw, sizeof hw, "%s", c->h.name);
     }
@@ -303,5 +317,6 @@ void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c, const tdm_sim_config *c
                 span > 0 ? (double)c->t.n / span : 0.0);
     if (c->ropts.concurrency && !isinf(c->topts.rate))
         fprintf(f, ", concurrency %u", c->ropts.concurrency);
-    fprintf(f, "; model %s (tp %u) on %s\n", c->m.name, tp, hw);
+    fprintf(f, "; model %s (tp %u, %s) on %s%s\n", c->m.name, m->tp, tdm_sim_model_precision(m), hw,
+            table ? " (table cost model)" : "");
 }

@@ -79,7 +79,8 @@ static int pool_from(json_t *p, json_t *top_sched, tdm_sim_pool *pool, const cha
         if (strcmp(key, "instances") && strcmp(key, "hw") && strcmp(key, "tp") &&
             strcmp(key, "scheduler") && strcmp(key, "mode") && strcmp(key, "router") &&
             strcmp(key, "kv_gbps") && strcmp(key, "kv_latency_ms") &&
-            strcmp(key, "overlap_weight") && strcmp(key, "prefill") && strcmp(key, "decode")) {
+            strcmp(key, "overlap_weight") && strcmp(key, "prefill") && strcmp(key, "decode") &&
+            strcmp(key, "precision")) {
             snprintf(err, errlen, "%s: unknown key \"%s\"", what, key);
             return -1;
         }
@@ -111,6 +112,12 @@ static int pool_from(json_t *p, json_t *top_sched, tdm_sim_pool *pool, const cha
             snprintf(err, errlen, "%s: %s", what, e2);
             return -1;
         }
+    }
+    x = json_object_get(p, "precision");
+    if (x && (!json_is_string(x) ||
+              tdm_sim_model_set_precision(&pool->model, json_string_value(x)) != 0)) {
+        snprintf(err, errlen, "%s: \"precision\" must be \"bf16\" or \"fp8\"", what);
+        return -1;
     }
     json_t *ps = json_object_get(p, "scheduler");
     if (ps && !json_is_object(ps)) {
@@ -224,6 +231,12 @@ int tdm_sim_config_parse(const char *text, const char *default_name, const tdm_s
                 goto done;
             }
             c->pools[i].instances = 1;
+            json_t *pr = json_object_get(dep, "precision"); /* both pools; a pool may override */
+            if (pr && (!json_is_string(pr) ||
+                       tdm_sim_model_set_precision(&c->pools[i].model, json_string_value(pr)))) {
+                snprintf(err, errlen, "deployment: \"precision\" must be \"bf16\" or \"fp8\"");
+                goto done;
+            }
             char what[64];
             snprintf(what, sizeof what, "deployment.%s", names[i]);
             if (pool_from(p, sched, &c->pools[i], what, err, errlen) != 0) goto done;

@@ -11,6 +11,9 @@
  *   tensor parallel every term above on 1/tp of the work, plus 2 all-reduces per layer of
  *                   tokens * hidden * 2 bytes (ring: alpha + 2 (tp-1)/tp * bytes / link bw)
  *   overhead        hw.step_overhead_us per step (launches, sampling, host work)
+ * fp8 (bytes_per_param 1) halves the weight bytes and runs the GEMMs at peak_fp8_tflops
+ * (the bf16 peak on GPUs without fp8 tensor cores); fp8 KV halves the KV bytes.
+ * A hardware with "cost_model": "table" is priced by sim/cost_table.c instead.
  * docs/cost_model.md explains the calibration against ../shared/profiles.
  */
 #include <math.h>
@@ -31,7 +34,12 @@ void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw
     double tp = m->tp ? m->tp : 1;
     double layer = tdm_sim_model_layer_params(m);
     double lm = (double)m->vocab * m->hidden;
-    c->flop_rate = h->peak_tflops * 1e12 * h->eff_compute;
+    int fp8 = m->bytes_per_param > 0 && m->bytes_per_param <= 1;
+    double peak = fp8 && h->peak_fp8_tflops > h->peak_tflops ? h->peak_fp8_tflops : h->peak_tflops;
+    c->flop_rate = peak * 1e12 * h->eff_compute;
+    c->gemm_dt = fp8 ? TDM_SIM_DT_FP8 : TDM_SIM_DT_BF16;
+    c->kv_dt = m->bytes_per_kv > 0 && m->bytes_per_kv <= 1 ? TDM_SIM_DT_FP8 : TDM_SIM_DT_BF16;
+    c->tables = h->cost_model == TDM_SIM_COST_TABLE ? h->tables : NULL;
     c->byte_rate = h->hbm_gbps * 1e9 * h->eff_memory;
     c->lin_flops_per_token = 2.0 * layer * m->layers / tp;
     c->lm_flops_per_seq = 2.0 * lm / tp;
@@ -45,9 +53,10 @@ void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw
     /* 0 = unknown (a profile of one GPU cannot measure the link): assume NVLink3's 300 GB/s */
     double link = h->interconnect_gbps > 0 ? h->interconnect_gbps : TDM_SIM_DEFAULT_LINK_GBPS;
     c->ar_bw = tp > 1 ? link * 1e9 / (2.0 * (tp - 1) / tp) : 1;
+    if (c->tables) tdm_sim__cost_table_init(c);
 }
 
-double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t)
+static double roofline_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t)
 {
     const tdm_sim_model *m = &c->model;
     double tokens = (double)s->prefill_tokens + s->decode_reqs;
@@ -88,6 +97,17 @@ double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_
     return total;
 }
 
+double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t)
+{
+    if (!c->tables) return roofline_step(c, s, t);
+    tdm_sim_cost *mc = (tdm_sim_cost *)c; /* the counters; see sim.h */
+    uint64_t ex = c->extrapolated_lookups;
+    double r = tdm_sim_cost_table_step(c, s, t);
+    mc->steps++;
+    if (c->extrapolated_lookups != ex) mc->extrapolated_steps++;
+    return r;
+}
+
 double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *sh)
 {
     const tdm_sim_cost *c = ctx;
@@ -102,7 +122,15 @@ double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *sh)
     s.decode_ctx = sh->decode_context_tokens;
     s.prefill_attn = (double)sh->prefill_attn_work;
     s.prefill_kv_read = 0;
-    return tdm_sim_cost_step(c, &s, NULL);
+    /* the scheduler's estimates are not steps: keep the counters as they were */
+    tdm_sim_cost *mc = (tdm_sim_cost *)c;
+    uint64_t k[4] = {c->steps, c->extrapolated_steps, c->lookups, c->extrapolated_lookups};
+    double r = tdm_sim_cost_step(c, &s, NULL);
+    mc->steps = k[0];
+    mc->extrapolated_steps = k[1];
+    mc->lookups = k[2];
+    mc->extrapolated_lookups = k[3];
+    return r;
 }
 
 uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util)

@@ -640,6 +640,8 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
         }
         steps += e.in[i].steps;
         toks += e.in[i].tokens;
+        res->sum.extrapolated_steps += e.in[i].cost.extrapolated_steps;
+        if (e.in[i].cost.tables) res->sum.table_model = 1;
         res->sum.request_steps += e.in[i].req_steps;
         kvs += e.in[i].steps ? e.in[i].kv_sum / (double)e.in[i].steps : 0;
         if (e.in[i].kv_max > res->sum.kv_usage_max) res->sum.kv_usage_max = e.in[i].kv_max;

@@ -3,7 +3,9 @@
  * 7B/13B/70B, Llama-3 and Llama-3.1 8B/70B, Mistral-7B, and OPT-13B/66B for the DistServe calibration;
  * A100-80G, H100-SXM, H200) and their JSON forms. The hardware JSON is the format
  * `tandem profile` writes: {"name", "peak_tflops", "hbm_gbps", "eff_compute", "eff_memory",
- * "step_overhead_us", "interconnect_gbps", optional "mem_gib", optional "measured"}.
+ * "step_overhead_us", "interconnect_gbps", optional "mem_gib", optional "measured"}, plus
+ * optional "peak_fp8_tflops" and the table model's "cost_model": "table" with "tables":
+ * {"gemm": path, "attn_context": path, ...} (paths relative to the JSON file).
  */
 #include <jansson.h>
 #include <math.h>
@@ -35,9 +37,9 @@ static const model_row MODELS[] = {
  * is fitted to DistServe's A100 decode intercepts and Splitwise's H100 tables
  * (docs/cost_model.md). */
 static const tdm_sim_hw HWS[] = {
-    {"a100-80g", 312.0, 2039.0, 0.70, 0.75, 2500.0, 300.0, 80.0},
-    {"h100-sxm", 989.0, 3350.0, 0.74, 0.78, 1000.0, 450.0, 80.0},
-    {"h200", 989.0, 4800.0, 0.74, 0.78, 1000.0, 450.0, 141.0},
+    {"a100-80g", 312.0, 2039.0, 0.70, 0.75, 2500.0, 300.0, 80.0, 0.0, 0, NULL},
+    {"h100-sxm", 989.0, 3350.0, 0.74, 0.78, 1000.0, 450.0, 80.0, 1979.0, 0, NULL},
+    {"h200", 989.0, 4800.0, 0.74, 0.78, 1000.0, 450.0, 141.0, 1979.0, 0, NULL},
 };
 
 const char *tdm_sim_model_names(void)
@@ -200,7 +202,71 @@ done:
     return rc;
 }
 
+int tdm_sim_model_set_precision(tdm_sim_model *m, const char *p)
+{
+    if (!m || !p) return -1;
+    if (!strcmp(p, "bf16") || !strcmp(p, "fp16")) m->bytes_per_param = m->bytes_per_kv = 2;
+    else if (!strcmp(p, "fp8")) m->bytes_per_param = m->bytes_per_kv = 1;
+    else return -1;
+    return 0;
+}
+
+const char *tdm_sim_model_precision(const tdm_sim_model *m)
+{
+    return m->bytes_per_param <= 1 ? "fp8" : "bf16";
+}
+
+/* "cost_model" and "tables" of a hardware JSON into h (tables through the cache). */
+static int hw_tables(json_t *o, const char *dir, tdm_sim_hw *h, char *err, size_t errlen)
+{
+    json_t *cm = json_object_get(o, "cost_model"), *tb = json_object_get(o, "tables");
+    h->cost_model = TDM_SIM_COST_ROOFLINE;
+    h->tables = NULL;
+    if (cm && (!json_is_string(cm) || (strcmp(json_string_value(cm), "roofline") &&
+                                        strcmp(json_string_value(cm), "table")))) {
+        snprintf(err, errlen, "hardware JSON: \"cost_model\" must be \"roofline\" or \"table\"");
+        return -1;
+    }
+    int table = cm && !strcmp(json_string_value(cm), "table");
+    if (tb && !json_is_object(tb)) {
+        snprintf(err, errlen, "hardware JSON: \"tables\" must be an object {op: path}");
+        return -1;
+    }
+    if (!table) return 0;
+    if (!tb) {
+        snprintf(err, errlen, "hardware JSON: \"cost_model\": \"table\" needs \"tables\"");
+        return -1;
+    }
+    const char *paths[TDM_SIM_OP_COUNT] = {0};
+    const char *key;
+    json_t *val;
+    json_object_foreach(tb, key, val) {
+        tdm_sim_op op;
+        if (tdm_sim_op_from_name(key, &op) || !json_is_string(val)) {
+            snprintf(err, errlen, "hardware JSON: \"tables\": \"%s\" must be one of gemm, "
+                     "attn_context, attn_generation, allreduce, elementwise with a path", key);
+            return -1;
+        }
+        paths[op] = json_string_value(val);
+    }
+    char e2[TDM_SIM_ERRLEN];
+    h->tables = tdm_sim_tableset_get(paths, dir, e2, sizeof e2);
+    if (!h->tables) {
+        snprintf(err, errlen, "hardware JSON: %s", e2);
+        return -1;
+    }
+    h->cost_model = TDM_SIM_COST_TABLE;
+    return 0;
+}
+
+static int hw_parse(const char *text, const char *dir, tdm_sim_hw *out, char *err, size_t errlen);
+
 int tdm_sim_hw_from_json(const char *text, tdm_sim_hw *out, char *err, size_t errlen)
+{
+    return hw_parse(text, NULL, out, err, errlen);
+}
+
+static int hw_parse(const char *text, const char *dir, tdm_sim_hw *out, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *o = json_loads(text, 0, &je);
@@ -217,7 +283,9 @@ int tdm_sim_hw_from_json(const char *text, tdm_sim_hw *out, char *err, size_t er
     const char *key;
     json_t *val;
     json_object_foreach(o, key, val) {
-        int ok = !strcmp(key, "name") || !strcmp(key, "measured");
+        int ok = !strcmp(key, "name") || !strcmp(key, "measured") ||
+                 !strcmp(key, "cost_model") || !strcmp(key, "tables") ||
+                 !strcmp(key, "peak_fp8_tflops") || !strcmp(key, "source");
         for (size_t i = 0; i < 7; i++) ok |= !strcmp(key, KEYS[i]);
         if (!ok) {
             snprintf(err, errlen, "hardware JSON: unknown key \"%s\"", key);
@@ -257,6 +325,14 @@ int tdm_sim_hw_from_json(const char *text, tdm_sim_hw *out, char *err, size_t er
     if (h.mem_gib <= 0 && json_is_number(mg) && json_number_value(mg) > 0 &&
         json_number_value(mg) < 1e6)
         h.mem_gib = json_number_value(mg);
+    double f8 = 0;
+    if (json_num(o, "peak_fp8_tflops", &f8, 0, "hardware JSON", err, errlen) < 0) goto done;
+    if (f8 < 0 || f8 > 1e9) {
+        snprintf(err, errlen, "hardware JSON: \"peak_fp8_tflops\" out of range (%g)", f8);
+        goto done;
+    }
+    h.peak_fp8_tflops = f8;
+    if (hw_tables(o, dir, &h, err, errlen) != 0) goto done;
     *out = h;
     rc = 0;
 done:
@@ -289,7 +365,12 @@ int tdm_sim_hw_load(const char *s, tdm_sim_hw *h, char *err, size_t errlen)
     }
     char *text;
     if (load_text(s, &text, err, errlen) != 0) return -1;
-    int rc = tdm_sim_hw_from_json(text, h, err, errlen);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", s);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    int rc = hw_parse(text, dir, h, err, errlen);
     free(text);
     return rc;
 }

@@ -115,6 +115,9 @@ void tdm_sim_print_table(FILE *f, const tdm_sim_result *r)
                 s->kv_transfer_mean_s * 1e3);
     fprintf(f, "  steps           %llu (%.1f tokens per step), %u GPU%s\n",
             (unsigned long long)s->steps, s->mean_batch_tokens, s->gpus, s->gpus == 1 ? "" : "s");
+    if (s->table_model)
+        fprintf(f, "  cost model      measured tables; %llu step%s extrapolated beyond them\n",
+                (unsigned long long)s->extrapolated_steps, s->extrapolated_steps == 1 ? "" : "s");
     fprintf(f, "  simulated       %.1f s in %.2f s of wall time\n", s->duration_s, s->wall_s);
 }
 
@@ -220,6 +223,8 @@ static void write_body(FILE *f, const tdm_sim_result *r, const char *extra)
     fprintf(f, "  \"kv_transfers\": %llu,\n", (unsigned long long)s->kv_transfers);
     jkey(f, "kv_transfer_bytes", s->kv_transfer_bytes);
     fprintf(f, "  \"steps\": %llu,\n", (unsigned long long)s->steps);
+    fprintf(f, "  \"cost_model\": \"%s\",\n", s->table_model ? "table" : "roofline");
+    fprintf(f, "  \"extrapolated_steps\": %llu,\n", (unsigned long long)s->extrapolated_steps);
     jkey(f, "mean_batch_tokens", s->mean_batch_tokens);
     fprintf(f, "  \"gpus\": %u,\n", s->gpus);
     fputs("  \"wall_s\": ", f);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 
 #include "tandem.h"
+#include "table.h"
 
 #define TDM_SIM_ERRLEN 512
 
@@ -151,7 +152,36 @@ typedef struct tdm_sim_hw {
     double step_overhead_us;
     double interconnect_gbps;  /* GPU-GPU link per direction, GB/s */
     double mem_gib;            /* 0 = unknown */
+    double peak_fp8_tflops;    /* dense fp8 TFLOP/s; 0 = no fp8 tensor cores (bf16 rate) */
+    int cost_model;            /* TDM_SIM_COST_ROOFLINE or TDM_SIM_COST_TABLE */
+    const struct tdm_sim_tableset *tables; /* table model: owned by the process-wide cache */
 } tdm_sim_hw;
+
+enum { TDM_SIM_COST_ROOFLINE = 0, TDM_SIM_COST_TABLE = 1 };
+
+/* The measured-operator tables of one hardware (sim/cost_table.c). Loaded once per set of
+ * paths and kept for the life of the process; hw->tables points into that cache. */
+typedef struct tdm_sim_tableset {
+    tdm_sim_table op[TDM_SIM_OP_COUNT];
+    int have[TDM_SIM_OP_COUNT];
+    char key[1024];                 /* the joined paths, to find it again */
+    struct tdm_sim_memo *memo;      /* lookups already made (cost_table.c; lazily allocated) */
+    struct tdm_sim_tableset *next;
+} tdm_sim_tableset;
+
+/* Load the tables named in a hardware JSON's "tables" object ({op name: path}, relative to
+ * dir) through the cache; errors "path:line: what". */
+const tdm_sim_tableset *tdm_sim_tableset_get(const char *const paths[TDM_SIM_OP_COUNT],
+                                             const char *dir, char *err, size_t errlen);
+/* `tandem profile --tables DIR`: write DIR/gemm.txt, DIR/attn_generation.txt and DIR/hw.json
+ * (the table model) from the hardware JSON that kernels/profile.cu wrote, for a model of
+ * these heads / KV heads / head dim at this TP degree (sim/profile_tables.c). */
+int tdm_sim_profile_to_tables(const char *hw_json, const char *dir, uint32_t heads,
+                              uint32_t kv_heads, uint32_t head_dim, uint32_t tp, char *err,
+                              size_t errlen);
+/* Weight / KV precision: "bf16" (2 bytes) or "fp8" (1 byte, fp8 GEMM rates). */
+int tdm_sim_model_set_precision(tdm_sim_model *m, const char *precision);
+const char *tdm_sim_model_precision(const tdm_sim_model *m);
 
 int tdm_sim_model_preset(const char *name, tdm_sim_model *m);
 int tdm_sim_hw_preset(const char *name, tdm_sim_hw *h);
@@ -203,6 +233,16 @@ typedef struct tdm_sim_cost {
     double ar_bytes_per_token;       /* all-reduce payload per token per step (all layers) */
     double ar_count;                 /* all-reduces per step */
     double ar_alpha_s, ar_bw;        /* latency and bus bandwidth (B/s) */
+    /* the table model (hw.cost_model == TDM_SIM_COST_TABLE) */
+    const tdm_sim_tableset *tables;
+    tdm_sim_dtype gemm_dt, kv_dt;
+    struct {                         /* exact key prefixes of this model's lookups, found once */
+        int ok;
+        double key[3];
+        size_t lo, hi;
+    } pre[8];
+    /* counters, updated by every tdm_sim_cost_step (cost objects are never const-defined) */
+    uint64_t steps, extrapolated_steps, lookups, extrapolated_lookups;
 } tdm_sim_cost;
 
 /* Per-layer kernel floor of the linear/element-wise kernels (launch and tail latency of the
@@ -215,6 +255,11 @@ typedef struct tdm_sim_cost {
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);
+/* Internal: the table model's per-model prefixes (called by tdm_sim_cost_init). */
+void tdm_sim__cost_table_init(tdm_sim_cost *c);
+/* The table model's step (called by tdm_sim_cost_step when c->tables is set). */
+double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
+                               tdm_sim_cost_terms *t);
 /* The adapter installed with tdm_sched_set_cost_model(): ctx is a tdm_sim_cost. */
 double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *shape);
 /* KV blocks a pool of this model fits on this hardware (0 when mem_gib is unknown). */
@@ -232,6 +277,34 @@ typedef struct tdm_sim_calib {
     double sw_refit_overhead_ms, sw_refit_prompt_mape, sw_refit_token_mape; /* H100 rows */
 } tdm_sim_calib;
 int tdm_sim_calibrate(const char *shared_dir, FILE *f, tdm_sim_calib *out);
+
+/* The table cost model on held-out rows (sim/calib_table.c): every table is built from one
+ * half of the measured points (even ranks of the swept size) and scored on the other half;
+ * the per-step overhead of a serving stack (DistServe, Splitwise) is fitted on the even
+ * points only. MAPEs as fractions; -1 where the source is missing (the aiconfigurator
+ * tables under tables_dir come from `make tables`). Returns the number of figures computed. */
+typedef struct tdm_sim_calib_table {
+    double vidur_mape;        size_t vidur_n;
+    double attn_mape;         size_t attn_n;
+    double ds_prefill_mape;   size_t ds_prefill_n;
+    double ds_decode_mape;    size_t ds_decode_n;
+    double sw_prompt_mape;    size_t sw_n;
+    double sw_token_mape;
+    /* the stack fits (training points only): kernel-time factor and per-step overhead (ms)
+     * by TP degree; DistServe on the A100, Splitwise on the A100 and the H100 */
+    double ds_alpha, ds_overhead_ms[16];
+    double sw_alpha[2], sw_overhead_ms[2][16];
+    uint64_t attn_extrapolated;                 /* held-out attention rows outside the table */
+    double attn_roofline_mape;                  /* the roofline's attention terms, same rows */
+} tdm_sim_calib_table;
+int tdm_sim_calibrate_table(const char *shared_dir, const char *tables_dir, FILE *f,
+                            tdm_sim_calib_table *out);
+/* Print the closing "calibrate vidur_mape=... splitwise_token_mape=..." line (percent). */
+void tdm_sim_calib_table_line(FILE *f, const tdm_sim_calib_table *c);
+/* Internal CSV helpers shared by the calibration files. */
+char *tdm_sim__slurp(const char *path, size_t *len);
+int tdm_sim__csv_fields(char *line, char **f, int max);
+int tdm_sim__csv_col(char **hdr, int n, const char *name);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Deployments and the engine                                                                 */
@@ -344,6 +417,8 @@ typedef struct tdm_sim_summary {
     size_t class_n[TDM_SIM_MAX_SLO_CLASSES];
     double class_attain_ttft[TDM_SIM_MAX_SLO_CLASSES], class_attain[TDM_SIM_MAX_SLO_CLASSES];
     uint32_t concurrency;            /* closed loop; 0 = open loop */
+    int table_model;                 /* 1 when some pool priced its steps from tables */
+    uint64_t extrapolated_steps;     /* steps with a table lookup outside the profiled range */
 } tdm_sim_summary;
 
 typedef struct tdm_sim_result {

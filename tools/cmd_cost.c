@@ -13,9 +13,10 @@
 #include "../sim/sim.h"
 
 static const char USAGE[] =
-    "usage: tandem cost --model M --hw H [--tp N] --prefill P --decode-batch B --context C [--json]\n"
-    "       tandem cost --model M --hw H [--tp N] --batch SPEC|JSON|@FILE [--json]\n"
-    "       tandem cost --calibrate [--shared DIR]\n"
+    "usage: tandem cost --model M --hw H [--tp N] [--precision bf16|fp8] --prefill P --decode-batch B\n"
+    "                   --context C [--json]\n"
+    "       tandem cost --model M --hw H [--tp N] [--precision bf16|fp8] --batch SPEC|JSON|@FILE [--json]\n"
+    "       tandem cost --calibrate [--shared DIR] [--tables DIR]\n"
     "  SPEC: comma-separated [K*]prefill:N[@C] (a chunk of N tokens on C cached tokens that ends\n"
     "     its prompt), [K*]chunk:N[@C] (a chunk mid-prompt), decode:B[@C] (B decodes at\n"
     "     context C), e.g. prefill:512@2048,decode:64@1024; JSON: [{\"kind\", \"tokens\",\n"
@@ -38,6 +39,15 @@ static void terms_json(const char *key, const tdm_sim_cost_terms *t, const char 
 static void terms_text(const char *title, const tdm_sim_cost_terms *t)
 {
     printf("%s: %.3f ms\n", title, t->total_s * 1e3);
+    if (t->linear_compute_s == 0 && t->linear_memory_s == 0) { /* the table model */
+        printf("  linear layers   %8.3f ms  (measured GEMM and element-wise tables)\n",
+               t->linear_s * 1e3);
+        printf("  attention       %8.3f ms  (measured attention tables)\n",
+               (t->attn_prefill_s + t->attn_decode_s) * 1e3);
+        printf("  all-reduce      %8.3f ms\n", t->allreduce_s * 1e3);
+        printf("  overhead        %8.3f ms\n", t->overhead_s * 1e3);
+        return;
+    }
     printf("  linear layers   %8.3f ms  (compute %.3f ms, weights %.3f ms: %s-bound)\n",
            t->linear_s * 1e3, t->linear_compute_s * 1e3, t->linear_memory_s * 1e3,
            t->linear_compute_bound ? "compute" : "memory");
@@ -110,6 +120,7 @@ static int cost_batch(const tdm_sim_cost *c, const char *spec, int json)
 int tdm_cmd_cost(int argc, char **argv)
 {
     const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL, *batch_spec = NULL;
+    const char *precision = NULL, *tables = NULL;
     long tp = 1, prefill = 2048, batch = 64, context = 2048;
     int json = 0, calibrate = 0;
     for (int i = 1; i < argc; i++) {
@@ -132,6 +143,8 @@ int tdm_cmd_cost(int argc, char **argv)
         else if (!strcmp(a, "--hw")) hw = v;
         else if (!strcmp(a, "--shared")) shared = v;
         else if (!strcmp(a, "--batch")) batch_spec = v;
+        else if (!strcmp(a, "--tables")) tables = v;
+        else if (!strcmp(a, "--precision")) precision = v;
         else if (!isnum || n < 0 || n > 100000000) {
             fprintf(stderr, "tandem cost: %s: bad value '%s'\n", a, v);
             return 2;
@@ -153,6 +166,9 @@ int tdm_cmd_cost(int argc, char **argv)
             fprintf(stderr, "tandem cost: no profile tables under %s/profiles\n", shared);
             return 1;
         }
+        tdm_sim_calib_table ct;
+        tdm_sim_calibrate_table(shared, tables, stdout, &ct);
+        tdm_sim_calib_table_line(stdout, &ct);
         return 0;
     }
     char err[TDM_SIM_ERRLEN];
@@ -164,6 +180,10 @@ int tdm_cmd_cost(int argc, char **argv)
         return 2;
     }
     m.tp = (uint32_t)tp;
+    if (precision && tdm_sim_model_set_precision(&m, precision) != 0) {
+        fprintf(stderr, "tandem cost: --precision must be bf16 or fp8\n");
+        return 2;
+    }
     tdm_sim_cost c;
     tdm_sim_cost_init(&c, &m, &h);
     if (batch_spec) return cost_batch(&c, batch_spec, json);
@@ -190,10 +210,11 @@ int tdm_cmd_cost(int argc, char **argv)
         printf("}\n");
         return 0;
     }
-    printf("model %s (%.2f B params, %.0f KiB KV/token), tp %ld, on %s (%.0f TFLOP/s x %.2f, "
-           "%.0f GB/s x %.2f, overhead %.0f us)\n",
-           m.name, tdm_sim_model_params(&m) / 1e9, kvb / 1024, tp, h.name, h.peak_tflops,
-           h.eff_compute, h.hbm_gbps, h.eff_memory, h.step_overhead_us);
+    printf("model %s (%.2f B params, %.0f KiB KV/token, %s), tp %ld, on %s (%.0f TFLOP/s x %.2f, "
+           "%.0f GB/s x %.2f, overhead %.0f us%s)\n",
+           m.name, tdm_sim_model_params(&m) / 1e9, kvb / 1024, tdm_sim_model_precision(&m), tp,
+           h.name, h.peak_tflops, h.eff_compute, h.hbm_gbps, h.eff_memory, h.step_overhead_us,
+           h.cost_model == TDM_SIM_COST_TABLE ? "; table cost model" : "");
     char title[128];
     snprintf(title, sizeof title, "prefill step of %ld tokens", prefill);
     terms_text(title, &pt);

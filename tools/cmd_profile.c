@@ -1,15 +1,17 @@
 /*
  * cmd_profile.c -- `tandem profile --model M [--out FILE] [--tp N] [--reps N]
- * [--max-tokens N] [--max-batch N]`: measures the GPU's GEMM rates at the model's prefill
+ * [--max-tokens N] [--max-batch N] [--tables DIR]`: measures the GPU's GEMM rates at the model's prefill
  * and decode shapes, its memory bandwidth, a decode-attention KV read rate and the launch
  * overhead with cuBLAS (tdm_cuda_profile, in libtandem_cuda.so), and writes the hardware
- * JSON that `tandem sim` reads. Exit status: 0 done, 1 CUDA error, 2 usage, 3 no GPU
+ * JSON that `tandem sim` reads; --tables DIR also writes the measurements as tables of the
+ * table cost model (DIR/gemm.txt, DIR/attn_generation.txt, DIR/hw.json). Exit status: 0 done, 1 CUDA error, 2 usage, 3 no GPU
  * (or no libtandem_cuda.so). The model presets are the shapes of their HF configs.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../sim/sim.h"
 #include "commands.h"
 #include "tandem.h"
 
@@ -32,10 +34,12 @@ static const struct preset presets[] = {
 static void usage(FILE *o)
 {
     fprintf(o, "usage: tandem profile --model M [--out FILE] [--tp N] [--reps N] "
-               "[--max-tokens N] [--max-batch N]\n"
+               "[--max-tokens N] [--max-batch N] [--tables DIR]\n"
                "  measures bf16 GEMM rates (cuBLAS) at the model's prefill and decode shapes,\n"
                "  memory bandwidth, KV read rate and launch overhead on the GPU, and writes the\n"
                "  hardware JSON for `tandem sim` (stdout without --out). Needs a GPU.\n"
+               "  --tables DIR also writes them as cost tables (DIR/gemm.txt, attn_generation.txt)\n"
+               "  and DIR/hw.json, the hardware with \"cost_model\": \"table\".\n"
                "  models:");
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) fprintf(o, " %s", presets[i].name);
     fprintf(o, "\n");
@@ -52,7 +56,7 @@ static int parse_u32(const char *s, uint32_t *out)
 
 int tdm_cmd_profile(int argc, char **argv)
 {
-    const char *model = NULL, *out = NULL;
+    const char *model = NULL, *out = NULL, *tables = NULL;
     tdm_profile_spec spec;
     tdm_profile_spec_init(&spec);
     for (int i = 1; i < argc; i++) {
@@ -72,6 +76,7 @@ int tdm_cmd_profile(int argc, char **argv)
                       : !strcmp(a, "--max-batch") ? &spec.max_batch : NULL;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--tables")) tables = v;
         else if (num) {
             if (parse_u32(v, num)) {
                 fprintf(stderr, "tandem profile: %s: '%s' is not a positive integer\n", a, v);
@@ -135,6 +140,16 @@ int tdm_cmd_profile(int argc, char **argv)
         return 1;
     }
     if (out) fprintf(stderr, "tandem profile: wrote %s\n", out);
+    if (tables) {
+        char err[TDM_SIM_ERRLEN];
+        if (tdm_sim_profile_to_tables(json, tables, p->heads, p->kv_heads, p->head_dim, spec.tp,
+                                      err, sizeof err) != 0) {
+            fprintf(stderr, "tandem profile: %s\n", err);
+            free(json);
+            return 1;
+        }
+        fprintf(stderr, "tandem profile: wrote the cost tables and %s/hw.json\n", tables);
+    }
     free(json);
     return 0;
 }

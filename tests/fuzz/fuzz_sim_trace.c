@@ -15,6 +15,8 @@
 #include "../../sim/trace.c"
 #include "../../sim/trace_csv.c"
 #include "../../sim/trace_jsonl.c"
+#include "../../sim/table.c"
+#include "../../sim/cost_table.c"
 #include "../../sim/model.c"
 #include "../../sim/config.c"
 #include "../../sim/batchspec.c"

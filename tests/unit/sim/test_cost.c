@@ -115,7 +115,7 @@ static void toy(tdm_sim_cost *c, uint32_t tp)
     m.gated = 1;
     m.tp = tp;
     m.bytes_per_param = m.bytes_per_kv = 2;
-    tdm_sim_hw h = {"toy", 100, 1000, 0.5, 0.5, 1000, 100, 0};
+    tdm_sim_hw h = {"toy", 100, 1000, 0.5, 0.5, 1000, 100, 0, 0, TDM_SIM_COST_ROOFLINE, NULL};
     tdm_sim_cost_init(c, &m, &h);
 }
 
