@@ -129,6 +129,8 @@ static void fill_hello(tdm_kvx *k, tdm__kvx_hello *h)
     h->head_offset = k->head_offset;
     h->transports = k->cfg.transports & (TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM |
                                          (tdm__kvx_cuda_ipc_available() ? TDM_KVX_TRANSPORT_CUDA_IPC : 0));
+    tdm__kvx_nixl_fill_hello(k, h);
+    if (h->nixl_agent[0]) h->transports |= TDM_KVX_TRANSPORT_NIXL;
     snprintf(h->host_id, sizeof(h->host_id), "%s", k->host_id);
     if (k->kv_direct && (k->cfg.transports & TDM_KVX_TRANSPORT_SHM)) {
         snprintf(h->kv_name, sizeof(h->kv_name), "%s", k->kvseg_name);
@@ -153,7 +155,7 @@ void tdm__kvx_unmap_remote(kvx_peer *p)
 static void map_remote_kv(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h)
 {
     size_t lbytes;
-    if (!h->kv_name[0] || !p->scales_same || !(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || strcmp(h->host_id, k->host_id) ||
+    if (p->nx || !h->kv_name[0] || !p->scales_same || !(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || strcmp(h->host_id, k->host_id) ||
         k->cfg.role == TDM_KVX_ROLE_PREFILL || h->role == TDM_KVX_ROLE_DECODE || k->mem_kind != TDM_MEM_HOST ||
         tdm__kvx_compat(&h->layout, h->head_offset, &k->layout, k->head_offset, NULL, 0) != 0 ||
         tdm_kv_layout_layer_bytes(&h->layout, &lbytes) != TDM_OK)
@@ -205,7 +207,10 @@ static void peer_up(tdm_kvx *k, kvx_peer *p)
     k->handshaken = 1;
     p->state = PEER_ALIVE;
     p->last_rx = p->last_tx = tdm__now();
-    if (p->shm) {
+    if (p->nx) {
+        p->tx = p->rx = &tdm__kvx_nixl_transport;
+        p->tx_ctx = p->rx_ctx = p->nx;
+    } else if (p->shm) {
         p->tx = p->rx = &tdm__kvx_shm_transport;
         p->tx_ctx = p->rx_ctx = p->shm;
     } else {
@@ -260,14 +265,25 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
     if (st) {
         a.status = st;
         snprintf(a.reason, sizeof(a.reason), "%s", why);
-        a.hello.scale_kind = TDM_KV_SCALE_NONE;   /* a refusal needs no scales */
+        a.hello.scale_kind = TDM_KV_SCALE_NONE;   /* a refusal needs no scales ... */
+        a.hello.nixl_agent[0] = '\0';            /* ... nor NIXL metadata */
+        a.hello.nixl_md_len = a.hello.nixl_rgn_len = 0;
         tdm__kvx_send_frames(k, &tmp, &a, NULL);
         return;
     }
     memcpy(p->rtid, rtid, rtid_len);
     p->rtid_len = rtid_len;
     const tdm__kvx_hello *h = &m->hello;
-    if (h->shm_name[0] && (k->cfg.transports & TDM_KVX_TRANSPORT_SHM) && !strcmp(h->host_id, k->host_id) &&
+    /* NIXL when both offer it and the client's agent loads; it then carries every chunk */
+    char nwhy[TDM__KVX_REASON_LEN];
+    if (!(a.hello.transports & TDM_KVX_TRANSPORT_NIXL) || tdm__kvx_nixl_peer_open(k, p, h, nwhy, sizeof(nwhy)) != TDM_OK) {
+        a.hello.transports &= ~TDM_KVX_TRANSPORT_NIXL;
+        a.hello.nixl_agent[0] = '\0';
+        a.hello.nixl_md_len = a.hello.nixl_rgn_len = 0;
+    }
+    if (p->nx) {
+        a.hello.transports &= ~TDM_KVX_TRANSPORT_SHM;
+    } else if (h->shm_name[0] && (k->cfg.transports & TDM_KVX_TRANSPORT_SHM) && !strcmp(h->host_id, k->host_id) &&
         h->slot_bytes == k->cfg.max_chunk_bytes &&
         tdm__kvx_shm_open(h->shm_name, h->shm_size, h->slot_bytes, &p->shm) == TDM_OK) {
         tdm__kvx_shm_set_side(p->shm, 1);
@@ -287,6 +303,7 @@ static void hs_finish(tdm_kvx *k, kvx_peer *p, int status, const char *reason)
         if (p->sock) { zmq_close(p->sock); p->sock = NULL; }
         tdm__kvx_shm_destroy(p->shm);
         p->shm = NULL;
+        tdm__kvx_nixl_peer_close(k, p);
         p->state = PEER_DEAD;
     }
     p->hs_status = status;
@@ -311,6 +328,12 @@ static void on_hello_ack(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
     }
     int rc = peer_adopt(k, p, &m->hello, why, sizeof(why));
     if (rc) { hs_finish(k, p, rc, why); return; }
+    /* the server selected NIXL: its agent must load here too */
+    if ((m->hello.transports & TDM_KVX_TRANSPORT_NIXL) &&
+        (rc = tdm__kvx_nixl_peer_open(k, p, &m->hello, why, sizeof(why))) != TDM_OK) {
+        hs_finish(k, p, rc, why);
+        return;
+    }
     peer_up(k, p);
     map_remote_kv(k, p, &m->hello);
     hs_finish(k, p, TDM_OK, "");
@@ -561,6 +584,7 @@ void *tdm__kvx_io_main(void *arg)
         }
         flush_outbox(k);
         int more = tdm__kvx_pump(k, 4);
+        more |= tdm__kvx_nixl_progress(k);
         int n = 0;
         items[n] = (zmq_pollitem_t){ NULL, k->wake_fd, ZMQ_POLLIN, 0 };
         owner[n++] = UINT32_MAX;

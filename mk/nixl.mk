@@ -1,0 +1,43 @@
+# mk/nixl.mk -- the NIXL transport's two-process tests (tests/nixl/), part of `make test`.
+#   make test-nixl   build/venv-nixl with the nixl-cu12 wheel from PyPI (--no-deps: the wheel
+#                    declares torch but its C API needs nothing of it), then the tests over
+#                    NIXL/UCX on host memory -> $(RESULTS)/nixl.counts. UCX_TLS is passed
+#                    through (e.g. UCX_TLS=tcp make test-nixl); unset, UCX picks (cma/shm here).
+# When PyPI cannot be reached the suite records one skip and says so; a wheel that installs
+# but does not load fails the suite (TANDEM_NIXL_REQUIRED=1).
+
+NIXL_VENV ?= $(BUILD)/venv-nixl
+NIXL_PKG  ?= nixl-cu12
+NIXL_TEST := $(BUILD)/tests-nixl/test_kvx_nixl
+NIXL_SITE  = $(shell $(NIXL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)
+
+.PHONY: test-nixl
+
+TEST_SUITES += test-nixl
+
+$(NIXL_TEST): tests/nixl/test_kvx_nixl.c tests/unit/kvx/kvx_testutil.h $(LIB_A) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests/unit/kvx $(ALL_CFLAGS) $(CMOCKA_CFLAGS) -o $@ $< $(LIB_A) $(CMOCKA_LIBS) $(LINK_LIBS)
+
+# .ok: the wheel is installed; .unreachable: PyPI could not be reached (the log says why).
+$(NIXL_VENV)/.state:
+	@mkdir -p $(dir $@)
+	@test -x $(NIXL_VENV)/bin/python || $(PYTHON3) -m venv $(NIXL_VENV)
+	@if $(NIXL_VENV)/bin/python -c 'import importlib.metadata as m; m.version("$(NIXL_PKG)")' 2>/dev/null; then \
+	  echo ok > $@; \
+	else \
+	  echo "nixl: installing $(NIXL_PKG) (--no-deps) into $(NIXL_VENV) from PyPI"; \
+	  if $(NIXL_VENV)/bin/pip install -q --disable-pip-version-check --no-deps $(NIXL_PKG) \
+	       >$(NIXL_VENV)/pip-install.log 2>&1; then echo ok > $@; \
+	  else echo unreachable > $@; fi; \
+	fi
+
+test-nixl: $(NIXL_TEST) $(NIXL_VENV)/.state
+	@mkdir -p $(RESULTS)
+	@if [ "$$(cat $(NIXL_VENV)/.state)" != ok ]; then \
+	  echo "nixl: SKIPPED: pip could not install $(NIXL_PKG) (PyPI unreachable?):"; \
+	  tail -n 2 $(NIXL_VENV)/pip-install.log; rm -f $(NIXL_VENV)/.state; \
+	  echo "0 0 1" > $(RESULTS)/nixl.counts; exit 0; fi
+	@echo "nixl: UCX_TLS=$${UCX_TLS:-(UCX default)}"
+	@TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 \
+	  scripts/run-tests $(RESULTS)/nixl.counts $(NIXL_TEST)
