@@ -104,7 +104,7 @@ int tdm__kvx_nixl_create(tdm_kvx *k)
     if (params) a->destroy_params(params);
     if (rc != TDM__NX_OK) {
         e->be = NULL;
-        return tdm__kvx_fail(TDM_E_UNSUPPORTED, "NIXL: no UCX backend (status %d; plug-ins beside libnixl.so?)", rc);
+        return tdm__kvx_fail(TDM_E_UNSUPPORTED, "NIXL: cannot create the UCX backend (status %d): no UCX plug-in beside libnixl.so, or UCX_TLS without an active-message transport such as tcp", rc);
     }
     return TDM_OK;
 }
