@@ -1,14 +1,17 @@
 # mk/nixl.mk -- the NIXL transport's two-process tests (tests/nixl/), part of `make test`.
 #   make test-nixl   build/venv-nixl with the nixl-cu12 wheel from PyPI (--no-deps: the wheel
 #                    declares torch but its C API needs nothing of it), then the tests over
-#                    NIXL/UCX on host memory -> $(RESULTS)/nixl.counts. UCX_TLS is passed
-#                    through (e.g. UCX_TLS=tcp make test-nixl); unset, UCX picks (cma/shm here).
+#                    NIXL/UCX on host memory, twice: with UCX's own transport choice (cma on
+#                    one host: READs complete inside the post) and with UCX_TLS=tcp (READs
+#                    in flight, so a sender killed mid-READ is really exercised)
+#                    -> $(RESULTS)/nixl.counts. NIXL_UCX_TLS= overrides the second list.
 # When PyPI cannot be reached the suite records one skip and says so; a wheel that installs
 # but does not load fails the suite (TANDEM_NIXL_REQUIRED=1).
 
 NIXL_VENV ?= $(BUILD)/venv-nixl
 NIXL_PKG  ?= nixl-cu12
 NIXL_TEST := $(BUILD)/tests-nixl/test_kvx_nixl
+NIXL_UCX_TLS ?= tcp
 NIXL_SITE  = $(shell $(NIXL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)
 
 .PHONY: test-nixl
@@ -40,4 +43,9 @@ test-nixl: $(NIXL_TEST) $(NIXL_VENV)/.state
 	  echo "0 0 1" > $(RESULTS)/nixl.counts; exit 0; fi
 	@echo "nixl: UCX_TLS=$${UCX_TLS:-(UCX default)}"
 	@TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 \
-	  scripts/run-tests $(RESULTS)/nixl.counts $(NIXL_TEST)
+	  scripts/run-tests $(RESULTS)/nixl-default.counts $(NIXL_TEST); rc=$$?; \
+	echo "nixl: UCX_TLS=$(NIXL_UCX_TLS)"; \
+	UCX_TLS=$(NIXL_UCX_TLS) TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 \
+	  scripts/run-tests $(RESULTS)/nixl-tls.counts $(NIXL_TEST) || rc=1; \
+	cat $(RESULTS)/nixl-default.counts $(RESULTS)/nixl-tls.counts | \
+	  awk '{p+=$$1; f+=$$2; s+=$$3} END {print p, f, s}' > $(RESULTS)/nixl.counts; exit $$rc

@@ -4,7 +4,8 @@
  * through fork), the decode side READs its blocks. Byte-exact direct READs (identical
  * layouts), streaming readiness, conversion through the staging rings (other block size,
  * head split), prefix skip, cancel, and a sender SIGKILLed mid-transfer (the transfer fails
- * with TDM_E_PEER, every reservation is released, the engine still works). Run by
+ * with TDM_E_PEER, every reservation is released, the engine still works), also in the middle
+ * of a 128 MiB transfer whose READs are still running. Run by
  * `make test-nixl`, which installs the nixl-cu12 wheel and sets TANDEM_NIXL_DIR; without
  * NIXL every test skips with the reason, unless TANDEM_NIXL_REQUIRED=1 (then it fails).
  */
@@ -16,6 +17,9 @@
 
 #define N 24
 #define TP (TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_NIXL)
+/* the "big" case: 4 layers of 512 blocks of 64 KiB (16 tokens x 8 heads x 128 fp16, K and V) */
+#define BIG_BLOCKS 512
+#define BIG_N 512
 
 static char self_exe[1024];
 
@@ -30,27 +34,50 @@ static int child_main(const char *ep, const char *mode)
     c.peer_timeout_ms = 3000;
     memset(&p, 0, sizeof(p));
     tdm_kv_layout l;
-    if (tdm_kv_layout_init(&l, TDM_KV_LAYOUT_VLLM_NHD, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16)) return 10;
+    int die = !strcmp(mode, "bigdie"), big = die || !strcmp(mode, "big");
+    uint32_t nb = big ? BIG_BLOCKS : T_BLOCKS, bs = big ? 16 : T_BS, hh = big ? 8 : T_HEADS, dd = big ? 128 : T_DIM;
+    uint32_t nreq = big ? BIG_N : N;
+    if (big) c.max_chunk_bytes = 8u << 20;
+    if (tdm_kv_layout_init(&l, TDM_KV_LAYOUT_VLLM_NHD, T_LAYERS, nb, bs, hh, dd, TDM_DTYPE_FP16)) return 10;
     p.lay = l;
-    p.layer_bytes = (size_t)2 * T_BLOCKS * T_BS * T_HEADS * T_DIM * 2;
+    p.layer_bytes = (size_t)2 * nb * bs * hh * dd * 2;
     p.mem = malloc(p.layer_bytes * T_LAYERS);
     if (!p.mem) return 10;
     for (uint32_t i = 0; i < T_LAYERS; i++) p.bases[i] = p.mem + i * p.layer_bytes;
     t_fill(&p, 1234);
     if (tdm_kvx_create(&c, &p.kvx)) { fprintf(stderr, "child: %s\n", tdm_kvx_errmsg(NULL)); return 11; }
     if (tdm_kvx_register(p.kvx, &l, p.bases, TDM_MEM_HOST, 0)) { fprintf(stderr, "child: %s\n", tdm_kvx_errmsg(p.kvx)); return 11; }
-    uint32_t src[N];
-    t_ids(src, N, T_BLOCKS, 55);
+    static uint32_t src[BIG_N];
+    t_ids(src, nreq, nb, 55);
     int stream = !strcmp(mode, "stream"), stall = !strcmp(mode, "stall");
     tdm_kvx_send_desc sd;
     tdm_kvx_send_desc_init(&sd);
     sd.request_id = 1;
-    sd.num_blocks = N;
+    sd.num_blocks = nreq;
     sd.block_ids = src;
-    sd.num_blocks_ready = stream ? 0 : stall ? 2 : N;
+    sd.num_blocks_ready = stream ? 0 : stall ? 2 : nreq;
     uint64_t h;
     if (tdm_kvx_send(p.kvx, &sd, &h)) return 12;
     if (stall) for (;;) pause();
+    if (die) {
+        /* request 2 (4 blocks) first, so that UCX is connected; then die while the receiver
+         * READs request 1: 2 ms after its first block ids went out */
+        uint64_t h2;
+        sd.request_id = 2;
+        sd.num_blocks = sd.num_blocks_ready = 4;
+        if (tdm_kvx_send(p.kvx, &sd, &h2)) return 12;
+        tdm_kvx_event e2;
+        tdm_kvx_event_init(&e2);
+        uint32_t n2 = 0;
+        if (tdm_kvx_poll(p.kvx, &e2, 1, &n2, 20000) || n2 != 1 || e2.type != TDM_KVX_EV_DONE) return 17;
+        tdm_kvx_stats st;
+        tdm_kvx_stats_init(&st);
+        if (tdm_kvx_get_stats(p.kvx, &st)) return 18;
+        uint64_t before = st.chunks_sent;
+        for (int i = 0; i < 100000 && !tdm_kvx_get_stats(p.kvx, &st) && st.chunks_sent == before; i++) usleep(100);
+        usleep(2000);
+        raise(SIGKILL);
+    }
     tdm_kvx_event ev;
     tdm_kvx_event_init(&ev);
     uint32_t n = 0;
@@ -311,6 +338,62 @@ static void nixl__killed_sender_fails_transfer_and_releases_blocks(void **state)
     t_free(&d);
 }
 
+/* The sender dies 2 ms after its first chunk went out, while 128 MiB are being READ: whatever
+ * was in flight, the transfer ends cleanly (failed with TDM_E_PEER, or done if it finished). */
+static void nixl__sender_killed_during_large_read_fails_cleanly(void **state)
+{
+    (void)state;
+    NEED_NIXL();
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "bigkill");
+    pid_t pid = spawn(ep, "bigdie");
+    eng d;
+    tdm_kv_layout l;
+    t_layout(&l, 1, T_LAYERS, BIG_BLOCKS, 16, 8, 128, TDM_DTYPE_FP16);
+    tdm_kvx_config c;
+    t_config(&c, "nixl-decode", TDM_KVX_ROLE_DECODE, NULL);
+    c.transports = TP;
+    c.peer_timeout_ms = 300;
+    c.max_chunk_bytes = 8u << 20;
+    t_engine_cfg(&d, &c, &l, 99);
+    uint32_t peer;
+    connect_retry(&d, ep, &peer);
+    static uint32_t dst[BIG_N];
+    t_ids(dst, BIG_N, BIG_BLOCKS, 66);
+    tdm_kvx_recv_desc rd;
+    tdm_kvx_recv_desc_init(&rd);
+    rd.peer = peer;
+    rd.request_id = 1;
+    rd.num_blocks = BIG_N;
+    rd.block_ids = dst;
+    uint64_t h;
+    rd.request_id = 2;   /* a small one first: the connection is up when the big one runs */
+    rd.num_blocks = 4;
+    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    tdm_kvx_event ev = t_wait(&d);
+    assert_int_equal(ev.type, TDM_KVX_EV_DONE);
+    uint64_t small = t_stats(&d).bytes_received;
+    rd.request_id = 1;
+    rd.num_blocks = BIG_N;
+    rd.block_ids = dst;   /* request 2 is done: its blocks are free again */
+    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    unlink(ep + 6);
+    ev = t_wait(&d);
+    tdm_kvx_stats s = t_stats(&d);
+    fprintf(stderr, "  killed after %llu of %llu bytes: event %u (%s)\n", (unsigned long long)(s.bytes_received - small),
+            (unsigned long long)BIG_N * T_LAYERS * 65536, ev.type, ev.reason);
+    if (ev.type == TDM_KVX_EV_FAILED) {
+        assert_int_equal(ev.status, TDM_E_PEER);
+    } else {
+        assert_int_equal(ev.type, TDM_KVX_EV_DONE);   /* the kill came after the last READ */
+    }
+    assert_int_equal(s.num_reserved_blocks, 0);
+    assert_int_equal(s.num_recv_active, 0);
+    t_free(&d);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -325,6 +408,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(nixl__conversion_through_staging_rings),
         cmocka_unit_test(nixl__cancel_mid_transfer_releases_blocks),
         cmocka_unit_test(nixl__killed_sender_fails_transfer_and_releases_blocks),
+        cmocka_unit_test(nixl__sender_killed_during_large_read_fails_cleanly),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
