@@ -3,7 +3,8 @@
  * prefill side is this binary re-executed as a child (a fresh process: no UCX state inherited
  * through fork), the decode side READs its blocks. Byte-exact direct READs (identical
  * layouts), streaming readiness, conversion through the staging rings (other block size,
- * head split), prefix skip, cancel, and a sender SIGKILLed mid-transfer (the transfer fails
+ * head split), prefix skip, fallback to the other transports for a peer without NIXL, cancel,
+ * and a sender SIGKILLed mid-transfer (the transfer fails
  * with TDM_E_PEER, every reservation is released, the engine still works), also in the middle
  * of a 128 MiB transfer whose READs are still running. Run by
  * `make test-nixl`, which installs the nixl-cu12 wheel and sets TANDEM_NIXL_DIR; without
@@ -230,6 +231,32 @@ static void nixl__direct_read_between_processes_is_byte_exact(void **state) { (v
 static void nixl__streamed_blocks_arrive_as_they_become_ready(void **state) { (void)state; pull("stream", 0); }
 static void nixl__prefix_skip_is_not_transferred(void **state) { (void)state; pull("same", 8); }
 
+/* A receiver that does not offer NIXL still gets the blocks (over ZeroMQ / shared memory). */
+static void nixl__peer_without_nixl_falls_back(void **state)
+{
+    (void)state;
+    NEED_NIXL();
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "fallback");
+    pid_t pid = spawn(ep, "same");
+    eng d, ref;
+    t_engine(&d, "plain-decode", TDM_KVX_ROLE_DECODE, NULL, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 99);
+    uint32_t peer;
+    connect_retry(&d, ep, &peer);
+    uint32_t src[N], dst[N];
+    t_ids(src, N, T_BLOCKS, 55);
+    t_ids(dst, N, T_BLOCKS, 66);
+    recv_req(&d, peer, dst, N, 0);
+    tdm_kvx_event ev = t_wait(&d);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
+    reference(&ref);
+    assert_int_equal(t_compare(&ref, src, &d, dst, 0, N), 0);
+    assert_int_equal(t_stats(&d).chunks_read_nixl, 0);
+    reap_child(pid, 0);
+    t_free(&ref);
+    t_free(&d);
+}
+
 /* Receiver with twice the block size and one of the sender's two heads: staged READs, converted. */
 static void nixl__conversion_through_staging_rings(void **state)
 {
@@ -406,6 +433,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(nixl__streamed_blocks_arrive_as_they_become_ready),
         cmocka_unit_test(nixl__prefix_skip_is_not_transferred),
         cmocka_unit_test(nixl__conversion_through_staging_rings),
+        cmocka_unit_test(nixl__peer_without_nixl_falls_back),
         cmocka_unit_test(nixl__cancel_mid_transfer_releases_blocks),
         cmocka_unit_test(nixl__killed_sender_fails_transfer_and_releases_blocks),
         cmocka_unit_test(nixl__sender_killed_during_large_read_fails_cleanly),
