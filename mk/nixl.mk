@@ -5,6 +5,8 @@
 #                    one host: READs complete inside the post) and with UCX_TLS=tcp (READs
 #                    in flight, so a sender killed mid-READ is really exercised)
 #                    -> $(RESULTS)/nixl.counts. NIXL_UCX_TLS= overrides the second list.
+#   make nixl-check  (not part of `make test`) the same tests built against the ASan+UBSan
+#                    library of `make check`, leak detection on, UCX's own transports.
 # When PyPI cannot be reached the suite records one skip and says so; a wheel that installs
 # but does not load fails the suite (TANDEM_NIXL_REQUIRED=1).
 
@@ -14,7 +16,7 @@ NIXL_TEST := $(BUILD)/tests-nixl/test_kvx_nixl
 NIXL_UCX_TLS ?= tcp
 NIXL_SITE  = $(shell $(NIXL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)
 
-.PHONY: test-nixl
+.PHONY: test-nixl nixl-check
 
 TEST_SUITES += test-nixl
 
@@ -49,3 +51,9 @@ test-nixl: $(NIXL_TEST) $(NIXL_VENV)/.state
 	  scripts/run-tests $(RESULTS)/nixl-tls.counts $(NIXL_TEST) || rc=1; \
 	cat $(RESULTS)/nixl-default.counts $(RESULTS)/nixl-tls.counts | \
 	  awk '{p+=$$1; f+=$$2; s+=$$3} END {print p, f, s}' > $(RESULTS)/nixl.counts; exit $$rc
+
+nixl-check: $(NIXL_VENV)/.state
+	@if [ "$$(cat $(NIXL_VENV)/.state)" != ok ]; then echo "nixl-check: SKIPPED: $(NIXL_PKG) not installed"; \
+	  rm -f $(NIXL_VENV)/.state; exit 0; fi
+	@$(SAN_MAKE) $(BUILD)/san/tests-nixl/test_kvx_nixl
+	@$(SAN_ENV) TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 $(BUILD)/san/tests-nixl/test_kvx_nixl
