@@ -231,6 +231,35 @@ static void nixl__direct_read_between_processes_is_byte_exact(void **state) { (v
 static void nixl__streamed_blocks_arrive_as_they_become_ready(void **state) { (void)state; pull("stream", 0); }
 static void nixl__prefix_skip_is_not_transferred(void **state) { (void)state; pull("same", 8); }
 
+/* Same packed format, other arrangement (NHD sender, HND receiver): not READ as they are,
+ * but staged and unpacked into the receiver's strides. */
+static void nixl__other_block_arrangement_is_staged(void **state)
+{
+    (void)state;
+    NEED_NIXL();
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "hnd");
+    pid_t pid = spawn(ep, "same");
+    eng d, ref;
+    tdm_kv_layout l;
+    t_layout(&l, 2, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    decoder(&d, &l, 0, 3000);
+    uint32_t peer;
+    connect_retry(&d, ep, &peer);
+    uint32_t src[N], dst[N];
+    t_ids(src, N, T_BLOCKS, 55);
+    t_ids(dst, N, T_BLOCKS, 66);
+    recv_req(&d, peer, dst, N, 0);
+    tdm_kvx_event ev = t_wait(&d);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
+    reference(&ref);
+    assert_int_equal(t_compare(&ref, src, &d, dst, 0, N), 0);
+    assert_true(t_stats(&d).chunks_read_nixl > 0);
+    reap_child(pid, 0);
+    t_free(&ref);
+    t_free(&d);
+}
+
 /* A receiver that does not offer NIXL still gets the blocks (over ZeroMQ / shared memory). */
 static void nixl__peer_without_nixl_falls_back(void **state)
 {
@@ -433,6 +462,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(nixl__streamed_blocks_arrive_as_they_become_ready),
         cmocka_unit_test(nixl__prefix_skip_is_not_transferred),
         cmocka_unit_test(nixl__conversion_through_staging_rings),
+        cmocka_unit_test(nixl__other_block_arrangement_is_staged),
         cmocka_unit_test(nixl__peer_without_nixl_falls_back),
         cmocka_unit_test(nixl__cancel_mid_transfer_releases_blocks),
         cmocka_unit_test(nixl__killed_sender_fails_transfer_and_releases_blocks),
