@@ -67,7 +67,9 @@ typedef enum tdm_mem_kind {
 /* NIXL (UCX: RDMA, EFA, tcp, shared memory; GPUDirect for CUDA caches): the receiver READs
  * the bytes. libnixl_capi is loaded at run time (TANDEM_NIXL_LIB, TANDEM_NIXL_DIR, the
  * library path, or an installed nixl-cu12/-cu13 wheel in $VIRTUAL_ENV); tdm_kvx_create fails
- * with TDM_E_UNSUPPORTED, saying what it tried, when it is asked for and cannot be loaded. */
+ * with TDM_E_UNSUPPORTED, saying what it tried, when it is asked for and cannot be loaded.
+ * tdm_kvx_register then registers the KV cache and a host staging ring of
+ * 2 * shm_slots * max_chunk_bytes bytes with NIXL (docs/protocol.md §5.2). */
 #define TDM_KVX_TRANSPORT_NIXL     (1u << 3)
 
 /* Engine configuration. Pointers are read during tdm_kvx_create() only (copied). */
@@ -102,7 +104,7 @@ TDM_API int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out);
 
 /* The same from a JSON object with the keys engine_id, role ("prefill"|"decode"|"both"),
  * listen, curve: {secret_key, public_key, allowed_clients: [...]}, transports: ["zmq","shm",
- * "cuda_ipc"], heartbeat_ms, peer_timeout_ms, handshake_timeout_ms, transfer_timeout_ms,
+ * "cuda_ipc","nixl"], heartbeat_ms, peer_timeout_ms, handshake_timeout_ms, transfer_timeout_ms,
  * cancel_timeout_ms, max_chunk_bytes, shm_slots. Unknown keys are errors (TDM_E_CONFIG). */
 TDM_API int tdm_kvx_create_json(const char *json, tdm_kvx **out);
 
