@@ -42,9 +42,9 @@ test-nixl: $(NIXL_TEST) $(NIXL_VENV)/.state
 	@if [ "$$(cat $(NIXL_VENV)/.state)" != ok ]; then \
 	  echo "nixl: SKIPPED: pip could not install $(NIXL_PKG) (PyPI unreachable?):"; \
 	  tail -n 2 $(NIXL_VENV)/pip-install.log; rm -f $(NIXL_VENV)/.state; \
-	  echo "0 0 1" > $(RESULTS)/nixl.counts; exit 0; fi
-	@echo "nixl: UCX_TLS=$${UCX_TLS:-(UCX default)}"
-	@TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 \
+	  echo "0 0 1" > $(RESULTS)/nixl.counts; exit 0; fi; \
+	echo "nixl: UCX_TLS=$${UCX_TLS:-(UCX default)}"; \
+	TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 \
 	  scripts/run-tests $(RESULTS)/nixl-default.counts $(NIXL_TEST); rc=$$?; \
 	echo "nixl: UCX_TLS=$(NIXL_UCX_TLS)"; \
 	UCX_TLS=$(NIXL_UCX_TLS) TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 \
@@ -54,6 +54,6 @@ test-nixl: $(NIXL_TEST) $(NIXL_VENV)/.state
 
 nixl-check: $(NIXL_VENV)/.state
 	@if [ "$$(cat $(NIXL_VENV)/.state)" != ok ]; then echo "nixl-check: SKIPPED: $(NIXL_PKG) not installed"; \
-	  rm -f $(NIXL_VENV)/.state; exit 0; fi
-	@$(SAN_MAKE) $(BUILD)/san/tests-nixl/test_kvx_nixl
-	@$(SAN_ENV) TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 $(BUILD)/san/tests-nixl/test_kvx_nixl
+	  rm -f $(NIXL_VENV)/.state; exit 0; fi; \
+	$(SAN_MAKE) $(BUILD)/san/tests-nixl/test_kvx_nixl && \
+	$(SAN_ENV) TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 $(BUILD)/san/tests-nixl/test_kvx_nixl
