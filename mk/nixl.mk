@@ -18,6 +18,17 @@ NIXL_SITE  = $(shell $(NIXL_VENV)/bin/python -c 'import sysconfig; print(sysconf
 
 .PHONY: test-nixl nixl-check
 
+# The test double of libnixl_capi that tests/unit/kvx/test_kvx_nixl_fake.c loads (part of
+# `make tests`, so the transport's code runs in test-c and under `make check` without NIXL).
+NIXL_FAKE := $(BUILD)/tests-nixl/fake/libnixl_capi.so.0
+
+$(NIXL_FAKE): tests/nixl/fake_nixl_capi.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(WARN) -Wno-missing-prototypes $(CFLAGS) $(EXTRA_CFLAGS) -fPIC -shared -fvisibility=hidden \
+	  -o $@ $< -lpthread
+
+tests: $(NIXL_FAKE)
+
 TEST_SUITES += test-nixl
 
 $(NIXL_TEST): tests/nixl/test_kvx_nixl.c tests/unit/kvx/kvx_testutil.h $(LIB_A) $(HEADERS)
