@@ -9,9 +9,16 @@
  * 1 GiB (fewer repetitions for big ones; best of the repetitions is kept). The table comes
  * first; the last line is
  *   kv_bench pack_vs_memcpy=R unpack_vs_memcpy=R shm_vs_memcpy=R ipc_vs_zmq=R tcp_vs_zmq=R
- * where each R is the geometric mean over the sizes of Tandem's throughput / the baseline's.
+ * where each R is the geometric mean over the sizes of Tandem's throughput / the baseline's,
+ * followed by nixl_vs_memcpy=R: a transfer of 256 MiB (KV_BENCH_NIXL_MIB) between two
+ * processes over NIXL (this binary re-executed as the prefill engine; the decode engine READs
+ * its blocks), best of 4 after a warm-up, over memcpy of the same bytes in this run; UCX_TLS
+ * is printed (UCX's own choice when unset). Without NIXL (TANDEM_NIXL_DIR, or the wheel in
+ * $TANDEM_BUILD/venv-nixl from `make test-nixl`) it prints nixl_vs_memcpy=skipped and why.
  * It never fails on speed. Environment: KV_BENCH_MAX_MIB (default 1024) caps the sizes.
  */
+#include <glob.h>
+#include <sys/wait.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -215,13 +222,137 @@ static double xfer(pairx *x, const uint32_t *ids, uint32_t nb)
     return dt;
 }
 
+/* ---- NIXL between two processes ----------------------------------------------------------------- */
+
+#define NIXL_REPS 4
+
+static void nixl_config(tdm_kvx_config *c, const char *id, uint32_t role, const char *ep)
+{
+    tdm_kvx_config_init(c);
+    c->engine_id = id;
+    c->role = role;
+    c->listen_endpoint = ep;
+    c->transports = TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_NIXL;
+    c->max_chunk_bytes = CHUNK;
+    c->transfer_timeout_ms = 60000;
+}
+
+/* The prefill process: exports requests 1 .. NIXL_REPS + 1 of nb blocks, waits for them. */
+static int nixl_child(const char *ep, uint32_t nb)
+{
+    tdm_kvx_config c;
+    nixl_config(&c, "bench-nixl-prefill", TDM_KVX_ROLE_PREFILL, ep);
+    tdm_kvx *k;
+    if (tdm_kvx_create(&c, &k)) return 2;
+    cache src;
+    cache_init(&src, nb, 1, NULL);
+    if (tdm_kvx_register(k, &src.l, src.bases, TDM_MEM_HOST, 0)) return 3;
+    uint32_t *ids = malloc(nb * sizeof(uint32_t));
+    for (uint32_t i = 0; i < nb; i++) ids[i] = (i * 7919u) % nb;
+    if (nb % 7919u == 0) for (uint32_t i = 0; i < nb; i++) ids[i] = nb - 1 - i;
+    for (uint64_t r = 1; r <= NIXL_REPS + 1; r++) {
+        tdm_kvx_send_desc sd;
+        tdm_kvx_send_desc_init(&sd);
+        sd.request_id = r;
+        sd.num_blocks = nb;
+        sd.block_ids = ids;
+        sd.num_blocks_ready = nb;
+        uint64_t h;
+        if (tdm_kvx_send(k, &sd, &h)) return 4;
+    }
+    for (int r = 0; r <= NIXL_REPS; r++) wait_ev(k);
+    tdm_kvx_destroy(k);
+    free(ids);
+    free(src.mem);
+    return 0;
+}
+
+/* Best seconds of NIXL_REPS transfers of nb blocks from a child process; 0 with why on failure. */
+static double nixl_run(const char *self, uint32_t nb, char *why, size_t why_len)
+{
+    char ep[128];
+    snprintf(ep, sizeof(ep), "ipc:///tmp/tdm-kvbench-nixl-%d", (int)getpid());
+    tdm_kvx_config c;
+    nixl_config(&c, "bench-nixl-decode", TDM_KVX_ROLE_DECODE, NULL);
+    tdm_kvx *k;
+    int rc = tdm_kvx_create(&c, &k);
+    if (rc) { snprintf(why, why_len, "%s", tdm_kvx_errmsg(NULL)); return 0; }
+    char nbs[32];
+    snprintf(nbs, sizeof(nbs), "%u", nb);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(self, self, "--nixl-child", ep, nbs, (char *)NULL);
+        _exit(127);
+    }
+    cache dst;
+    cache_init(&dst, nb, 2, NULL);
+    if ((rc = tdm_kvx_register(k, &dst.l, dst.bases, TDM_MEM_HOST, 0))) die("register", rc);
+    uint32_t peer = 0;
+    rc = TDM_E_TIMEOUT;
+    for (int i = 0; i < 200 && (rc == TDM_E_TIMEOUT || rc == TDM_E_STATE); i++) {
+        if (i) usleep(50000);
+        rc = tdm_kvx_connect(k, ep, NULL, &peer);
+    }
+    if (rc) die("connect (nixl)", rc);
+    uint32_t *ids = malloc(nb * sizeof(uint32_t));
+    for (uint32_t i = 0; i < nb; i++) ids[i] = (i * 7919u) % nb;
+    if (nb % 7919u == 0) for (uint32_t i = 0; i < nb; i++) ids[i] = nb - 1 - i;
+    double best = 1e30;
+    for (uint64_t r = 1; r <= NIXL_REPS + 1; r++) {   /* the first one warms up */
+        tdm_kvx_recv_desc rd;
+        tdm_kvx_recv_desc_init(&rd);
+        rd.peer = peer;
+        rd.request_id = r;
+        rd.num_blocks = nb;
+        rd.block_ids = ids;
+        uint64_t h;
+        double t0 = now();
+        if ((rc = tdm_kvx_recv(k, &rd, &h))) die("recv (nixl)", rc);
+        wait_ev(k);
+        double t = now() - t0;
+        if (r > 1 && t < best) best = t;
+    }
+    /* the child's cache is all 1s, ours was all 2s: every byte must have moved */
+    size_t lb;
+    tdm_kv_layout_layer_bytes(&dst.l, &lb);
+    for (size_t i = 0; i < lb * LAYERS; i++)
+        if (dst.mem[i] != 1) { fprintf(stderr, "kv_bench: NIXL transfer wrong at byte %zu\n", i); exit(1); }
+    tdm_kvx_stats st;
+    tdm_kvx_stats_init(&st);
+    tdm_kvx_get_stats(k, &st);
+    if (st.chunks_read_nixl == 0) { fprintf(stderr, "kv_bench: NIXL carried nothing\n"); exit(1); }
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    tdm_kvx_destroy(k);
+    unlink(ep + 6);
+    free(ids);
+    free(dst.mem);
+    if (!WIFEXITED(ws) || WEXITSTATUS(ws)) { snprintf(why, why_len, "the prefill process failed (%d)", ws); return 0; }
+    return best;
+}
+
+/* Finds the wheel `make test-nixl` installed when TANDEM_NIXL_DIR is not set. */
+static void nixl_find_wheel(void)
+{
+    const char *b = getenv("TANDEM_BUILD");
+    if (getenv("TANDEM_NIXL_DIR") || getenv("TANDEM_NIXL_LIB") || !b) return;
+    char pat[512];
+    snprintf(pat, sizeof(pat), "%s/venv-nixl/lib/python3*/site-packages", b);
+    glob_t g;
+    if (glob(pat, 0, NULL, &g) == 0) {
+        setenv("TANDEM_NIXL_DIR", g.gl_pathv[0], 1);
+        globfree(&g);
+    }
+}
+
 /* ---- main -------------------------------------------------------------------------------------- */
 
 #define NSIZES 4
 static const size_t MIB = 1u << 20;
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "--nixl-child")) return nixl_child(argv[2], (uint32_t)atoi(argv[3]));
     size_t max_mib = 1024;
     const char *env = getenv("KV_BENCH_MAX_MIB");
     if (env && atoi(env) >= 16) max_mib = (size_t)atoi(env);
@@ -321,9 +452,44 @@ int main(void)
            "blocks scattered; shm: %s; zmq baselines: PUSH->PULL, same message size and transport\n",
            CHUNK >> 20, LAYERS, BS, HEADS, DIM, unit >> 10,
            shared ? "direct reads from the shared prefill cache" : "pack into 4 MiB slots, unpack");
+    /* NIXL: two processes, against memcpy of the same bytes measured now */
+    char nixl_r[640] = "skipped";
+    {
+        nixl_find_wheel();
+        size_t mib = getenv("KV_BENCH_NIXL_MIB") ? (size_t)atoi(getenv("KV_BENCH_NIXL_MIB")) : 256;
+        if (mib < 16) mib = 16;
+        uint32_t nb = (uint32_t)(mib * MIB / (unit * LAYERS));
+        size_t bytes = (size_t)nb * unit * LAYERS;
+        char why[600] = "", self[1024];
+        ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        double tn = 0;
+        if (sl > 0) { self[sl] = '\0'; tn = nixl_run(self, nb, why, sizeof(why)); }
+        else snprintf(why, sizeof(why), "cannot find this executable");
+        if (tn > 0) {
+            uint8_t *a = aligned_alloc(4096, bytes), *b = aligned_alloc(4096, bytes);
+            if (!a || !b) die("alloc", TDM_E_NOMEM);
+            memset(a, 5, bytes);
+            memset(b, 6, bytes);
+            double tm = 1e30;
+            for (int r = 0; r < NIXL_REPS; r++) {
+                double t0 = now();
+                memcpy(b, a, bytes);
+                double t = now() - t0;
+                if (t < tm) tm = t;
+            }
+            free(a);
+            free(b);
+            const char *tls = getenv("UCX_TLS");
+            printf("nixl: %zu MiB between two processes, READ of scattered blocks: %.2f GB/s; memcpy %.2f GB/s "
+                   "(UCX_TLS=%s)\n", bytes / MIB, bytes / tn / 1e9, bytes / tm / 1e9, tls ? tls : "unset, UCX's choice");
+            snprintf(nixl_r, sizeof(nixl_r), "%.2f", tm / tn);
+        } else {
+            printf("nixl: skipped: %s\n", why);
+        }
+    }
     printf("kv_bench pack_vs_memcpy=%.2f unpack_vs_memcpy=%.2f shm_vs_memcpy=%.2f ipc_vs_zmq=%.2f "
-           "tcp_vs_zmq=%.2f\n", exp(g[0] / ns), exp(g[1] / ns), exp(g[2] / ns), exp(g[3] / ns),
-           exp(g[4] / ns));
+           "tcp_vs_zmq=%.2f nixl_vs_memcpy=%s\n", exp(g[0] / ns), exp(g[1] / ns), exp(g[2] / ns), exp(g[3] / ns),
+           exp(g[4] / ns), nixl_r);
     free(ids);
     free(stage);
     free(copy);

@@ -64,6 +64,13 @@ typedef enum tdm_mem_kind {
 #define TDM_KVX_TRANSPORT_ZMQ      (1u << 0)
 #define TDM_KVX_TRANSPORT_SHM      (1u << 1)   /* same host: one copy through a shared segment */
 #define TDM_KVX_TRANSPORT_CUDA_IPC (1u << 2)   /* same node GPUs; needs libtandem_cuda.so */
+/* NIXL (UCX: RDMA, EFA, tcp, shared memory; GPUDirect for CUDA caches): the receiver READs
+ * the bytes. libnixl_capi is loaded at run time (TANDEM_NIXL_LIB, TANDEM_NIXL_DIR, the
+ * library path, or an installed nixl-cu12/-cu13 wheel in $VIRTUAL_ENV); tdm_kvx_create fails
+ * with TDM_E_UNSUPPORTED, saying what it tried, when it is asked for and cannot be loaded.
+ * tdm_kvx_register then registers the KV cache and a host staging ring of
+ * 2 * shm_slots * max_chunk_bytes bytes with NIXL (docs/protocol.md §5.2). */
+#define TDM_KVX_TRANSPORT_NIXL     (1u << 3)
 
 /* Engine configuration. Pointers are read during tdm_kvx_create() only (copied). */
 typedef struct tdm_kvx_config {
@@ -103,7 +110,7 @@ TDM_API int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out);
 
 /* The same from a JSON object with the keys engine_id, role ("prefill"|"decode"|"both"),
  * listen, curve: {secret_key, public_key, allowed_clients: [...]}, transports: ["zmq","shm",
- * "cuda_ipc"], heartbeat_ms, peer_timeout_ms, handshake_timeout_ms, transfer_timeout_ms,
+ * "cuda_ipc","nixl"], heartbeat_ms, peer_timeout_ms, handshake_timeout_ms, transfer_timeout_ms,
  * cancel_timeout_ms, max_chunk_bytes, shm_slots. Unknown keys are errors (TDM_E_CONFIG). */
 TDM_API int tdm_kvx_create_json(const char *json, tdm_kvx **out);
 
@@ -309,6 +316,7 @@ typedef struct tdm_kvx_stats {
     uint64_t transfers_cancelled;
     uint64_t chunks_sent;            /* data messages sent */
     uint64_t chunks_sent_shm;        /* of which through shared memory */
+    uint64_t chunks_read_nixl;       /* data chunks this engine READ over NIXL */
 } tdm_kvx_stats;
 
 TDM_API int tdm_kvx_stats_init(tdm_kvx_stats *s);

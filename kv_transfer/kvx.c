@@ -161,7 +161,7 @@ static int check_config(const tdm_kvx_config *c)
         strncmp(c->listen_endpoint, "ipc://", 6) != 0)
         return tdm__kvx_fail(TDM_E_CONFIG, "listen endpoint must be tcp:// or ipc://");
     if (c->listen_endpoint && strlen(c->listen_endpoint) >= 200) return tdm__kvx_fail(TDM_E_CONFIG, "listen endpoint too long");
-    if (!(c->transports & TDM_KVX_TRANSPORT_ZMQ) || c->transports > 7)
+    if (!(c->transports & TDM_KVX_TRANSPORT_ZMQ) || c->transports > 15)
         return tdm__kvx_fail(TDM_E_CONFIG, "transports must include zmq and only known bits");
     if (c->heartbeat_ms == 0 || c->peer_timeout_ms < c->heartbeat_ms)
         return tdm__kvx_fail(TDM_E_CONFIG, "heartbeat_ms must be > 0 and <= peer_timeout_ms");
@@ -336,6 +336,10 @@ int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out)
     if (k->wake_fd < 0 || k->ev_fd < 0) { rc = tdm__kvx_fail(TDM_E_IO, "eventfd: %s", strerror(errno)); goto fail; }
     if (cfg->listen_endpoint) snprintf(k->endpoint, sizeof(k->endpoint), "%s", cfg->listen_endpoint);
     k->cfg.listen_endpoint = cfg->listen_endpoint ? k->endpoint : NULL;
+    if (cfg->transports & TDM_KVX_TRANSPORT_NIXL) {
+        rc = tdm__kvx_nixl_create(k);
+        if (rc) goto fail;
+    }
     rc = start(k);
     if (rc) goto fail;
     *out = k;
@@ -385,6 +389,7 @@ void tdm_kvx_destroy(tdm_kvx *k)
             tdm__kvx_unmap_remote(&k->peers[i]);
             tdm__kvx_peer_scales_free(&k->peers[i]);
         }
+    tdm__kvx_nixl_destroy(k);   /* before the cache and the peers go */
     tdm__kvx_pool_destroy(k->pool);
     tdm__free(k->peers);
     tdm__free(k->allowed);
@@ -499,6 +504,19 @@ int tdm_kvx_register(tdm_kvx *k, const tdm_kv_layout *l, void *const *bases, uin
     k->mem_kind = mem_kind;
     k->head_offset = head_offset;
     k->unit_bytes = unit;
+    if (k->nixl) {
+        int rc = tdm__kvx_nixl_register(k);
+        if (rc) {   /* left unregistered: the caller may fix and retry on a new engine */
+            k->bases = NULL;
+            k->owner = NULL;
+            k->dev_stage = NULL;
+            pthread_mutex_unlock(&k->mu);
+            tdm__free(b);
+            tdm__free(owner);
+            tdm_cuda_free(dev);
+            return rc;
+        }
+    }
     k->registered = 1;
     pthread_mutex_unlock(&k->mu);
     return TDM_OK;

@@ -96,8 +96,8 @@ int tdm_kvx_recv(tdm_kvx *k, const tdm_kvx_recv_desc *d, uint64_t *handle)
     m.rid = x->rid;
     m.xid = x->xid;
     kvx_peer *pp = tdm__kvx_peer(k, x->peer);
-    m.mode = x->mode | (pp && pp->rkv ? TDM__KVX_MODE_DIRECT : 0);
-    x->direct = pp && pp->rkv;
+    x->direct = pp && (pp->rkv || tdm__kvx_nixl_peer_direct(pp));
+    m.mode = x->mode | (x->direct ? TDM__KVX_MODE_DIRECT : 0);
     m.num_blocks = x->n;
     m.num_skip = x->skip;
     m.num_tokens = x->tok;
@@ -278,6 +278,7 @@ int tdm_kvx_create_json(const char *json, tdm_kvx **out)
                 if (s && !strcmp(s, "zmq")) c.transports |= TDM_KVX_TRANSPORT_ZMQ;
                 else if (s && !strcmp(s, "shm")) c.transports |= TDM_KVX_TRANSPORT_SHM;
                 else if (s && !strcmp(s, "cuda_ipc")) c.transports |= TDM_KVX_TRANSPORT_CUDA_IPC;
+                else if (s && !strcmp(s, "nixl")) c.transports |= TDM_KVX_TRANSPORT_NIXL;
                 else { rc = tdm__kvx_fail(TDM_E_CONFIG, "unknown transport in \"transports\""); break; }
             }
             if (rc) break;

@@ -77,6 +77,13 @@ void tdm__kvx_shm_drop_tx(tdm__kvx_shm *s);
 void tdm__kvx_shm_destroy(tdm__kvx_shm *s);
 extern const tdm__kvx_transport tdm__kvx_shm_transport;   /* ctx: tdm__kvx_shm */
 
+/* NIXL (kvx_tp_nixl.c): one agent per engine, the KV cache and a staging ring registered;
+ * a peer that negotiated NIXL has p->nx (its agent, regions) and uses this transport for the
+ * chunks it sends (staged: slots of our ring, returned by CREDIT). */
+typedef struct tdm__kvx_nixl tdm__kvx_nixl;
+typedef struct tdm__kvx_nixl_peer tdm__kvx_nixl_peer;
+extern const tdm__kvx_transport tdm__kvx_nixl_transport;   /* ctx: tdm__kvx_nixl_peer */
+
 /* CUDA IPC: a capability only; without libtandem_cuda.so and a device it reports NO_CUDA. */
 int tdm__kvx_cuda_ipc_available(void);
 extern const tdm__kvx_transport tdm__kvx_cuda_ipc_transport;
@@ -107,6 +114,7 @@ typedef struct kvx_peer {
     int tx_blocked;                /* the tx transport said AGAIN */
     float *rscales;                /* the peer's KV scales: K then V (remote.k_scales / v_scales) */
     int scales_same;               /* receiving from it needs no rescaling (equal dtypes and scales) */
+    tdm__kvx_nixl_peer *nx;        /* NIXL negotiated: the peer's agent and regions */
     /* handshake of an outgoing connection */
     char ep[256];
     char srvkey[41];
@@ -223,6 +231,7 @@ struct tdm_kvx {
     tdm__kvx_pool *pool;
     uint32_t shm_seq;
     int test_stop;                 /* TDM_KVX_TEST_STOP_AT, 0 = none */
+    tdm__kvx_nixl *nixl;           /* TDM_KVX_TRANSPORT_NIXL configured: agent, registrations */
     tdm_kvx_stats st;
 };
 
@@ -277,6 +286,32 @@ void tdm__kvx_timers(tdm_kvx *k, double now);
 int tdm__kvx_pump(tdm_kvx *k, int budget);
 int tdm__kvx_send_frames(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t *payload);
 void tdm__kvx_xfer_free(tdm_kvx *k, kvx_xfer *x);
+
+/* Receiver: a chunk has landed in our blocks (units = layers x our blocks): count it, extend
+ * the deadline, and finish with DONE after the last one. */
+void tdm__kvx_landed(tdm_kvx *k, kvx_xfer *x, kvx_peer *p, uint64_t units, uint64_t nbytes);
+/* Receiver: give the sender back a staging slot (CREDIT), if its transport uses slots. */
+void tdm__kvx_credit(tdm_kvx *k, kvx_peer *p, uint32_t slot);
+
+/* kvx_tp_nixl.c (mu held). create: load NIXL, make the agent and its UCX backend
+ * (TDM_E_UNSUPPORTED with why when NIXL is absent); register: the KV layers and the ring. */
+int tdm__kvx_nixl_create(tdm_kvx *k);
+int tdm__kvx_nixl_register(tdm_kvx *k);
+void tdm__kvx_nixl_destroy(tdm_kvx *k);
+void tdm__kvx_nixl_fill_hello(const tdm_kvx *k, tdm__kvx_hello *h);
+/* Loads the peer's agent metadata from its HELLO and keeps its regions in p->nx. */
+int tdm__kvx_nixl_peer_open(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, char *why, size_t why_len);
+void tdm__kvx_nixl_peer_close(tdm_kvx *k, kvx_peer *p);
+/* Whether the peer's blocks can be READ into ours as they are (identical block formats). */
+int tdm__kvx_nixl_peer_direct(const kvx_peer *p);
+/* Receiver: READ a checked DATA chunk (direct: src_ids are the sender's blocks) into our
+ * blocks [d0, d1) of x; it lands later (tdm__kvx_nixl_progress). The arrival bits are set. */
+int tdm__kvx_nixl_read(tdm_kvx *k, kvx_peer *p, kvx_xfer *x, const tdm__kvx_msg *m, const uint32_t *src_ids,
+                       uint32_t d0, uint32_t d1, uint32_t tokens);
+/* Polls the posted READs and posts waiting ones; 1 while any remain. */
+int tdm__kvx_nixl_progress(tdm_kvx *k);
+/* Ends (cancels) every READ of a receiving transfer that is finishing. */
+void tdm__kvx_nixl_abort_xfer(tdm_kvx *k, const kvx_xfer *x);
 
 /* kvx_scales.c: the KV quantization scales exchanged in the handshake (mu held). */
 void tdm__kvx_fill_scales(const tdm_kvx *k, tdm__kvx_hello *h);

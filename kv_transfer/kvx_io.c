@@ -129,6 +129,8 @@ static void fill_hello(tdm_kvx *k, tdm__kvx_hello *h)
     h->head_offset = k->head_offset;
     h->transports = k->cfg.transports & (TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM |
                                          (tdm__kvx_cuda_ipc_available() ? TDM_KVX_TRANSPORT_CUDA_IPC : 0));
+    tdm__kvx_nixl_fill_hello(k, h);
+    if (h->nixl_agent[0]) h->transports |= TDM_KVX_TRANSPORT_NIXL;
     snprintf(h->host_id, sizeof(h->host_id), "%s", k->host_id);
     if (k->kv_direct && (k->cfg.transports & TDM_KVX_TRANSPORT_SHM)) {
         snprintf(h->kv_name, sizeof(h->kv_name), "%s", k->kvseg_name);
@@ -155,7 +157,7 @@ void tdm__kvx_unmap_remote(kvx_peer *p)
 static int map_remote_kv(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, char *why, size_t why_len)
 {
     size_t lbytes;
-    if (!h->kv_name[0] || !p->scales_same || !(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || strcmp(h->host_id, k->host_id) ||
+    if (p->nx || !h->kv_name[0] || !p->scales_same || !(k->cfg.transports & TDM_KVX_TRANSPORT_SHM) || strcmp(h->host_id, k->host_id) ||
         k->cfg.role == TDM_KVX_ROLE_PREFILL || h->role == TDM_KVX_ROLE_DECODE || k->mem_kind != TDM_MEM_HOST ||
         tdm__kvx_compat(&h->layout, h->head_offset, &k->layout, k->head_offset, NULL, 0) != 0 ||
         tdm_kv_layout_layer_bytes(&h->layout, &lbytes) != TDM_OK)
@@ -203,13 +205,19 @@ static int peer_adopt(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, char *wh
     return tdm__kvx_peer_scales(k, p, h, why, why_len);
 }
 
-/* Each direction uses shared memory when its segment is mapped by both sides: chunks we send
- * go into our segment, chunks we receive come from the peer's. */
+/* A peer that negotiated NIXL uses it both ways. Otherwise each direction uses shared memory
+ * when its segment is mapped by both sides: chunks we send go into our segment, chunks we
+ * receive come from the peer's. */
 static void peer_up(tdm_kvx *k, kvx_peer *p)
 {
     k->handshaken = 1;
     p->state = PEER_ALIVE;
     p->last_rx = p->last_tx = tdm__now();
+    if (p->nx) {
+        p->tx = p->rx = &tdm__kvx_nixl_transport;
+        p->tx_ctx = p->rx_ctx = p->nx;
+        return;
+    }
     use_zmq(k, p);
     if (tdm__kvx_shm_can_send(p->shm)) { p->tx = &tdm__kvx_shm_transport; p->tx_ctx = p->shm; }
     if (tdm__kvx_shm_can_recv(p->shm)) { p->rx = &tdm__kvx_shm_transport; p->rx_ctx = p->shm; }
@@ -255,6 +263,18 @@ static int server_shm(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, tdm__kvx
     return TDM_OK;
 }
 
+/* The server's side of NIXL: used when both offer it and the client's agent loads here; it
+ * then carries every chunk. Otherwise the ACK drops the NIXL offer. */
+static void server_nixl(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, tdm__kvx_hello *ack)
+{
+    char nwhy[TDM__KVX_REASON_LEN];
+    if ((ack->transports & TDM_KVX_TRANSPORT_NIXL) && tdm__kvx_nixl_peer_open(k, p, h, nwhy, sizeof(nwhy)) == TDM_OK)
+        return;
+    ack->transports &= ~(uint32_t)TDM_KVX_TRANSPORT_NIXL;
+    ack->nixl_agent[0] = '\0';
+    ack->nixl_md_len = ack->nixl_rgn_len = 0;
+}
+
 static int engine_taken(tdm_kvx *k, const char *id, uint32_t except, int *outgoing)
 {
     for (uint32_t i = 0; i < k->num_peers; i++)
@@ -297,21 +317,28 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
         if (other >= 0) tdm__kvx_peer_lost(k, &k->peers[other], TDM_E_PEER, "the peer reconnected");
         p = tdm__kvx_peer_new(k);
         if (!p) { st = TDM_E_NO_SPACE; snprintf(why, sizeof(why), "too many peers"); }
-        else if ((st = peer_adopt(k, p, &m->hello, why, sizeof(why))) ||
-                 (st = map_remote_kv(k, p, &m->hello, why, sizeof(why))) ||
-                 (st = server_shm(k, p, &m->hello, &a.hello, why, sizeof(why)))) {
+        else if (!(st = peer_adopt(k, p, &m->hello, why, sizeof(why)))) {
+            server_nixl(k, p, &m->hello, &a.hello);
+            if (p->nx) a.hello.transports &= ~(uint32_t)TDM_KVX_TRANSPORT_SHM;
+            else if (!(st = map_remote_kv(k, p, &m->hello, why, sizeof(why))))
+                st = server_shm(k, p, &m->hello, &a.hello, why, sizeof(why));
+        }
+        if (st && p) {
             tdm__kvx_shm_destroy(p->shm);
             p->shm = NULL;
             tdm__kvx_unmap_remote(p);
+            tdm__kvx_nixl_peer_close(k, p);
             p->state = PEER_DEAD;
         }
     }
     if (st) {
         a.status = st;
         snprintf(a.reason, sizeof(a.reason), "%s", why);
-        a.hello.scale_kind = TDM_KV_SCALE_NONE;   /* a refusal needs no scales */
-        a.hello.shm_name[0] = '\0';
+        a.hello.scale_kind = TDM_KV_SCALE_NONE;   /* a refusal needs no scales, segment */
+        a.hello.shm_name[0] = '\0';               /* or NIXL metadata */
         a.hello.shm_size = a.hello.slot_bytes = 0;
+        a.hello.nixl_agent[0] = '\0';
+        a.hello.nixl_md_len = a.hello.nixl_rgn_len = 0;
         tdm__kvx_send_frames(k, &tmp, &a, NULL);
         return;
     }
@@ -328,6 +355,7 @@ static void hs_finish(tdm_kvx *k, kvx_peer *p, int status, const char *reason)
         if (p->sock) { zmq_close(p->sock); p->sock = NULL; }
         tdm__kvx_shm_destroy(p->shm);
         p->shm = NULL;
+        tdm__kvx_nixl_peer_close(k, p);
         p->state = PEER_DEAD;
     }
     p->hs_status = status;
@@ -352,11 +380,14 @@ static void on_hello_ack(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
     }
     if (!(m->hello.transports & TDM_KVX_TRANSPORT_SHM)) tdm__kvx_shm_drop_tx(p->shm);
     int rc = peer_adopt(k, p, &m->hello, why, sizeof(why));
+    /* the server selected NIXL: its agent must load here too */
+    if (!rc && (m->hello.transports & TDM_KVX_TRANSPORT_NIXL))
+        rc = tdm__kvx_nixl_peer_open(k, p, &m->hello, why, sizeof(why));
     if (!rc) rc = map_remote_kv(k, p, &m->hello, why, sizeof(why));
     if (rc) { hs_finish(k, p, rc, why); return; }
     /* the server's segment, for the chunks it sends us: only if we offered shared memory */
     const tdm__kvx_hello *h = &m->hello;
-    if (h->shm_name[0] && p->shm && k->cfg.role != TDM_KVX_ROLE_PREFILL && h->role != TDM_KVX_ROLE_DECODE) {
+    if (!p->nx && h->shm_name[0] && p->shm && k->cfg.role != TDM_KVX_ROLE_PREFILL && h->role != TDM_KVX_ROLE_DECODE) {
         char w[TDM__KVX_REASON_LEN];
         rc = tdm__kvx_shm_attach(p->shm, h->shm_name, h->shm_size, h->slot_bytes, w, sizeof(w));
         if (rc) {
@@ -629,6 +660,7 @@ void *tdm__kvx_io_main(void *arg)
         }
         flush_outbox(k);
         int more = tdm__kvx_pump(k, 4);
+        more |= tdm__kvx_nixl_progress(k);
         int n = 0;
         items[n] = (zmq_pollitem_t){ NULL, k->wake_fd, ZMQ_POLLIN, 0 };
         owner[n++] = UINT32_MAX;

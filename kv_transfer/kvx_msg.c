@@ -375,6 +375,49 @@ int tdm__kvx_shm_name_parse(const char *name, int kind, uint64_t *ns, uint64_t *
     return 1;
 }
 
+static uint64_t le_u64(const uint8_t *b)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
+
+uint64_t tdm__kvx_hello_nixl_u64(const tdm__kvx_hello *h, uint32_t i)
+{
+    if (!h->nixl_rgn || 8 * ((size_t)i + 1) > h->nixl_rgn_len) return 0;
+    return le_u64(h->nixl_rgn + 8 * (size_t)i);
+}
+
+/* The optional NIXL fields of a HELLO: agent name, agent metadata (bin), region table (bin of
+ * little-endian u64: mem_kind, dev_id, ring address, slot bytes, slots, one base per layer). */
+static int rd_hello_nixl(rd *r, tdm__kvx_hello *h)
+{
+    const uint8_t *md, *rg;
+    size_t mn, rn;
+    if (rd_str(r, h->nixl_agent, sizeof(h->nixl_agent), 1, "nixl_agent") || rd_bin_view(r, &md, &mn, "nixl_md") ||
+        rd_bin_view(r, &rg, &rn, "nixl_regions"))
+        return TDM_E_PROTOCOL;
+    if (!h->nixl_agent[0]) {
+        if (mn || rn) return rd_fail(r, "NIXL fields without an agent name");
+        return TDM_OK;
+    }
+    if (mn == 0 || mn > TDM__KVX_MAX_NIXL_MD) return rd_fail(r, "NIXL metadata empty or too large");
+    if (rn != 8 * ((size_t)TDM__KVX_NIXL_RGN_HDR + h->layout.num_layers))
+        return rd_fail(r, "NIXL region table does not have one base per layer");
+    uint64_t mem = le_u64(rg), ring = le_u64(rg + 16), sb = le_u64(rg + 24), slots = le_u64(rg + 32);
+    if (mem > TDM_MEM_CUDA) return rd_fail(r, "NIXL region table: unknown memory kind");
+    if (sb < 4096 || sb > ((uint64_t)1 << 30) || slots == 0 || slots > 1024)
+        return rd_fail(r, "NIXL region table: ring slot size or count out of range");
+    if (ring == 0 || ring > UINT64_MAX - sb * slots) return rd_fail(r, "NIXL region table: bad ring address");
+    for (uint32_t l = 0; l < h->layout.num_layers; l++)
+        if (le_u64(rg + 8 * ((size_t)TDM__KVX_NIXL_RGN_HDR + l)) == 0) return rd_fail(r, "NIXL region table: a NULL layer base");
+    h->nixl_md = md;
+    h->nixl_md_len = (uint32_t)mn;
+    h->nixl_rgn = rg;
+    h->nixl_rgn_len = (uint32_t)rn;
+    return TDM_OK;
+}
+
 /* The optional shared-KV fields of a HELLO: name, size, offsets (bin of u64 little-endian). */
 static int rd_hello_kv(rd *r, tdm__kvx_hello *h)
 {
@@ -461,6 +504,7 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
         rc = rd_hello(&r, &m->hello);
         if (!rc && nf >= parsed + 3) { rc = rd_hello_kv(&r, &m->hello); parsed += 3; }
         if (!rc && nf >= parsed + 3) { rc = rd_hello_scales(&r, &m->hello); parsed += 3; }
+        if (!rc && nf >= parsed + 3) { rc = rd_hello_nixl(&r, &m->hello); parsed += 3; }
         break;
     case TDM__KVX_HELLO_ACK:
         rc = rd_i64(&r, &st);
@@ -470,6 +514,7 @@ int tdm__kvx_msg_decode(const void *buf, size_t len, tdm__kvx_msg *m, char *why,
         if (!rc) rc = rd_hello(&r, &m->hello);
         if (!rc && nf >= parsed + 3) { rc = rd_hello_kv(&r, &m->hello); parsed += 3; }
         if (!rc && nf >= parsed + 3) { rc = rd_hello_scales(&r, &m->hello); parsed += 3; }
+        if (!rc && nf >= parsed + 3) { rc = rd_hello_nixl(&r, &m->hello); parsed += 3; }
         break;
     case TDM__KVX_XFER_REQ:
         rc = rd_u64(&r, &m->rid);
@@ -600,10 +645,21 @@ static void pk_hello_kv(msgpack_packer *pk, const tdm__kvx_hello *h)
     msgpack_pack_bin_body(pk, raw, 8 * n);
 }
 
-/* Written only when the kind is not NONE, so that a HELLO without scales stays as before. */
+/* Written only when NIXL is offered (after the scale fields, kind 0 if none). */
+static void pk_hello_nixl(msgpack_packer *pk, const tdm__kvx_hello *h)
+{
+    pk_str(pk, h->nixl_agent);
+    msgpack_pack_bin(pk, h->nixl_md_len);
+    if (h->nixl_md_len) msgpack_pack_bin_body(pk, h->nixl_md, h->nixl_md_len);
+    msgpack_pack_bin(pk, h->nixl_rgn_len);
+    if (h->nixl_rgn_len) msgpack_pack_bin_body(pk, h->nixl_rgn, h->nixl_rgn_len);
+}
+
+/* Written only when the kind is not NONE or NIXL fields follow, so that a HELLO without
+ * either stays as before. */
 static void pk_hello_scales(msgpack_packer *pk, const tdm__kvx_hello *h)
 {
-    uint32_t n = h->layout.num_layers * h->scale_count;
+    uint32_t n = h->scale_kind == TDM_KV_SCALE_NONE ? 0 : h->layout.num_layers * h->scale_count;
     msgpack_pack_uint32(pk, h->scale_kind);
     for (int kv = 0; kv < 2; kv++) {
         msgpack_pack_bin(pk, 4 * n);
@@ -631,8 +687,9 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
     msgpack_packer_init(&pk, &w, wr_cb);
     uint32_t nf = m->type <= TDM__KVX_MSG_MAX ? min_fields[m->type] : 0;
     int hello = m->type == TDM__KVX_HELLO || m->type == TDM__KVX_HELLO_ACK;
-    int scales = hello && m->hello.scale_kind != TDM_KV_SCALE_NONE;
-    if (hello) nf += scales ? 6 : 3;
+    int nixl = hello && m->hello.nixl_agent[0];
+    int scales = hello && (m->hello.scale_kind != TDM_KV_SCALE_NONE || nixl);
+    if (hello) nf += 3 + (scales ? 3 : 0) + (nixl ? 3 : 0);
     msgpack_pack_array(&pk, 2 + nf);
     msgpack_pack_uint32(&pk, m->version);
     msgpack_pack_uint32(&pk, m->type);
@@ -641,6 +698,7 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
         pk_hello(&pk, &m->hello);
         pk_hello_kv(&pk, &m->hello);
         if (scales) pk_hello_scales(&pk, &m->hello);
+        if (nixl) pk_hello_nixl(&pk, &m->hello);
         break;
     case TDM__KVX_HELLO_ACK:
         msgpack_pack_int32(&pk, m->status);
@@ -648,6 +706,7 @@ int tdm__kvx_msg_encode(const tdm__kvx_msg *m, void *buf, size_t cap, size_t *le
         pk_hello(&pk, &m->hello);
         pk_hello_kv(&pk, &m->hello);
         if (scales) pk_hello_scales(&pk, &m->hello);
+        if (nixl) pk_hello_nixl(&pk, &m->hello);
         break;
     case TDM__KVX_XFER_REQ:
         msgpack_pack_uint64(&pk, m->rid);

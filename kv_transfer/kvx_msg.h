@@ -31,9 +31,12 @@ enum {
 #define TDM__KVX_REASON_LEN 128
 #define TDM__KVX_MAX_HEADER 2048    /* a header frame longer than this is rejected ... */
 #define TDM__KVX_MAX_SCALES 16384   /* KV scales per K (and per V) a HELLO may carry */
-/* ... except a HELLO / HELLO_ACK carrying KV scales, up to this size */
-#define TDM__KVX_MAX_HELLO (TDM__KVX_MAX_HEADER + 8 * TDM__KVX_MAX_SCALES + 64)
 #define TDM__KVX_MAX_LAYERS 4096
+#define TDM__KVX_MAX_NIXL_MD 65536  /* NIXL agent metadata a HELLO may carry */
+#define TDM__KVX_NIXL_RGN_HDR 5     /* u64s before the layer bases in a NIXL region table */
+/* ... except a HELLO / HELLO_ACK carrying KV scales and NIXL metadata, up to this size */
+#define TDM__KVX_MAX_HELLO (TDM__KVX_MAX_HEADER + 8 * TDM__KVX_MAX_SCALES + TDM__KVX_MAX_NIXL_MD + \
+                            8 * (TDM__KVX_NIXL_RGN_HDR + TDM__KVX_MAX_LAYERS) + 192)
 #define TDM__KVX_MAX_BLOCKS (1u << 24)
 #define TDM__KVX_NO_SLOT 0xFFFFFFFFu
 #define TDM__KVX_DIRECT_SLOT 0xFFFFFFFEu  /* DATA: the payload lists the sender's block ids */
@@ -65,6 +68,13 @@ typedef struct tdm__kvx_hello {
     const float *v_scales;
     const uint8_t *k_scales_le;      /* decoding: the same as little-endian float32, pointing */
     const uint8_t *v_scales_le;      /* into the decoded buffer (valid while it is) */
+    /* optional: NIXL (docs/protocol.md §5.2); "" = not offered. The pointers refer to the
+     * sender's own buffers when encoding, into the decoded buffer when decoding. */
+    char nixl_agent[TDM__KVX_ID_LEN];
+    const uint8_t *nixl_md;          /* the agent's metadata (NIXL's getLocalMD blob) */
+    uint32_t nixl_md_len;            /* 1 .. TDM__KVX_MAX_NIXL_MD */
+    const uint8_t *nixl_rgn;         /* region table: little-endian u64 mem_kind, dev_id, ring */
+    uint32_t nixl_rgn_len;           /* address, slot bytes, slots, then one base per layer */
 } tdm__kvx_hello;
 
 /* One decoded message; only the fields of its type are meaningful. */
@@ -109,6 +119,8 @@ int tdm__kvx_layout_check(const tdm_kv_layout *l, char *why, size_t why_len);
  * sequence number (a transfer segment), RAND 16 lowercase hex digits. kind 'k' or 't' accepts
  * only that tag, 0 either. Returns 1 (and *ns, *pid where not NULL) for such a name, else 0. */
 int tdm__kvx_shm_name_parse(const char *name, int kind, uint64_t *ns, uint64_t *pid);
+/* Entry i of a decoded HELLO's NIXL region table (i < TDM__KVX_NIXL_RGN_HDR + num_layers). */
+uint64_t tdm__kvx_hello_nixl_u64(const tdm__kvx_hello *h, uint32_t i);
 
 /* Scale i (0 .. num_layers * scale_count) of K (kv 0) or V (kv 1) of a decoded HELLO. */
 float tdm__kvx_hello_scale(const tdm__kvx_hello *h, int kv, uint32_t i);

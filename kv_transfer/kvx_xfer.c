@@ -95,8 +95,10 @@ void tdm__kvx_finish(tdm_kvx *k, kvx_xfer *x, uint32_t type, int status, const c
         snprintf(m.reason, sizeof(m.reason), "%s", reason ? reason : "");
         tdm__kvx_queue_msg(k, x->peer, &m);
     }
-    if (x->side == TDM_KVX_SIDE_RECV)
+    if (x->side == TDM_KVX_SIDE_RECV) {
+        tdm__kvx_nixl_abort_xfer(k, x);   /* no READ may land after the blocks are released */
         for (uint32_t i = x->skip; i < x->n; i++) k->owner[x->blocks[i]] = 0;
+    }
     tdm__kvx_event(k, x, type, status, reason);
     if (type == TDM_KVX_EV_DONE) k->st.transfers_done++;
     else if (type == TDM_KVX_EV_FAILED) k->st.transfers_failed++;
@@ -168,7 +170,7 @@ void tdm__kvx_bind(tdm_kvx *k, kvx_xfer *x, uint32_t peer, uint64_t xid, uint32_
     }
     x->tok = tok;
     /* direct reads need identical formats (the receiver checked) and our shared cache */
-    x->direct = direct && k->kv_direct && rbs == bs;
+    x->direct = direct && (k->kv_direct || (p && p->nx)) && rbs == bs;
     x->skip = (uint32_t)(skip_tok / bs);
     x->n_eff = (uint32_t)((tok + bs - 1) / bs);
     x->gran = (uint32_t)(lcm / bs);
@@ -231,7 +233,7 @@ static void drop_pending(tdm_kvx *k, uint32_t peer, uint64_t rid, uint64_t xid, 
     }
 }
 
-static void send_credit(tdm_kvx *k, kvx_peer *p, uint32_t slot)
+void tdm__kvx_credit(tdm_kvx *k, kvx_peer *p, uint32_t slot)
 {
     if (slot == TDM__KVX_NO_SLOT || slot == TDM__KVX_DIRECT_SLOT || !p->rx->credit) return;
     tdm__kvx_msg c;
@@ -283,10 +285,10 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
         goto bad;
     }
     uint32_t src_ids[256];
-    int direct = m->slot == TDM__KVX_DIRECT_SLOT;
+    int direct = m->slot == TDM__KVX_DIRECT_SLOT, nixl = p->nx != NULL;
     if (direct) {
-        /* the sender's block ids, to be read from its mapped cache */
-        if (!x->direct || !p->rkv || !payload || m->block_count > 256 || d1 - d0 != m->block_count ||
+        /* the sender's block ids, to be read from its mapped cache (or over NIXL) */
+        if (!x->direct || (!p->rkv && !nixl) || !payload || m->block_count > 256 || d1 - d0 != m->block_count ||
             zmq_msg_size(payload) != 4u * m->block_count) {
             snprintf(why, sizeof(why), "direct chunk not expected or malformed");
             goto bad;
@@ -300,6 +302,8 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
                 goto bad;
             }
         }
+    } else if (nixl) {
+        if (payload) { snprintf(why, sizeof(why), "a NIXL chunk carries no payload frame"); goto bad; }
     } else if (p->rx->resolve(p->rx_ctx, payload, m->slot, m->nbytes, &bytes) != TDM_OK) {
         snprintf(why, sizeof(why), "payload does not match the header (size or slot)");
         goto bad;
@@ -307,6 +311,15 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
     for (uint32_t l = m->layer_begin; l < m->layer_end; l++)
         for (uint32_t b = d0; b < d1; b++)
             if (got_bit(x, l, b)) { snprintf(why, sizeof(why), "layer %u block %u sent twice", l, b); goto bad; }
+    if (nixl) {
+        /* READ asynchronously; it lands in tdm__kvx_landed. The bits are taken now so that
+         * a repeated chunk is refused while the first one is still being read. */
+        status = tdm__kvx_nixl_read(k, p, x, m, src_ids, d0, d1, (uint32_t)(t1 - t0));
+        if (status) { snprintf(why, sizeof(why), "NIXL READ not posted: %s", tdm_strerror(status)); goto bad; }
+        for (uint32_t l = m->layer_begin; l < m->layer_end; l++)
+            for (uint32_t b = d0; b < d1; b++) set_bit(x, l, b);
+        return;
+    }
     if (direct)
         status = tdm__kvx_copy_direct(k, p, src_ids, x->blocks + d0, d1 - d0, m->layer_begin, m->layer_end);
     else
@@ -315,26 +328,31 @@ void tdm__kvx_on_data(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m, zmq_msg_t 
     if (status) { snprintf(why, sizeof(why), "unpack failed: %s", tdm_strerror(status)); goto bad; }
     for (uint32_t l = m->layer_begin; l < m->layer_end; l++)
         for (uint32_t b = d0; b < d1; b++) set_bit(x, l, b);
+    tdm__kvx_credit(k, p, m->slot);
+    tdm__kvx_landed(k, x, p, units, m->nbytes);
+    return;
+bad:
+    k->st.msgs_rejected++;
+    tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, status, why, 1);
+credit:
+    if (m->slot != TDM__KVX_NO_SLOT && p->rx && p->rx->credit && m->slot < 0x100000) tdm__kvx_credit(k, p, m->slot);
+}
+
+void tdm__kvx_landed(tdm_kvx *k, kvx_xfer *x, kvx_peer *p, uint64_t units, uint64_t nbytes)
+{
     x->units_got += units;
-    x->bytes += m->nbytes;
-    k->st.bytes_received += m->nbytes;
+    x->bytes += nbytes;
+    k->st.bytes_received += nbytes;
     x->deadline = tdm__now() + x->timeout_ms / 1000.0;
-    send_credit(k, p, m->slot);
     if (x->units_got == x->units_need) {
         tdm__kvx_msg d;
         tdm__kvx_msg_init(&d, TDM__KVX_DONE);
         d.rid = x->rid;
         d.xid = x->xid;
         d.nbytes = x->bytes;
-        tdm__kvx_queue_msg(k, p->id, &d);
+        if (p) tdm__kvx_queue_msg(k, p->id, &d);
         tdm__kvx_finish(k, x, TDM_KVX_EV_DONE, TDM_OK, "", 0);
     }
-    return;
-bad:
-    k->st.msgs_rejected++;
-    tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, status, why, 1);
-credit:
-    if (m->slot != TDM__KVX_NO_SLOT && p->rx == &tdm__kvx_shm_transport && m->slot < 0x100000) send_credit(k, p, m->slot);
 }
 
 void tdm__kvx_on_control(tdm_kvx *k, kvx_peer *p, const tdm__kvx_msg *m)
@@ -395,6 +413,7 @@ void tdm__kvx_peer_lost(tdm_kvx *k, kvx_peer *p, int status, const char *reason)
     p->shm = NULL;
     p->tx = p->rx = NULL;
     tdm__kvx_unmap_remote(p);
+    tdm__kvx_nixl_peer_close(k, p);
     tdm__kvx_peer_scales_free(p);
 }
 
@@ -562,7 +581,7 @@ static int send_chunk(tdm_kvx *k, kvx_xfer *x, kvx_peer *p)
         tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_PEER, "send failed", 0);
         return -1;
     }
-    chunk_sent(k, x, lb, le, cnt, nbytes, slot != TDM__KVX_NO_SLOT);
+    chunk_sent(k, x, lb, le, cnt, nbytes, slot != TDM__KVX_NO_SLOT && p->tx == &tdm__kvx_shm_transport);
     return 1;
 }
 

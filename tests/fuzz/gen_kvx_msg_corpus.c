@@ -4,7 +4,8 @@
  * truncated HELLO, HELLOs with fp8 KV scales, valid and broken, HELLOs naming segments that are
  * not engine-generated or whose size is not a whole number of slots, a HELLO_ACK naming the
  * server's own segment, a DATA with a bad range, another protocol version, trailing bytes, an
- * unknown type, deep nesting in an extra field). Run by `make kvx-corpus`; its output is
+ * unknown type, deep nesting in an extra field), HELLOs offering NIXL (agent metadata and the
+ * region table), valid and broken. Run by `make kvx-corpus`; its output is
  * committed.
  */
 #include <math.h>
@@ -157,6 +158,49 @@ int main(int argc, char **argv)
             n = enc(&m, buf);
             put("broken_ping_version", buf, n);
         }
+    }
+    /* NIXL offers: a valid one, then one broken field at a time */
+    {
+        static uint8_t md[456], rgn[8 * (TDM__KVX_NIXL_RGN_HDR + 4)], big[4096];
+        for (size_t i = 0; i < sizeof(md); i++) md[i] = (uint8_t)(i * 31 + 7);
+        uint64_t v[TDM__KVX_NIXL_RGN_HDR + 4] = { 0, 0, 0x7f0000000000ull, 8388608, 8,
+                                                  0x7f1000000000ull, 0x7f1100000000ull, 0x7f1200000000ull,
+                                                  0x7f1300000000ull };
+        for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+            for (int b = 0; b < 8; b++) rgn[8 * i + (size_t)b] = (uint8_t)(v[i] >> (8 * b));
+        tdm__kvx_msg_init(&m, TDM__KVX_HELLO);
+        snprintf(m.hello.engine_id, sizeof(m.hello.engine_id), "decode-0");
+        m.hello.role = 2;
+        tdm_kv_layout_init(&m.hello.layout, TDM_KV_LAYOUT_VLLM_NHD, 4, 64, 16, 8, 64, TDM_DTYPE_FP16);
+        m.hello.transports = 9;
+        snprintf(m.hello.host_id, sizeof(m.hello.host_id), "host/1234abcd");
+        snprintf(m.hello.nixl_agent, sizeof(m.hello.nixl_agent), "decode-0-4242-abc");
+        m.hello.nixl_md = md;
+        m.hello.nixl_md_len = sizeof(md);
+        m.hello.nixl_rgn = rgn;
+        m.hello.nixl_rgn_len = sizeof(rgn);
+        size_t len = 0;
+#define NIXL_PUT(nm)                                                                         \
+        do {                                                                                 \
+            if (tdm__kvx_msg_encode(&m, big, sizeof(big), &len)) fprintf(stderr, "encode failed\n"); \
+            else put(nm, big, len);                                                          \
+        } while (0)
+        NIXL_PUT("valid_hello_nixl");
+        m.type = TDM__KVX_HELLO_ACK;
+        NIXL_PUT("valid_hello_ack_nixl");
+        m.type = TDM__KVX_HELLO;
+        m.hello.nixl_rgn_len -= 8;   /* one layer base missing */
+        NIXL_PUT("broken_hello_nixl_regions_short");
+        m.hello.nixl_rgn_len += 8;
+        rgn[32] = 0;   /* zero ring slots */
+        NIXL_PUT("broken_hello_nixl_slots_zero");
+        rgn[32] = 8;
+        memset(rgn + 8 * TDM__KVX_NIXL_RGN_HDR, 0, 8);   /* a NULL layer base */
+        NIXL_PUT("broken_hello_nixl_null_base");
+        m.hello.nixl_rgn_len = 0;
+        m.hello.nixl_md_len = 0;
+        NIXL_PUT("broken_hello_nixl_no_metadata");
+#undef NIXL_PUT
     }
     /* an unknown type; an extra field nested 20 deep; a map instead of an array */
     const uint8_t unknown[] = { 0x93, 0x01, 0x33, 0x00 };

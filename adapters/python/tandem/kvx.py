@@ -92,7 +92,8 @@ class KVXStatsC(Structure):
                 ("bytes_sent", c_uint64), ("bytes_received", c_uint64),
                 ("msgs_rejected", c_uint64), ("transfers_done", c_uint64),
                 ("transfers_failed", c_uint64), ("transfers_cancelled", c_uint64),
-                ("chunks_sent", c_uint64), ("chunks_sent_shm", c_uint64)]
+                ("chunks_sent", c_uint64), ("chunks_sent_shm", c_uint64),
+                ("chunks_read_nixl", c_uint64)]
 
 
 _vp = c_void_p
@@ -194,6 +195,7 @@ class KVXStats:
     transfers_cancelled: int
     chunks_sent: int
     chunks_sent_shm: int
+    chunks_read_nixl: int = 0
 
 
 def host_cache(layout: KVLayout) -> List[bytearray]:

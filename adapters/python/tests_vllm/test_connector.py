@@ -14,6 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  #
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from tandem.vllm.connector import TandemConnector, request_id_u64  # noqa: E402
+from tandem.vllm.params import parse_transfer_params  # noqa: E402
 
 LAYERS, NB, BS, H, D = 3, 32, 16, 2, 8
 
@@ -64,7 +65,8 @@ def test_connector__prefill_to_decode_moves_every_byte(tiny_model, tmp_path):
         preq.status = RequestStatus.FINISHED_LENGTH_CAPPED
         delay, params = p_s.request_finished(preq, [4, 5, 6])
         assert delay is True and params["do_remote_prefill"] is True
-        assert params["remote_request_id"] == request_id_u64(preq.request_id)
+        assert params["remote_request_id"] == preq.request_id   # NixlConnector keys too
+        assert parse_transfer_params(params)[0] == request_id_u64(preq.request_id)
         p_w.bind_connector_metadata(p_s.build_connector_meta(None))
         p_w.wait_for_save()
         p_w.clear_connector_metadata()

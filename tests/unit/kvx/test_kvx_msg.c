@@ -206,6 +206,84 @@ static void msg__hostile_segment_names_and_sizes_are_refused(void **state)
     assert_int_equal(hello_with(ok, 65536, 0, NULL, why), TDM_E_PROTOCOL);
 }
 
+/* A HELLO offering NIXL over 4 layers (metadata and region table of the caller). */
+static size_t make_nixl(uint8_t *buf, size_t cap, uint8_t *md, size_t md_len, uint8_t *rgn, size_t rgn_len)
+{
+    tdm__kvx_msg m;
+    tdm__kvx_msg_init(&m, TDM__KVX_HELLO);
+    snprintf(m.hello.engine_id, sizeof(m.hello.engine_id), "d");
+    tdm_kv_layout_init(&m.hello.layout, TDM_KV_LAYOUT_VLLM_NHD, 4, 64, 16, 2, 64, TDM_DTYPE_FP16);
+    snprintf(m.hello.host_id, sizeof(m.hello.host_id), "h");
+    m.hello.transports = TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_NIXL;
+    snprintf(m.hello.nixl_agent, sizeof(m.hello.nixl_agent), "d-1-2");
+    m.hello.nixl_md = md;
+    m.hello.nixl_md_len = (uint32_t)md_len;
+    m.hello.nixl_rgn = rgn;
+    m.hello.nixl_rgn_len = (uint32_t)rgn_len;
+    size_t len;
+    assert_int_equal(tdm__kvx_msg_encode(&m, buf, cap, &len), TDM_OK);
+    return len;
+}
+
+static void put64(uint8_t *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void msg__nixl_fields_round_trip_and_are_range_checked(void **state)
+{
+    (void)state;
+    uint8_t md[300], rgn[8 * (TDM__KVX_NIXL_RGN_HDR + 4)], buf[4096], c[4096];
+    for (size_t i = 0; i < sizeof(md); i++) md[i] = (uint8_t)(i * 13 + 1);
+    uint64_t v[] = { 0, 3, 0x10000, 65536, 4, 0x20000, 0x30000, 0x40000, 0x50000 };
+    for (size_t i = 0; i < 9; i++) put64(rgn + 8 * i, v[i]);
+    tdm__kvx_msg m;
+    char why[128] = "";
+    size_t n = make_nixl(buf, sizeof(buf), md, sizeof(md), rgn, sizeof(rgn));
+    if (tdm__kvx_msg_decode(buf, n, &m, why, sizeof(why))) fail_msg("%s", why);
+    assert_string_equal(m.hello.nixl_agent, "d-1-2");
+    assert_int_equal(m.hello.nixl_md_len, sizeof(md));
+    assert_memory_equal(m.hello.nixl_md, md, sizeof(md));
+    assert_int_equal(m.hello.scale_kind, TDM_KV_SCALE_NONE);   /* the scale fields written as "none" */
+    for (uint32_t i = 0; i < 9; i++) assert_int_equal(tdm__kvx_hello_nixl_u64(&m.hello, i), v[i]);
+    assert_int_equal(tdm__kvx_hello_nixl_u64(&m.hello, 9), 0);   /* beyond the table */
+    /* every truncation is refused; corruptions decode or are refused without harm */
+    for (size_t k = 0; k < n; k++) assert_int_not_equal(tdm__kvx_msg_decode(buf, k, &m, NULL, 0), TDM_OK);
+    for (size_t k = 0; k < n; k++)
+        for (int x = 0; x < 256; x += 51) {
+            memcpy(c, buf, n);
+            c[k] = (uint8_t)x;
+            if (tdm__kvx_msg_decode(c, n, &m, NULL, 0) == TDM_OK && m.hello.nixl_agent[0]) {
+                assert_true(m.hello.nixl_md_len > 0 && m.hello.nixl_md_len <= TDM__KVX_MAX_NIXL_MD);
+                assert_int_equal(m.hello.nixl_rgn_len, 8 * (TDM__KVX_NIXL_RGN_HDR + m.hello.layout.num_layers));
+                assert_true(m.hello.nixl_md >= c && m.hello.nixl_md + m.hello.nixl_md_len <= c + n);
+            }
+        }
+    /* one base short, zero slots, slots beyond 1024, a NULL layer base, a ring that wraps */
+    n = make_nixl(buf, sizeof(buf), md, sizeof(md), rgn, sizeof(rgn) - 8);
+    assert_int_equal(tdm__kvx_msg_decode(buf, n, &m, why, sizeof(why)), TDM_E_PROTOCOL);
+    assert_non_null(strstr(why, "one base per layer"));
+    const struct { uint32_t at; uint64_t val; const char *msg; } bad[] = {
+        { 4, 0, "slot size or count" }, { 4, 1025, "slot size or count" }, { 3, 100, "slot size or count" },
+        { 5, 0, "NULL layer base" }, { 2, UINT64_MAX - 1000, "bad ring address" }, { 0, 2, "memory kind" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint8_t r2[sizeof(rgn)];
+        memcpy(r2, rgn, sizeof(rgn));
+        put64(r2 + 8 * bad[i].at, bad[i].val);
+        n = make_nixl(buf, sizeof(buf), md, sizeof(md), r2, sizeof(r2));
+        assert_int_equal(tdm__kvx_msg_decode(buf, n, &m, why, sizeof(why)), TDM_E_PROTOCOL);
+        if (!strstr(why, bad[i].msg)) fail_msg("case %zu: '%s'", i, why);
+    }
+    /* metadata empty or larger than the limit */
+    n = make_nixl(buf, sizeof(buf), md, 0, rgn, sizeof(rgn));
+    assert_int_equal(tdm__kvx_msg_decode(buf, n, &m, why, sizeof(why)), TDM_E_PROTOCOL);
+    static uint8_t huge[TDM__KVX_MAX_NIXL_MD + 1], hbuf[TDM__KVX_MAX_NIXL_MD + 4096];
+    n = make_nixl(hbuf, sizeof(hbuf), huge, sizeof(huge), rgn, sizeof(rgn));
+    assert_int_equal(tdm__kvx_msg_decode(hbuf, n, &m, why, sizeof(why)), TDM_E_PROTOCOL);
+    assert_non_null(strstr(why, "too large"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -213,6 +291,7 @@ int main(void)
         cmocka_unit_test(msg__truncations_and_corruptions_are_safe),
         cmocka_unit_test(msg__bad_shapes_are_refused),
         cmocka_unit_test(msg__hostile_segment_names_and_sizes_are_refused),
+        cmocka_unit_test(msg__nixl_fields_round_trip_and_are_range_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,9 @@
 A pull model, like NixlConnector's. The prefill engine (request with kv_transfer_params
 {"do_remote_decode": true}) keeps the finished request's blocks (request_finished returns
 delay_free=True) and its worker exports them with tdm_kvx_send; the returned
-kv_transfer_params name the engine, its endpoint, a 63-bit request id and the block ids. The
+kv_transfer_params name the engine, its endpoint, the request id and the block ids, in
+NixlConnector's keys as well (remote_host, remote_port, tp_size, ...: tandem/vllm/params.py),
+so that hosts that only speak NixlConnector's protocol can carry them. The
 decode engine (a request carrying those params with "do_remote_prefill": true) reports the
 prompt as loadable asynchronously, reserves blocks, and its worker pulls them with tdm_kvx_recv
 (skipping blocks it already holds from its prefix cache). Completions come back through
@@ -21,7 +23,6 @@ arrays for host tests); the layout is exchanged and checked once per peer by the
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import uuid
 from dataclasses import dataclass, field
@@ -34,12 +35,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 import tandem
 from tandem import KVLayout, KVTransfer, TandemError
 from tandem.kvx import MEM_CUDA, MEM_HOST, DType, EventType, LayoutKind, Side
+from tandem.vllm.params import make_transfer_params, parse_transfer_params, request_id_u64
 
-
-def request_id_u64(req_id: str) -> int:
-    """The 63-bit transfer request id of a vLLM request id (stable across processes)."""
-    return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(),
-                          "little") & ((1 << 63) - 1)
+__all__ = ["TandemConnector", "TandemConnectorMetadata", "request_id_u64"]
 
 
 @dataclass
@@ -47,7 +45,7 @@ class RecvSpec:
     req_id: str
     remote_request_id: int
     remote_engine_id: str
-    remote_endpoint: str
+    remote_endpoint: Optional[str]   # None: the params were malformed (the load fails)
     local_block_ids: list
     num_skip: int = 0
 
@@ -97,6 +95,8 @@ class TandemConnector(KVConnectorBase_V1):
         self.endpoint: Optional[str] = extra.get("listen")
         self.kvx_config = dict(extra.get("kvx", {}))
         self.block_size = vllm_config.cache_config.block_size
+        pc = getattr(vllm_config, "parallel_config", None)
+        self.tp_size = int(getattr(pc, "tensor_parallel_size", 1) or 1)
         # scheduler side
         self._reqs_need_recv: dict = {}
         self._reqs_need_send: dict = {}
@@ -126,10 +126,13 @@ class TandemConnector(KVConnectorBase_V1):
         ids, skip = _block_ids(blocks)
         if not ids:
             return
+        try:
+            rid, engine, ep = parse_transfer_params(params)
+        except ValueError:
+            rid, engine, ep = 0, str(params.get("remote_engine_id")), None
         self._reqs_need_recv[request.request_id] = RecvSpec(
-            req_id=request.request_id, remote_request_id=int(params["remote_request_id"]),
-            remote_engine_id=str(params["remote_engine_id"]),
-            remote_endpoint=str(params["remote_endpoint"]), local_block_ids=ids, num_skip=skip)
+            req_id=request.request_id, remote_request_id=rid, remote_engine_id=engine,
+            remote_endpoint=ep, local_block_ids=ids, num_skip=skip)
         params["do_remote_prefill"] = False
 
     def build_connector_meta(self, scheduler_output) -> TandemConnectorMetadata:
@@ -153,11 +156,8 @@ class TandemConnector(KVConnectorBase_V1):
             return False, None
         rid = request_id_u64(request.request_id)
         self._reqs_need_send[request.request_id] = SendSpec(request.request_id, rid, ids)
-        return True, {"do_remote_prefill": True, "do_remote_decode": False,
-                      "remote_block_ids": ids, "remote_engine_id": self.engine_id,
-                      "remote_endpoint": self.endpoint, "remote_request_id": rid,
-                      "remote_num_tokens": request.num_tokens,
-                      "remote_block_size": self.block_size}
+        return True, make_transfer_params(self.engine_id, self.endpoint, request.request_id, ids,
+                                          request.num_tokens, self.block_size, self.tp_size)
 
     # ---- worker side -------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict):
@@ -200,6 +200,8 @@ class TandemConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         for spec in meta.reqs_to_recv.values():
             try:
+                if spec.remote_endpoint is None:
+                    raise TandemError(-1, "malformed kv_transfer_params")
                 peer = self._peer(spec.remote_engine_id, spec.remote_endpoint)
                 h = self.kvx.recv(peer, request_id=spec.remote_request_id,
                                   block_ids=spec.local_block_ids, num_skip=spec.num_skip,

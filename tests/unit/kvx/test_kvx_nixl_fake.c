@@ -1,0 +1,283 @@
+/*
+ * test_kvx_nixl_fake.c -- the NIXL transport against a test double of libnixl_capi
+ * (tests/nixl/fake_nixl_capi.c, two engines in this process), so that its code runs in every
+ * `make test` and under the sanitizers of `make check`, with the faults real NIXL cannot be
+ * made to produce on demand: direct and staged READs byte-exact, a READ that completes with
+ * an error, a post that fails, a READ still running when the transfer is cancelled or times
+ * out (released before the blocks are: none is left behind), a backend that refuses to
+ * release an active READ at first, and no UCX backend at all. The real library is tested
+ * between two processes by tests/nixl/test_kvx_nixl.c (`make test-nixl`).
+ */
+#include <dlfcn.h>
+#include <signal.h>
+
+#include "kvx_testutil.h"
+
+#define N 16
+#define TP (TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_NIXL)
+
+static char fake_path[1024];
+static long (*live_reqs)(void);
+
+static void clear_faults(void)
+{
+    unsetenv("FAKE_NIXL_POLLS");
+    unsetenv("FAKE_NIXL_STATUS_ERR");
+    unsetenv("FAKE_NIXL_POST_ERR");
+    unsetenv("FAKE_NIXL_RELEASE_BUSY");
+    unsetenv("FAKE_NIXL_NO_BACKEND");
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    clear_faults();
+    return 0;
+}
+
+#define NEED_FAKE()                                                                     \
+    do {                                                                                \
+        if (!fake_path[0]) { fprintf(stderr, "skipped: fake libnixl_capi not built\n"); skip(); } \
+    } while (0)
+
+typedef struct duo {
+    eng p, d;
+    uint32_t peer;
+    char ep[128];
+} duo;
+
+static void duo_open(duo *u, const tdm_kv_layout *dl, uint32_t head_offset, uint32_t xfer_timeout_ms)
+{
+    t_ipc(u->ep, sizeof(u->ep), "nxfake");
+    tdm_kvx_config c;
+    t_config(&c, "fake-prefill", TDM_KVX_ROLE_PREFILL, u->ep);
+    c.transports = TP;
+    tdm_kv_layout l;
+    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    t_engine_cfg(&u->p, &c, &l, 1234);
+    t_config(&c, "fake-decode", TDM_KVX_ROLE_DECODE, NULL);
+    c.transports = TP;
+    if (xfer_timeout_ms) c.transfer_timeout_ms = xfer_timeout_ms;
+    t_engine_off(&u->d, &c, dl ? dl : &l, 99, head_offset);
+    char real[256];
+    assert_int_equal(tdm_kvx_get_endpoint(u->p.kvx, real, sizeof(real)), TDM_OK);
+    if (tdm_kvx_connect(u->d.kvx, real, NULL, &u->peer)) fail_msg("connect: %s", tdm_kvx_errmsg(u->d.kvx));
+}
+
+static void duo_close(duo *u)
+{
+    t_free(&u->d);
+    t_free(&u->p);
+    assert_int_equal(live_reqs(), 0);   /* every READ released */
+}
+
+/* Declares request 1 (src, n blocks, `ready` of them ready) and pulls it into dst. */
+static uint64_t start(duo *u, const uint32_t *src, uint32_t n_src, uint32_t ready, const uint32_t *dst, uint32_t n_dst,
+                      uint64_t *send_h)
+{
+    tdm_kvx_send_desc sd;
+    tdm_kvx_send_desc_init(&sd);
+    sd.request_id = 1;
+    sd.num_blocks = n_src;
+    sd.block_ids = src;
+    sd.num_blocks_ready = ready;
+    assert_int_equal(tdm_kvx_send(u->p.kvx, &sd, send_h), TDM_OK);
+    tdm_kvx_recv_desc rd;
+    tdm_kvx_recv_desc_init(&rd);
+    rd.peer = u->peer;
+    rd.request_id = 1;
+    rd.num_blocks = n_dst;
+    rd.block_ids = dst;
+    uint64_t h;
+    assert_int_equal(tdm_kvx_recv(u->d.kvx, &rd, &h), TDM_OK);
+    return h;
+}
+
+static void nixl_fake__direct_and_staged_reads_are_byte_exact(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    for (int staged = 0; staged < 2; staged++) {
+        duo u;
+        tdm_kv_layout hnd;   /* same packed format, other arrangement: staged */
+        t_layout(&hnd, 2, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+        duo_open(&u, staged ? &hnd : NULL, 0, 0);
+        uint32_t src[N], dst[N];
+        t_ids(src, N, T_BLOCKS, 5);
+        t_ids(dst, N, T_BLOCKS, 6);
+        uint64_t sh;
+        start(&u, src, N, N, dst, N, &sh);
+        tdm_kvx_event ev = t_wait(&u.d);
+        if (ev.type != TDM_KVX_EV_DONE) fail_msg("%s: %s", staged ? "staged" : "direct", ev.reason);
+        assert_int_equal(t_wait(&u.p).type, TDM_KVX_EV_DONE);
+        assert_int_equal(t_compare(&u.p, src, &u.d, dst, 0, N), 0);
+        assert_true(t_stats(&u.d).chunks_read_nixl > 0);
+        duo_close(&u);
+    }
+}
+
+static void nixl_fake__head_split_and_block_size_convert(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    duo u;
+    tdm_kv_layout l;
+    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS * 2, 1, T_DIM, TDM_DTYPE_FP16);
+    duo_open(&u, &l, 1, 0);
+    uint32_t src[N], dst[N / 2];
+    t_ids(src, N, T_BLOCKS, 5);
+    t_ids(dst, N / 2, T_BLOCKS, 6);
+    uint64_t sh;
+    start(&u, src, N, N, dst, N / 2, &sh);
+    tdm_kvx_event ev = t_wait(&u.d);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("%s", ev.reason);
+    for (uint32_t layer = 0; layer < T_LAYERS; layer++)
+        for (int kv = 0; kv < 2; kv++)
+            for (uint32_t t = 0; t < N * T_BS; t++)
+                assert_memory_equal(t_row(&u.p, layer, kv, src[t / T_BS], t % T_BS, 1),
+                                    t_row(&u.d, layer, kv, dst[t / (2 * T_BS)], t % (2 * T_BS), 0), T_DIM * 2);
+    duo_close(&u);
+}
+
+/* A fault during the READ: the transfer fails on both ends, reservations are released. */
+static void fault(const char *var, const char *val, int want_status)
+{
+    duo u;
+    duo_open(&u, NULL, 0, 0);
+    setenv(var, val, 1);
+    uint32_t src[N], dst[N];
+    t_ids(src, N, T_BLOCKS, 5);
+    t_ids(dst, N, T_BLOCKS, 6);
+    uint64_t sh;
+    uint64_t h = start(&u, src, N, N, dst, N, &sh);
+    tdm_kvx_event ev = t_wait(&u.d);
+    assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
+    assert_int_equal(ev.handle, h);
+    assert_int_equal(ev.status, want_status);
+    assert_int_equal(ev.num_blocks_done, 0);
+    ev = t_wait(&u.p);   /* the sender is told */
+    assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
+    tdm_kvx_stats s = t_stats(&u.d);
+    assert_int_equal(s.num_reserved_blocks, 0);
+    assert_int_equal(s.num_recv_active, 0);
+    assert_int_equal(s.num_peers, 1);   /* one bad READ does not drop the peer */
+    clear_faults();
+    duo_close(&u);
+}
+
+static void nixl_fake__read_error_fails_the_transfer(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    fault("FAKE_NIXL_STATUS_ERR", "1", TDM_E_PEER);
+}
+
+static void nixl_fake__post_error_fails_the_transfer(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    fault("FAKE_NIXL_POST_ERR", "1", TDM_E_PEER);
+}
+
+/* READs that never finish: cancel, or the transfer timeout, releases them before the blocks. */
+static void hung(int cancel)
+{
+    duo u;
+    duo_open(&u, NULL, 0, cancel ? 0 : 300);
+    setenv("FAKE_NIXL_POLLS", "1000000000", 1);
+    uint32_t src[N], dst[N];
+    t_ids(src, N, T_BLOCKS, 5);
+    t_ids(dst, N, T_BLOCKS, 6);
+    uint64_t sh;
+    uint64_t h = start(&u, src, N, N, dst, N, &sh);
+    for (int i = 0; i < 2000 && live_reqs() == 0; i++) t_sleep_ms(1);
+    assert_true(live_reqs() > 0);   /* a READ is running */
+    if (cancel) assert_int_equal(tdm_kvx_cancel(u.d.kvx, h), TDM_OK);
+    tdm_kvx_event ev = t_wait(&u.d);
+    assert_int_equal(ev.type, cancel ? TDM_KVX_EV_CANCELLED : TDM_KVX_EV_FAILED);
+    if (!cancel) assert_int_equal(ev.status, TDM_E_TIMEOUT);
+    assert_int_equal(ev.num_blocks_done, 0);
+    assert_int_equal(live_reqs(), 0);   /* released when the transfer ended */
+    assert_int_equal(t_stats(&u.d).num_reserved_blocks, 0);
+    clear_faults();
+    duo_close(&u);
+}
+
+static void nixl_fake__cancel_releases_running_reads_first(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    hung(1);
+}
+
+static void nixl_fake__timeout_releases_running_reads_first(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    hung(0);
+}
+
+/* A backend that refuses to release an active READ twice: it is waited for, then released. */
+static void nixl_fake__release_refused_is_retried(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    duo u;
+    duo_open(&u, NULL, 0, 0);
+    setenv("FAKE_NIXL_POLLS", "1000000000", 1);
+    setenv("FAKE_NIXL_RELEASE_BUSY", "2", 1);
+    uint32_t src[N], dst[N];
+    t_ids(src, N, T_BLOCKS, 5);
+    t_ids(dst, N, T_BLOCKS, 6);
+    uint64_t sh;
+    uint64_t h = start(&u, src, N, N, dst, N, &sh);
+    for (int i = 0; i < 2000 && live_reqs() == 0; i++) t_sleep_ms(1);
+    assert_int_equal(tdm_kvx_cancel(u.d.kvx, h), TDM_OK);
+    tdm_kvx_event ev = t_wait(&u.d);
+    assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
+    assert_int_equal(live_reqs(), 0);
+    clear_faults();
+    duo_close(&u);
+}
+
+static void nixl_fake__no_backend_is_unsupported(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    setenv("FAKE_NIXL_NO_BACKEND", "1", 1);
+    tdm_kvx_config c;
+    t_config(&c, "fake-nobackend", TDM_KVX_ROLE_DECODE, NULL);
+    c.transports = TP;
+    tdm_kvx *k = NULL;
+    assert_int_equal(tdm_kvx_create(&c, &k), TDM_E_UNSUPPORTED);
+    assert_null(k);
+    assert_non_null(strstr(tdm_kvx_errmsg(NULL), "UCX backend"));
+    clear_faults();
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const char *b = getenv("TANDEM_BUILD");
+    snprintf(fake_path, sizeof(fake_path), "%s/tests-nixl/fake/libnixl_capi.so.0", b ? b : "build");
+    void *h = dlopen(fake_path, RTLD_NOW | RTLD_GLOBAL);
+    if (h) {
+        void *s = dlsym(h, "fake_nixl_live_reqs");
+        memcpy(&live_reqs, &s, sizeof(s));
+        setenv("TANDEM_NIXL_LIB", fake_path, 1);   /* the engine opens the same library */
+    }
+    if (!h || !live_reqs) fake_path[0] = '\0';
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(nixl_fake__direct_and_staged_reads_are_byte_exact, setup),
+        cmocka_unit_test_setup(nixl_fake__head_split_and_block_size_convert, setup),
+        cmocka_unit_test_setup(nixl_fake__read_error_fails_the_transfer, setup),
+        cmocka_unit_test_setup(nixl_fake__post_error_fails_the_transfer, setup),
+        cmocka_unit_test_setup(nixl_fake__cancel_releases_running_reads_first, setup),
+        cmocka_unit_test_setup(nixl_fake__timeout_releases_running_reads_first, setup),
+        cmocka_unit_test_setup(nixl_fake__release_refused_is_retried, setup),
+        cmocka_unit_test_setup(nixl_fake__no_backend_is_unsupported, setup),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (h) dlclose(h);
+    return rc;
+}
