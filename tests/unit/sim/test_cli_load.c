@@ -77,7 +77,7 @@ static void sim_command__closed_loop_as_a_benchmark_user_types_it(void **state)
                         "--concurrency 32 --max-requests 128 --json %s --quiet > %s",
                         g_tool, js, out), 0);
     if (!file_has(out, "closed loop at concurrency 32")) fail_msg("header lacks the load");
-    if (!file_has(out, "model llama-3.1-70b (tp 4) on h200")) fail_msg("header lacks the model");
+    if (!file_has(out, "model llama-3.1-70b (tp 4, bf16) on h200")) fail_msg("header lacks the model");
     if (!file_has(out, "first 32 requests excluded as warm-up")) fail_msg("no warm-up line");
     json_error_t je;
     json_t *o = json_load_file(js, 0, &je);
@@ -114,7 +114,7 @@ static void sim_command__config_hw_in_header_and_json(void **state)
     write_tmp(js, sizeof js, "hw.json", "");
     write_tmp(out, sizeof out, "hw.txt", "");
     assert_int_equal(SH("%s sim %s --max-requests 30 --quiet --json %s > %s", g_tool, cfg, js, out), 0);
-    if (!file_has(out, "(tp 2) on h200\n")) fail_msg("header does not show the config's hw");
+    if (!file_has(out, "(tp 2, bf16) on h200\n")) fail_msg("header does not show the config's hw");
     if (!file_has(js, "\"hw\": \"h200\", \"tp\": 2")) fail_msg("JSON does not show the config's hw");
     write_tmp(cfg, sizeof cfg, "hwcfg2.json",
               "{\"deployment\": {\"mode\": \"disaggregated\", \"prefill\": {\"hw\": \"h100-sxm\"}, "
