@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -376,6 +377,16 @@ int tdm_cmd_serve(int argc, char **argv)
         fprintf(stderr, "tandem serve: --bind %s is reachable beyond this machine: give "
                         "--curve-secret (and the clients' keys), or --insecure to allow anyone\n", bind);
         return 2;
+    }
+    /* ZeroMQ's ipc bind unlinks whatever is at the path: never let it replace a file */
+    if (!strncmp(bind, "ipc://", 6) && bind[6] != '@' && strcmp(bind + 6, "*")) {
+        struct stat sb;
+        if (lstat(bind + 6, &sb) == 0) {
+            fprintf(stderr, "tandem serve: --bind %s: the path already exists (%s); remove it "
+                            "first if it is a stale socket of this service\n", bind,
+                    S_ISSOCK(sb.st_mode) ? "a socket" : S_ISREG(sb.st_mode) ? "a regular file" : "not a socket");
+            return 2;
+        }
     }
     if (!st.curve && (auth->allowed.n || auth->admins.n)) {
         fprintf(stderr, "tandem serve: --curve-allow and --admin-key need --curve-secret\n");

@@ -307,3 +307,15 @@ def test_connections_beyond_the_cap_are_dropped_until_one_closes(serve):
     assert b.ok("ping")
     b.close()
     c.close()
+
+
+def test_ipc_bind_never_replaces_an_existing_file(needs_scheduler, tmp_path):
+    tool = tool_path()
+    if not tool.exists():
+        pytest.skip(f"{tool} is not built")
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    p = subprocess.run([str(tool), "serve", "--bind", f"ipc://{victim}"], capture_output=True,
+                       text=True, timeout=10)
+    assert p.returncode == 2 and "already exists (a regular file)" in p.stderr, (p.returncode, p.stderr)
+    assert victim.is_file() and victim.read_text() == "precious"
