@@ -167,8 +167,12 @@ typedef enum tdm_sched_param {
                                               fails; 0 = never; default 0 */
     TDM_SCHED_DELAY_FREE_TIMEOUT_MS = 17,  /* ["delay_free_timeout_ms"] held blocks of a finished
                                               prefill-side request are freed after it; default 120000 */
-    TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS = 18 /* ["max_num_partial_prefills"] in DECODE_FIRST mode, the
+    TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS = 18, /* ["max_num_partial_prefills"] in DECODE_FIRST mode, the
                                               most prefills in progress at once; 0 = no limit */
+    TDM_SCHED_RESERVE_FULL_PROMPT = 19     /* ["reserve_full_prompt"] 0/1: admit a waiting request only
+                                              when blocks for all its tokens (not just the first
+                                              chunk) are free, as vLLM's scheduler_reserve_full_isl
+                                              (on by default in vLLM 0.33); default 0 */
 } tdm_sched_param;
 
 typedef enum tdm_policy_kind {

@@ -51,6 +51,7 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_REMOTE_KV_TIMEOUT_MS, "remote_kv_timeout_ms", K_INT, 0, 86400000LL * 365, OFF(remote_kv_timeout_ms), NULL, false },
     { TDM_SCHED_DELAY_FREE_TIMEOUT_MS, "delay_free_timeout_ms", K_INT, 0, 86400000LL * 365, OFF(delay_free_timeout_ms), NULL, false },
     { TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS, "max_num_partial_prefills", K_INT, 0, 1 << 20, OFF(max_num_partial_prefills), NULL, false },
+    { TDM_SCHED_RESERVE_FULL_PROMPT, "reserve_full_prompt", K_BOOL, 0, 1, OFF(reserve_full_prompt), NULL, false },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {

@@ -38,6 +38,7 @@ class Param(IntEnum):
     REMOTE_KV_TIMEOUT_MS = 16
     DELAY_FREE_TIMEOUT_MS = 17
     MAX_NUM_PARTIAL_PREFILLS = 18
+    RESERVE_FULL_PROMPT = 19
 
 
 class Policy(IntEnum):

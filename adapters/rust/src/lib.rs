@@ -113,6 +113,7 @@ pub enum Param {
     RemoteKvTimeoutMs = 16,
     DelayFreeTimeoutMs = 17,
     MaxNumPartialPrefills = 18,
+    ReserveFullPrompt = 19,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

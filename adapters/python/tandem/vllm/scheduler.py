@@ -75,6 +75,8 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
         "enable_prefix_caching": bool(cc.enable_prefix_caching),
         "policy": "priority" if policy == "priority" else "fcfs",
         "num_lookahead_tokens": int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0),
+        # vLLM 0.33 admits a request only when its whole prompt fits (older ones: no such key)
+        "reserve_full_prompt": bool(getattr(sc, "scheduler_reserve_full_isl", False)),
     }
     return cfg
 
