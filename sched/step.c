@@ -158,6 +158,7 @@ typedef struct step_ctx {
     uint32_t partial_prefills; /* prefills in this step (decode-first limit) */
     uint64_t out_blocks_bound; /* upper bound of the block ids the batch will list */
     uint32_t threshold;        /* long_prefill_token_threshold, 0 when one request is eligible */
+    bool stop_running;         /* a request preempted itself: the running pass ends (vLLM <= 0.32) */
 } step_ctx;
 
 /* Make room in the batch's block list for r's whole table before r is scheduled, so that
@@ -262,8 +263,12 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
         bool self = s->running[v] == r;
         preempt_at(c, v);
         /* r preempted itself: the requests after it rank higher (priority) and may still fit
-         * in the blocks it freed; *i already points at the next one (vLLM 0.33). */
-        if (self) return;
+         * in the blocks it freed; *i already points at the next one (vLLM 0.33). vLLM 0.32
+         * and older end the running pass there. */
+        if (self) {
+            c->stop_running = !s->prm.continue_after_self_preemption;
+            return;
+        }
         if (v < *i) (*i)--;
     }
     uint32_t drafts = r->num_computed + (uint32_t)n > r->num_tokens ? r->num_computed + (uint32_t)n - r->num_tokens : 0;
@@ -276,7 +281,7 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
 static void run_running(step_ctx *c, int which)
 {
     uint32_t i = 0;
-    while (i < c->s->num_running && c->budget > 0) schedule_running(c, &i, which);
+    while (i < c->s->num_running && c->budget > 0 && !c->stop_running) schedule_running(c, &i, which);
 }
 
 static void run_waiting(step_ctx *c)

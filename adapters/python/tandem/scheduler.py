@@ -39,6 +39,7 @@ class Param(IntEnum):
     DELAY_FREE_TIMEOUT_MS = 17
     MAX_NUM_PARTIAL_PREFILLS = 18
     RESERVE_FULL_PROMPT = 19
+    CONTINUE_AFTER_SELF_PREEMPTION = 20
 
 
 class Policy(IntEnum):

@@ -225,6 +225,9 @@ def norm_step(so, eco) -> dict:
     }
 
 
+TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
+
+
 def make_sched(kind: str, model: str, cfg: dict):
     vc, kv = make_configs(model, **cfg)
     kw = dict(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=cfg["block_size"],
@@ -232,7 +235,7 @@ def make_sched(kind: str, model: str, cfg: dict):
     if kind == "vllm":
         return Scheduler(**kw)
     from tandem.vllm import TandemScheduler
-    return TandemScheduler(**kw)
+    return TandemScheduler(**kw, tandem_config=dict(TANDEM_OVERRIDES) or None)
 
 
 def drive(kind: str, model: str, work: dict, max_steps: int = 6000) -> dict:
@@ -316,6 +319,9 @@ def classify(a: dict, b: dict, work: dict) -> list:
             if set(x["new"]) != set(y["new"]):
                 out.append(("admit-extra" if len(y["new"]) > len(x["new"]) else "admit-fewer",
                             detail))
+            elif ({k: v[1] for k, v in x["new"].items()} ==
+                  {k: v[1] for k, v in y["new"].items()}):
+                out.append(("chunk-size", detail))    # same hit, other block count
             else:
                 out.append(("prefix-hit", detail))
         elif key == "scheduled":
@@ -356,7 +362,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--first", type=int, default=0)
     ap.add_argument("--show", type=int, default=2, help="details shown per cause")
+    ap.add_argument("--tandem-config", default="{}",
+                    help="JSON: library keys set over the adapter's translation")
     ns = ap.parse_args(argv)
+    import json
+    TANDEM_OVERRIDES.update(json.loads(ns.tandem_config))
     import vllm
     model = tiny_model_dir()
     causes = collections.defaultdict(list)

@@ -114,6 +114,7 @@ pub enum Param {
     DelayFreeTimeoutMs = 17,
     MaxNumPartialPrefills = 18,
     ReserveFullPrompt = 19,
+    ContinueAfterSelfPreemption = 20,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
