@@ -109,9 +109,10 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     uint64_t take = (uint64_t)fresh + free_hits;
     if (take > s->pool.num_free) return false;
     if (need > r->cap_blocks) return false; /* cannot happen: capacity covers max_model_len */
+    /* vLLM: watermark * num_blocks (the null block included), while any request runs. */
     uint64_t wm = 0;
-    if (admitting && s->prm.watermark_ppm && s->num_entries > 0)
-        wm = (uint64_t)(s->pool.num_blocks - 1) * (uint64_t)s->prm.watermark_ppm / 1000000u;
+    if (admitting && s->prm.watermark_ppm && s->num_running > 0)
+        wm = (uint64_t)s->pool.num_blocks * (uint64_t)s->prm.watermark_ppm / 1000000u;
     if (take + wm > s->pool.num_free) return false;
     if (admitting && s->prm.reserve_full_prompt) {
         /* vLLM's scheduler_reserve_full_isl: blocks for every token must be free, not just

@@ -85,6 +85,7 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
         "num_lookahead_tokens": int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0),
         # vLLM 0.33 admits a request only when its whole prompt fits (older ones: no such key)
         "reserve_full_prompt": bool(getattr(sc, "scheduler_reserve_full_isl", False)),
+        "watermark": float(getattr(sc, "watermark", 0.0) or 0.0),
         # vLLM 0.33 goes on with the running requests after one that preempted itself
         "continue_after_self_preemption": _vllm_version() >= (0, 33),
     }
