@@ -169,10 +169,19 @@ typedef enum tdm_sched_param {
                                               prefill-side request are freed after it; default 120000 */
     TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS = 18, /* ["max_num_partial_prefills"] in DECODE_FIRST mode, the
                                               most prefills in progress at once; 0 = no limit */
-    TDM_SCHED_PREFIX_HASH = 19             /* ["prefix_hash"] a tdm_prefix_hash: the block digest of
+    TDM_SCHED_PREFIX_HASH = 19,            /* ["prefix_hash"] a tdm_prefix_hash: the block digest of
                                               the prefix cache ("sha256", "xxh3_128"); default SHA256.
                                               Changing it drops the cached blocks; only while the
                                               scheduler holds no request */
+    TDM_SCHED_RESERVE_FULL_PROMPT = 20,    /* ["reserve_full_prompt"] 0/1: admit a waiting request only
+                                              when blocks for all its tokens (not just the first
+                                              chunk) are free, as vLLM's scheduler_reserve_full_isl
+                                              (on by default in vLLM 0.31-0.33); default 0 */
+    TDM_SCHED_CONTINUE_AFTER_SELF_PREEMPTION = 21 /* ["continue_after_self_preemption"] 0/1: when
+                                              the request being scheduled is itself the victim,
+                                              go on with the running requests after it (vLLM
+                                              0.33) instead of ending the running pass (0.32 and
+                                              older); default 1 */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */

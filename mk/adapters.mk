@@ -6,6 +6,8 @@
 #   make test-rust     cargo test --offline in adapters/rust        -> $(RESULTS)/rust.counts
 #   make test-vllm     (not part of `make test`) build/venv-vllm with the real vllm package,
 #                      the drop-in scheduler compared with vLLM's own -> $(RESULTS)/vllm.counts
+#                      (VLLM_VENV=dir: another vLLM; VLLM_DIFF_SEEDS=N: seeds of the
+#                      randomized differential test, default 300)
 #   make check-serve-tsan  the service tests against a ThreadSanitizer build of tandem serve
 
 PYTHON3   ?= python3

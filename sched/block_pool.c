@@ -114,6 +114,14 @@ uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__digest h)
     }
 }
 
+int tdm__pool_indexed(const tdm__pool *p, uint32_t b)
+{
+    for (uint32_t i = slot_of(p, &p->hash[b]);; i = (i + 1) & p->slot_mask) {
+        if (p->slots[i] == b) return 1;
+        if (p->slots[i] == TDM__NO_BLOCK) return 0;
+    }
+}
+
 /* Remove block b's entry from the index (backward-shift deletion keeps probes short and
  * needs no tombstones). */
 static void index_remove(tdm__pool *p, uint32_t b)
@@ -153,16 +161,16 @@ static void evict(tdm__pool *p, uint32_t b)
     p->evictions++;
 }
 
+/* A block whose hash is already indexed is indexed too, after the earlier copies (vLLM maps
+ * a hash to several blocks): lookups find the earliest surviving copy first, and the prefix
+ * stays cached while any copy lives. Probing keeps equal hashes in insertion order, and the
+ * backward-shift deletion never reorders entries of one home slot. */
 int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__digest h)
 {
     if (p->hashed[b]) return 0;
     uint64_t k = slot_hash(p, &h);
     uint32_t i = (uint32_t)k & p->slot_mask, tag = (uint32_t)(k >> 32);
-    for (;; i = (i + 1) & p->slot_mask) {
-        uint32_t c = p->slots[i];
-        if (c == TDM__NO_BLOCK) break;
-        if (p->tags[i] == tag && tdm__digest_eq(&p->hash[c], &h)) return 0;
-    }
+    while (p->slots[i] != TDM__NO_BLOCK) i = (i + 1) & p->slot_mask;
     p->slots[i] = b;
     p->tags[i] = tag;
     p->hash[b] = h;

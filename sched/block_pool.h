@@ -52,9 +52,13 @@ void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n);
 /* Look up a digest (all 32 bytes compared): the cached block id, or TDM__NO_BLOCK. */
 uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__digest h);
 
-/* Give block `b` hash h and index it, unless an equal hash is already indexed (then the
- * block stays unhashed: the earlier copy remains the cached one). Returns 1 if indexed. */
+/* Give block `b` hash h and index it (unless b already carries a hash). An equal hash
+ * already indexed stays first: lookups return the earliest indexed copy still cached, and
+ * the prefix is found while any copy survives. Returns 1 if indexed. */
 int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__digest h);
+
+/* Whether hashed block b is reachable from its hash's home slot (a check for tests). */
+int tdm__pool_indexed(const tdm__pool *p, uint32_t b);
 
 /* Drop every hash of free blocks from the index. */
 void tdm__pool_reset_cache(tdm__pool *p);

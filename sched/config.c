@@ -53,6 +53,8 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_DELAY_FREE_TIMEOUT_MS, "delay_free_timeout_ms", K_INT, 0, 86400000LL * 365, OFF(delay_free_timeout_ms), NULL, false },
     { TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS, "max_num_partial_prefills", K_INT, 0, 1 << 20, OFF(max_num_partial_prefills), NULL, false },
     { TDM_SCHED_PREFIX_HASH, "prefix_hash", K_ENUM, 0, 1, OFF(prefix_hash), hash_names, true },
+    { TDM_SCHED_RESERVE_FULL_PROMPT, "reserve_full_prompt", K_BOOL, 0, 1, OFF(reserve_full_prompt), NULL, false },
+    { TDM_SCHED_CONTINUE_AFTER_SELF_PREEMPTION, "continue_after_self_preemption", K_BOOL, 0, 1, OFF(continue_after_self_preemption), NULL, false },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {
@@ -82,6 +84,7 @@ void tdm__params_default(tdm__params *p)
     p->role = TDM_ROLE_BOTH;
     p->remote_kv_failure = TDM_REMOTE_KV_RECOMPUTE;
     p->delay_free_timeout_ms = 120000;
+    p->continue_after_self_preemption = 1;
     /* A Llama-3-8B-on-H100-like default; hosts and the simulator install their own. */
     p->cost_base_us = 5000.0;
     p->cost_prefill_token_us = 27.0;

@@ -140,7 +140,7 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
         uint32_t b = p->slots[i];
         if (b == TDM__NO_BLOCK) continue;
         CHECK(b > 0 && b < nb && p->hashed[b], "index slot %u names unhashed block %u", i, b);
-        CHECK(tdm__pool_lookup(p, p->hash[b]) == b, "block %u is not found by its own hash", b);
+        CHECK(tdm__pool_indexed(p, b), "block %u is not found by its own hash", b);
         indexed++;
     }
     uint32_t hashed = 0;

@@ -123,6 +123,8 @@ typedef struct tdm__params {
     int64_t delay_free_timeout_ms;
     int64_t max_num_partial_prefills;
     int64_t prefix_hash;       /* tdm_prefix_hash */
+    int64_t reserve_full_prompt;
+    int64_t continue_after_self_preemption;
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;

@@ -92,7 +92,8 @@ static void cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
 /* Give r the blocks to hold its computed tokens plus `n` new ones (and `ext` arriving from a
  * remote peer, and `look` lookahead slots). The first `nhit` entries of r->blocks past
  * r->num_blocks are prefix-cache hits to take. All or nothing: false if the pool cannot
- * cover it (or, when admitting, it would dip below the watermark). */
+ * cover it (or, when admitting, it would dip below the watermark, or, with
+ * reserve_full_prompt, the pool could not hold all of r's tokens). */
 static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint32_t ext, uint32_t look,
                      bool admitting, bool delay_cache)
 {
@@ -111,9 +112,16 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     uint64_t take = (uint64_t)fresh + free_hits;
     if (take > s->pool.num_free) return false;
     if (need > r->cap_blocks) return false; /* cannot happen: capacity covers max_model_len */
-    if (admitting && s->prm.watermark_ppm && s->num_entries > 0) {
-        uint64_t wm = (uint64_t)(s->pool.num_blocks - 1) * (uint64_t)s->prm.watermark_ppm / 1000000u;
-        if (s->pool.num_free - take < wm) return false;
+    /* vLLM: watermark * num_blocks (the null block included), while any request runs. */
+    uint64_t wm = 0;
+    if (admitting && s->prm.watermark_ppm && s->num_running > 0)
+        wm = (uint64_t)s->pool.num_blocks * (uint64_t)s->prm.watermark_ppm / 1000000u;
+    if (take + wm > s->pool.num_free) return false;
+    if (admitting && s->prm.reserve_full_prompt) {
+        /* vLLM's scheduler_reserve_full_isl: blocks for every token must be free, not just
+         * for the first chunk (hits and the watermark are counted as in the chunk check). */
+        uint32_t full = tdm__cdiv(TDM_MIN(r->num_tokens, (uint64_t)s->prm.max_model_len), bs);
+        if ((uint64_t)(full > have ? full - have : 0) + free_hits + wm > s->pool.num_free) return false;
     }
     for (uint32_t k = 0; k < nhit; k++) tdm__pool_touch(&s->pool, r->blocks[r->num_blocks + k]);
     r->num_blocks += nhit;
@@ -153,7 +161,8 @@ typedef struct step_ctx {
     bool decode_first;
     uint32_t partial_prefills; /* prefills in this step (decode-first limit) */
     uint64_t out_blocks_bound; /* upper bound of the block ids the batch will list */
-    bool stop_running;         /* a request preempted itself: vLLM ends the running loop */
+    uint32_t threshold;        /* long_prefill_token_threshold, 0 when one request is eligible */
+    bool stop_running;         /* a request preempted itself: the running pass ends (vLLM <= 0.32) */
 } step_ctx;
 
 /* Make room in the batch's block list for r's whole table before r is scheduled, so that
@@ -234,8 +243,7 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
     /* With a step in flight (scheduled again before its update) nothing is left: drafts are
      * verified only after the token they follow is known. */
     uint64_t n = r->num_computed < r->num_tokens ? (uint64_t)r->num_tokens + r->num_spec - r->num_computed : 0;
-    if (s->prm.long_prefill_token_threshold > 0 && n > (uint64_t)s->prm.long_prefill_token_threshold)
-        n = (uint64_t)s->prm.long_prefill_token_threshold;
+    if (c->threshold && n > c->threshold) n = c->threshold;
     n = TDM_MIN(n, (uint64_t)c->budget);
     uint64_t room = (uint64_t)s->prm.max_model_len - 1;
     n = r->num_computed >= room ? 0 : TDM_MIN(n, room - r->num_computed);
@@ -258,8 +266,11 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
         uint32_t v = tdm__policy_victim(s);
         bool self = s->running[v] == r;
         preempt_at(c, v);
-        if (self) { /* r could not be scheduled: no later running request is, this step */
-            c->stop_running = true;
+        /* r preempted itself: the requests after it rank higher (priority) and may still fit
+         * in the blocks it freed; *i already points at the next one (vLLM 0.33). vLLM 0.32
+         * and older end the running pass there. */
+        if (self) {
+            c->stop_running = !s->prm.continue_after_self_preemption;
             return;
         }
         if (v < *i) (*i)--;
@@ -314,8 +325,7 @@ static void run_waiting(step_ctx *c)
         }
         uint32_t computed = r->num_computed + hit_tokens;
         uint64_t n = r->num_tokens - computed;
-        if (s->prm.long_prefill_token_threshold > 0 && n > (uint64_t)s->prm.long_prefill_token_threshold)
-            n = (uint64_t)s->prm.long_prefill_token_threshold;
+        if (c->threshold && n > c->threshold) n = c->threshold;
         if (!s->prm.enable_chunked_prefill && n > c->budget) break; /* head-of-line blocking */
         n = TDM_MIN(n, (uint64_t)c->budget);
         if (c->tbt) n = tbt_fit(s, &c->shape, computed, (uint32_t)n, s->num_entries == 0);
@@ -456,6 +466,10 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     c.budget = (uint32_t)s->prm.max_num_batched_tokens;
     c.decode_first = s->prm.mode == TDM_MODE_DECODE_FIRST;
     c.tbt = c.decode_first && s->prm.tbt_target_us > 0;
+    /* The threshold keeps a long prefill from starving the others: with one eligible request
+     * (running, waiting or receiving its KV) there is nobody to starve (vLLM 0.33). */
+    if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) > 1)
+        c.threshold = (uint32_t)s->prm.long_prefill_token_threshold;
     s->num_entries = 0;
     s->out_preempted.len = 0;
     s->out_recv_ready.len = 0;

@@ -103,16 +103,19 @@ static int validate(tdm_sched *s, const tdm_step_output *o)
     return TDM_OK;
 }
 
-/* vLLM's check_stop after each appended token: the length cap first, then min_tokens, EOS
- * (unless ignored), stop token ids. */
+/* vLLM's check_stop after each appended token: EOS (unless ignored) and the stop token ids
+ * first, so that a stop token that is also the max_tokens-th token reports STOP (vLLM 0.33),
+ * then the length cap. Stops before min_tokens are not stops (vLLM's sampler never produces
+ * them; the library does not rely on the host for that). */
 static uint32_t check_stop(const tdm_sched *s, const tdm__req *r, tdm_token t)
 {
     uint32_t out = r->num_tokens - r->num_prompt;
+    if (out >= r->min_tokens) {
+        if (!(r->flags & TDM_REQ_IGNORE_EOS) && r->eos >= 0 && t == r->eos) return TDM_FINISH_STOP;
+        for (uint32_t i = 0; i < r->num_stop; i++)
+            if (r->stop_ids[i] == t) return TDM_FINISH_STOP;
+    }
     if (r->num_tokens >= (uint64_t)s->prm.max_model_len || out >= r->max_tokens) return TDM_FINISH_LENGTH;
-    if (out < r->min_tokens) return TDM_FINISH_NONE;
-    if (!(r->flags & TDM_REQ_IGNORE_EOS) && r->eos >= 0 && t == r->eos) return TDM_FINISH_STOP;
-    for (uint32_t i = 0; i < r->num_stop; i++)
-        if (r->stop_ids[i] == t) return TDM_FINISH_STOP;
     return TDM_FINISH_NONE;
 }
 

@@ -245,7 +245,8 @@ static const char *const param_names[] = {
     "long_prefill_token_threshold", "enable_chunked_prefill", "num_blocks", "block_size",
     "enable_prefix_caching", "watermark_ppm", "policy", "mode", "tbt_target_us",
     "num_lookahead_tokens", "role", "remote_kv_failure", "remote_kv_timeout_ms",
-    "delay_free_timeout_ms", "max_num_partial_prefills",
+    "delay_free_timeout_ms", "max_num_partial_prefills", "prefix_hash", "reserve_full_prompt",
+    "continue_after_self_preemption",
 };
 #define NUM_PARAMS ((int)(sizeof param_names / sizeof param_names[0]))
 

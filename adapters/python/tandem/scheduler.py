@@ -39,6 +39,8 @@ class Param(IntEnum):
     DELAY_FREE_TIMEOUT_MS = 17
     MAX_NUM_PARTIAL_PREFILLS = 18
     PREFIX_HASH = 19
+    RESERVE_FULL_PROMPT = 20
+    CONTINUE_AFTER_SELF_PREEMPTION = 21
 
 
 class PrefixHash(IntEnum):

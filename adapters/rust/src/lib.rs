@@ -113,6 +113,9 @@ pub enum Param {
     RemoteKvTimeoutMs = 16,
     DelayFreeTimeoutMs = 17,
     MaxNumPartialPrefills = 18,
+    PrefixHash = 19,
+    ReserveFullPrompt = 20,
+    ContinueAfterSelfPreemption = 21,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

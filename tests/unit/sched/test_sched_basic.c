@@ -465,6 +465,72 @@ static void update__records_timings_from_host_clock(void **state)
     tsd_done(s);
 }
 
+/* vLLM 0.33: long_prefill_token_threshold keeps a long prefill from starving the others, so
+ * it does not cap a request that is the only one eligible (running, waiting or receiving). */
+static void step__lone_request_ignores_long_prefill_threshold(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, 8, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 1, 40, 10), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_tokens[0], 40); /* alone: the whole prompt */
+    tsd_update(s, &b, 7, 1.01, NULL);
+    assert_int_equal(tsd_add(s, 2, 40, 2), TDM_OK);
+    assert_int_equal(tsd_add(s, 3, 40, 2), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_reqs, 3);
+    for (uint32_t i = 0; i < 3; i++) /* 1 decodes, 2 and 3 are capped */
+        assert_int_equal(b.num_tokens[i], b.req_ids[i] == 1 ? 1 : 8);
+    tsd_update(s, &b, 7, 1.11, NULL);
+    assert_int_equal(tdm_sched_abort(s, 1), TDM_OK);
+    assert_int_equal(tdm_sched_abort(s, 2), TDM_OK);
+    tsd_step(s, 1.2, &b); /* 3 is alone again: the rest of its prompt at once */
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.req_ids[0], 3);
+    assert_int_equal(b.num_computed[0], 8);
+    assert_int_equal(b.num_tokens[0], 32);
+    tsd_update(s, &b, 7, 1.21, NULL);
+    double now = 2.0;
+    tsd_run(s, 20, &now);
+    tsd_done(s);
+}
+
+/* reserve_full_prompt (vLLM 0.33's scheduler_reserve_full_isl): a waiting request is admitted
+ * only when blocks for all its tokens are free; without it the first chunk is enough. */
+static void step__reserve_full_prompt_admits_only_whole_prompts(void **state)
+{
+    (void)state;
+    for (int full = 0; full < 2; full++) {
+        const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 11, TDM_SCHED_BLOCK_SIZE, 16,
+                               TDM_SCHED_MAX_NUM_SEQS, 8,
+                               TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 64, TDM_SCHED_MAX_MODEL_LEN, 1024,
+                               TDM_SCHED_ENABLE_PREFIX_CACHING, 0, TDM_SCHED_RESERVE_FULL_PROMPT, full, 0 };
+        tdm_sched *s = tsd_newp(kv);
+        assert_int_equal(tsd_add(s, 1, 100, 2), TDM_OK);
+        tdm_batch b;
+        tsd_step(s, 1.0, &b); /* 64 tokens: 4 blocks */
+        assert_int_equal(b.num_tokens[0], 64);
+        tsd_update(s, &b, 7, 1.01, NULL);
+        assert_int_equal(tsd_add(s, 2, 100, 2), TDM_OK);
+        tsd_step(s, 1.1, &b); /* 1 takes 36 more (7 blocks, 3 free); 2 has 28 tokens of budget */
+        if (full) {
+            assert_int_equal(b.num_reqs, 1); /* 2 needs 7 blocks */
+            assert_int_equal(tsd_state(s, 2), TDM_STATE_WAITING);
+        } else {
+            assert_int_equal(b.num_reqs, 2); /* its first chunk fits in 2 blocks */
+            assert_int_equal(b.req_ids[1], 2);
+            assert_int_equal(b.num_tokens[1], 28);
+        }
+        tsd_update(s, &b, 7, 1.11, NULL);
+        double now = 2.0;
+        tsd_run(s, 50, &now);
+        tsd_done(s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -480,6 +546,8 @@ int main(void)
         TSD_TEST(step__lookahead_slots_reserved_after_first_admission),
         TSD_TEST(finish__host_finish_frees_and_ignores_late_output),
         TSD_TEST(update__records_timings_from_host_clock),
+        TSD_TEST(step__lone_request_ignores_long_prefill_threshold),
+        TSD_TEST(step__reserve_full_prompt_admits_only_whole_prompts),
     };
     return cmocka_run_group_tests_name("sched_basic", tests, NULL, NULL);
 }

@@ -63,7 +63,8 @@ static void configure__every_key_applied_and_round_trips(void **state)
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "long_prefill_token_threshold",
         "enable_chunked_prefill", "num_blocks", "block_size", "enable_prefix_caching", "watermark",
         "policy", "mode", "tbt_target_ms", "num_lookahead_tokens", "role", "remote_kv_failure",
-        "remote_kv_timeout_ms", "delay_free_timeout_ms", "max_num_partial_prefills", "cost_model",
+        "remote_kv_timeout_ms", "delay_free_timeout_ms", "max_num_partial_prefills", "reserve_full_prompt",
+        "continue_after_self_preemption", "cost_model",
         "per_attn_token2_ps", NULL };
     for (int i = 0; keys[i]; i++)
         if (!strstr(c1, keys[i])) fail_msg("get_config lacks \"%s\": %s", keys[i], c1);
@@ -265,6 +266,8 @@ static void set_param__out_of_range_rejected_and_valid_round_trip(void **state)
         { TDM_SCHED_REMOTE_KV_TIMEOUT_MS, -1, 100 },
         { TDM_SCHED_DELAY_FREE_TIMEOUT_MS, -5, 100 },
         { TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS, -1, 4 },
+        { TDM_SCHED_RESERVE_FULL_PROMPT, 2, 1 },
+        { TDM_SCHED_CONTINUE_AFTER_SELF_PREEMPTION, -1, 0 },
         { 0, 0, 0 } };
     tdm_sched *s = tsd_new(NULL);
     for (int i = 0; cases[i].key; i++) {

@@ -476,6 +476,57 @@ static void prefix__resumed_request_hits_its_own_blocks(void **state)
     tsd_done(s);
 }
 
+/* Two requests computing the same prefix at once each fill their own copy of its blocks, and
+ * both copies are indexed (vLLM's hash -> several blocks map): once the first copy is evicted
+ * the prefix is still found in the second. Here request 1's copy is evicted while request 2
+ * still runs; request 4 then hits request 2's copy. */
+static void prefix__concurrent_copies_both_indexed(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 13, TDM_SCHED_BLOCK_SIZE, 16,
+                           TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, 8, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    tdm_token p[48], c[128];
+    tsd_prompt(100, 48, p);
+    tsd_prompt(300, 128, c);
+    assert_int_equal(tsd_add_tokens(s, 1, p, 48, 1), TDM_OK);
+    assert_int_equal(tsd_add_tokens(s, 2, p, 48, 16), TDM_OK);
+    tdm_batch b;
+    double now = 1.0;
+    for (int i = 0; i < 6; i++) { /* 8 tokens each per step: neither hits the other's blocks */
+        tsd_step(s, now, &b);
+        assert_int_equal(b.num_reqs, 2);
+        assert_int_equal(b.num_computed[1], 8 * i);
+        tsd_update(s, &b, 7, now + 0.01, NULL);
+        now += 0.1;
+    }
+    assert_int_equal(tsd_state(s, 1), TDM_STATE_FINISHED);
+    tdm_sched_stats st;
+    tsd_stats(s, &st);
+    assert_int_equal(st.num_cached_blocks, 6); /* both copies of the 3 blocks */
+    /* request 3 (no threshold now) takes the 5 never-used blocks and request 1's 3 copies */
+    assert_int_equal(tdm_sched_set_param(s, TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, 0), TDM_OK);
+    assert_int_equal(tsd_add_tokens(s, 3, c, 120, 1), TDM_OK);
+    int k = step_expect(s, now, &b, 3);
+    assert_int_equal(b.num_computed[k], 0);
+    assert_int_equal(b.num_tokens[k], 120);
+    tsd_stats(s, &st);
+    assert_int_equal(st.evictions, 3);
+    tsd_update(s, &b, 7, now + 0.01, NULL);
+    while (tsd_state(s, 2) != TDM_STATE_FINISHED) {
+        now += 0.1;
+        tsd_step(s, now, &b);
+        tsd_update(s, &b, 7, now + 0.01, NULL);
+    }
+    assert_int_equal(tsd_add_tokens(s, 4, p, 48, 1), TDM_OK);
+    k = step_expect(s, now + 0.1, &b, 4);
+    assert_int_equal(b.num_computed[k], 32); /* request 2's copy (capped at num_tokens - 1) */
+    assert_int_equal(b.num_tokens[k], 16);
+    tsd_update(s, &b, 7, now + 0.11, NULL);
+    tsd_run(s, 50, NULL);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -491,6 +542,7 @@ int main(void)
         TSD_TEST(reset_prefix_cache__needs_reset_running_while_running),
         TSD_TEST(reset_prefix_cache__drops_cached_blocks_when_idle),
         TSD_TEST(prefix__resumed_request_hits_its_own_blocks),
+        TSD_TEST(prefix__concurrent_copies_both_indexed),
     };
     return cmocka_run_group_tests_name("sched_prefix", tests, NULL, NULL);
 }

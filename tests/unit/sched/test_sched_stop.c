@@ -209,9 +209,10 @@ static void update__ignore_eos_runs_to_max_tokens(void **state)
     finish_all(s);
 }
 
-/* vLLM check_stop tests the length cap before EOS and stop tokens: an EOS (or stop token)
- * that is also the max_tokens-th output finishes with LENGTH, without a stop reason. */
-static void update__length_cap_checked_before_eos(void **state)
+/* vLLM 0.33's check_stop tests EOS and stop tokens before the length cap: an EOS (or stop
+ * token) that is also the max_tokens-th output finishes with STOP (a stop token with its
+ * stop reason); a plain max_tokens-th token still finishes with LENGTH. */
+static void update__stop_on_max_tokens_th_token_reports_stop(void **state)
 {
     (void)state;
     tdm_token prompt[4] = { 501, 502, 503, 504 };
@@ -228,6 +229,18 @@ static void update__length_cap_checked_before_eos(void **state)
     tdm_update_result r;
     update_two(s, o0, 1, o1, 1, &r);
     int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
+    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_STOP);
+    assert_int_equal(r.stop_tokens[i0], EOS);
+    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_STOP);
+    assert_int_equal(r.stop_tokens[i1], 42);
+    finish_all(s);
+    /* the same requests sampling ordinary tokens: LENGTH, no stop token */
+    s = two_decoding(&d0, &d1, prompt);
+    tsd_step(s, 2.0, &b);
+    const tdm_token p0[1] = { 11 }, p1[1] = { 12 };
+    update_two(s, p0, 1, p1, 1, &r);
+    i0 = result_index(&r, 0);
+    i1 = result_index(&r, 1);
     assert_int_equal(r.finish_reasons[i0], TDM_FINISH_LENGTH);
     assert_int_equal(r.finish_reasons[i1], TDM_FINISH_LENGTH);
     assert_int_equal(r.stop_tokens[i1], -1);
@@ -611,7 +624,7 @@ int main(void)
         TSD_TEST(update__stop_token_sets_reason_and_trims),
         TSD_TEST(update__max_tokens_caps_and_trims),
         TSD_TEST(update__ignore_eos_runs_to_max_tokens),
-        TSD_TEST(update__length_cap_checked_before_eos),
+        TSD_TEST(update__stop_on_max_tokens_th_token_reports_stop),
         TSD_TEST(update__min_tokens_defers_eos_and_stop_tokens),
         TSD_TEST(update__rejected_drafts_correct_num_computed),
         TSD_TEST(step__drafts_truncated_to_budget),

@@ -58,6 +58,14 @@ def _kwargs_for(cls, **kw):
     return {k: v for k, v in kw.items() if k in fields}
 
 
+def _vllm_version() -> tuple:
+    """(major, minor) of the host's vLLM ("0.33.0rc1", "0.32.1.dev5+g1234" -> (0, 33), (0, 32))."""
+    import re
+    import vllm
+    m = re.match(r"(\d+)\.(\d+)", str(getattr(vllm, "__version__", "0.0")))
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
 def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> dict:
     """The Tandem configuration equivalent to a vLLM engine's scheduler and cache config."""
     sc = vllm_config.scheduler_config
@@ -77,6 +85,11 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
         "num_lookahead_tokens": int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0),
         # Tandem hashes blocks only for requests without vLLM's digests (see _hash_size).
         "prefix_hash": "xxh3_128" if _hash_algo(cc).startswith("xxhash") else "sha256",
+        # vLLM 0.33 admits a request only when its whole prompt fits (older ones: no such key)
+        "reserve_full_prompt": bool(getattr(sc, "scheduler_reserve_full_isl", False)),
+        "watermark": float(getattr(sc, "watermark", 0.0) or 0.0),
+        # vLLM 0.33 goes on with the running requests after one that preempted itself
+        "continue_after_self_preemption": _vllm_version() >= (0, 33),
     }
     return cfg
 

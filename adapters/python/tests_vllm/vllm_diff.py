@@ -1,0 +1,394 @@
+"""Randomized differential test of TandemScheduler against vLLM's own Scheduler.
+
+Each seed draws a workload (1-3000-token prompts, many sharing prefixes; arrivals spread over
+the first steps; aborts; stop tokens, EOS and min_tokens; small KV caches on most seeds, the
+priority policy, a long-prefill threshold, prefix caching off on some) and a configuration,
+then drives each scheduler alone through it with the same simulated model runner:
+
+  * the runner keeps a KV store (one fingerprint per block slot) and each request's block
+    table, built only from what the SchedulerOutput says (new requests' block ids, cached
+    requests' new block ids, resumed requests' replaced tables);
+  * before computing a chunk it checks the fingerprints of every position the scheduler
+    claims is already computed (the whole prefix for a new or resumed request: every prefix
+    hit and every resumption is checked; the last position for a continuing one), then
+    writes the fingerprints of the positions it computes; a fingerprint is a hash of all
+    tokens up to and including that position, as a real KV entry depends on them all;
+  * the sampled token is a function of the fingerprint read back from the KV store at the
+    last position, so a wrong KV block gives a wrong token stream. EOS and stop tokens are
+    emitted only once min_tokens is reached (vLLM's sampler masks them before).
+
+Per step, the two traces must agree on: the scheduled request ids and token counts, the new
+requests (block count, num_computed_tokens), the cached requests (new block count,
+num_computed_tokens, num_output_tokens, whether all_token_ids is sent, resumed), the
+preempted and finished ids, and the outputs (new tokens, finish reason, stop reason); at the
+end, every request's token stream and finish reason. Only physical block ids may differ.
+
+    python vllm_diff.py --seeds 300 [--first 0] [--show 3]     # prints divergences by cause
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import sys
+
+from conftest import EOS_TOKEN_ID, make_configs
+
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+STOP_IDS = (7, 8)
+MAX_MODEL_LEN = 4096
+_hash_ready = False
+
+
+class KVError(AssertionError):
+    """The scheduler told the model runner that KV was computed where it was not."""
+
+
+# ---- the workload ----------------------------------------------------------------------------
+
+def draw(seed: int) -> dict:
+    """The configuration and the requests of one seed."""
+    rng = random.Random(seed)
+    bs = rng.choice((16, 16, 16, 32, 8))
+    max_num_seqs = rng.choice((1, 2, 4, 8, 16, 32))
+    budget = max(max_num_seqs, rng.choice((32, 64, 128, 256, 512, 1024, 2048, 4096)))
+    cfg = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, block_size=bs,
+               max_model_len=MAX_MODEL_LEN,
+               enable_prefix_caching=rng.random() < 0.85,
+               long_prefill_token_threshold=(rng.choice((16, 64, 100, 256, 1000))
+                                             if rng.random() < 0.35 else 0),
+               policy="priority" if rng.random() < 0.3 else "fcfs",
+               # vLLM 0.33's default is on; off, admission takes the first chunk only
+               sched_extra=dict(scheduler_reserve_full_isl=rng.random() < 0.6))
+    prefixes = [[rng.randrange(100, 1100) for _ in range(rng.randint(8, 2000))]
+                for _ in range(rng.randint(1, 4))]
+    n = rng.randint(2, 40)
+    spread = rng.choice((0, 5, 30))
+    arrivals = sorted(rng.randint(0, spread) for _ in range(n))
+    reqs = []
+    for i in range(n):
+        plen = rng.choice((rng.randint(1, 64), rng.randint(1, 600), rng.randint(1, 3000)))
+        if rng.random() < 0.6:
+            p = rng.choice(prefixes)
+            k = min(plen, len(p), rng.choice((len(p), rng.randint(1, len(p)))))
+            prompt = p[:k] + [rng.randrange(100, 1100) for _ in range(max(0, plen - k))]
+        else:
+            prompt = [rng.randrange(100, 1100) for _ in range(plen)]
+        prompt = prompt[:3000]
+        max_tokens = rng.choice((1, 2, rng.randint(1, 16), rng.randint(1, 64),
+                                 rng.randint(1, 200)))
+        reqs.append(dict(
+            id=str(i), prompt=prompt, max_tokens=max_tokens,
+            min_tokens=rng.randint(0, max_tokens) if rng.random() < 0.15 else 0,
+            stop=list(STOP_IDS) if rng.random() < 0.4 else None,
+            ignore_eos=rng.random() < 0.1,
+            priority=rng.randint(0, 3) if cfg["policy"] == "priority" else 0,
+            arrive=arrivals[i],
+            abort=rng.randint(1, 60) if rng.random() < 0.15 else None,
+            # how often this request samples EOS / a stop token (1 in k)
+            eos_k=rng.choice((5, 20, 1000)), stop_k=rng.choice((7, 30, 1000))))
+    need = max(-(-(len(r["prompt"]) + r["max_tokens"]) // bs) for r in reqs)
+    if rng.random() < 0.8:   # small: preemption, eviction of cached prefixes
+        cfg["num_blocks"] = rng.randint(need + 1, max(need + 2, 2 * need))
+    else:
+        cfg["num_blocks"] = 20000 // bs
+    wrng = random.Random(seed * 7919 + 1)   # its own stream: the draws above stay as they were
+    if wrng.random() < 0.2:   # vLLM's admission watermark (a fraction of the blocks)
+        cfg["sched_extra"]["watermark"] = wrng.choice((0.01, 0.05, 0.1))
+    return dict(seed=seed, cfg=cfg, reqs=reqs)
+
+
+def make_request(spec: dict, block_size: int) -> Request:
+    global _hash_ready
+    if not _hash_ready:
+        init_none_hash(sha256)
+        _hash_ready = True
+    sp = SamplingParams(max_tokens=spec["max_tokens"], min_tokens=spec["min_tokens"],
+                        stop_token_ids=spec["stop"], ignore_eos=spec["ignore_eos"])
+    sp.update_from_generation_config({}, EOS_TOKEN_ID)
+    return Request(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]),
+                   sampling_params=sp, pooling_params=None,
+                   block_hasher=get_request_block_hasher(block_size, sha256),
+                   arrival_time=1000.0 + int(spec["id"]) * 1e-3, priority=spec["priority"])
+
+
+# ---- the simulated model runner --------------------------------------------------------------
+
+class Runner:
+    """A model runner that keeps only fingerprints: see the module doc."""
+
+    def __init__(self, num_blocks: int, block_size: int, specs: dict):
+        self.bs = block_size
+        self.kv = [[None] * block_size for _ in range(num_blocks)]
+        self.tables: dict[str, list[int]] = {}
+        self.fps: dict[str, list[int]] = {}
+        self.specs = specs
+        self.checked_positions = 0
+
+    def _fp(self, rid: str, tokens, upto: int) -> list:
+        fp = self.fps.setdefault(rid, [])
+        while len(fp) < upto:
+            p = len(fp)
+            fp.append(hash((fp[-1] if p else 0x5eed, tokens[p])))
+        return fp
+
+    def _read(self, rid: str, p: int):
+        t = self.tables[rid]
+        b = p // self.bs
+        if b >= len(t):
+            raise KVError(f"request {rid}: position {p} is beyond its {len(t)} blocks")
+        return self.kv[t[b]][p % self.bs]
+
+    def run(self, sched, so) -> ModelRunnerOutput:
+        c = so.scheduled_cached_reqs
+        first: dict[str, int] = {}
+        for n in so.scheduled_new_reqs:
+            self.tables[n.req_id] = list(n.block_ids[0])
+            first[n.req_id] = n.num_computed_tokens
+        resumed = set(c.resumed_req_ids)
+        for rid, nb, nc in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens):
+            if rid in resumed:
+                self.tables[rid] = list(nb[0]) if nb is not None else []
+                first[rid] = nc
+            else:
+                if nb is not None:
+                    self.tables.setdefault(rid, []).extend(nb[0])
+                first[rid] = -nc - 1   # continuing: only the last position is checked
+        req_ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            r = sched.requests[rid]
+            n = so.num_scheduled_tokens[rid]
+            f = first[rid]
+            nc = f if f >= 0 else -f - 1
+            toks = r.all_token_ids
+            fp = self._fp(rid, toks, nc + n)
+            check = range(nc) if f >= 0 else range(max(0, nc - 1), nc)
+            for p in check:
+                got = self._read(rid, p)
+                if got != fp[p]:
+                    raise KVError(f"request {rid}: the KV at position {p} is not its prefix's "
+                                  f"(computed {nc}, {'new/resumed' if f >= 0 else 'continuing'})")
+            self.checked_positions += len(check)
+            t = self.tables[rid]
+            for p in range(nc, nc + n):
+                b = p // self.bs
+                if b >= len(t):
+                    raise KVError(f"request {rid}: no block for position {p} ({len(t)} blocks)")
+                self.kv[t[b]][p % self.bs] = fp[p]
+            if nc + n >= len(toks):     # reached the end: a token is sampled
+                sampled.append([self._sample(rid, r, self._read(rid, len(toks) - 1))])
+            else:
+                sampled.append([])
+        return ModelRunnerOutput(req_ids=req_ids,
+                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
+    def _sample(self, rid: str, r, fp: int) -> int:
+        spec = self.specs[rid]
+        h = (fp * 0x9E3779B97F4A7C15) >> 7 & 0xFFFFFFFF
+        k = r.num_output_tokens
+        if k >= spec["min_tokens"]:
+            if k == spec["max_tokens"] - 1 and h % 3 == 0:   # a stop on the max_tokens-th token
+                return EOS_TOKEN_ID if (h >> 3) % 2 or not spec["stop"] else spec["stop"][0]
+            if h % spec["eos_k"] == 1:
+                return EOS_TOKEN_ID
+            if spec["stop"] and h % spec["stop_k"] == 2:
+                return spec["stop"][h % 2]
+        return 100 + (h >> 4) % 30000
+
+
+# ---- driving ---------------------------------------------------------------------------------
+
+def norm_step(so, eco) -> dict:
+    c = so.scheduled_cached_reqs
+    outs = {}
+    for o in (x for e in eco.values() for x in e.outputs):
+        outs[o.request_id] = (list(o.new_token_ids),
+                              None if o.finish_reason is None else str(o.finish_reason),
+                              o.stop_reason)
+    return {
+        "preempted": sorted(so.preempted_req_ids or ()),
+        "new": {n.req_id: (len(n.block_ids[0]), n.num_computed_tokens)
+                for n in so.scheduled_new_reqs},
+        "scheduled": dict(sorted(so.num_scheduled_tokens.items())),
+        "cached": {rid: (None if b is None else len(b[0]), nc, no, rid in c.all_token_ids)
+                   for rid, b, nc, no in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens,
+                                             c.num_output_tokens)},
+        "resumed": sorted(c.resumed_req_ids),
+        "finished": sorted(so.finished_req_ids),
+        "outputs": outs,
+    }
+
+
+TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
+
+
+def make_sched(kind: str, model: str, cfg: dict):
+    vc, kv = make_configs(model, **cfg)
+    kw = dict(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=cfg["block_size"],
+              structured_output_manager=StructuredOutputManager(vc))
+    if kind == "vllm":
+        return Scheduler(**kw)
+    from tandem.vllm import TandemScheduler
+    return TandemScheduler(**kw, tandem_config=dict(TANDEM_OVERRIDES) or None)
+
+
+def drive(kind: str, model: str, work: dict, max_steps: int = 6000) -> dict:
+    cfg = work["cfg"]
+    sched = make_sched(kind, model, cfg)
+    specs = {r["id"]: r for r in work["reqs"]}
+    runner = Runner(cfg["num_blocks"], cfg["block_size"], specs)
+    pending = collections.deque(sorted(work["reqs"], key=lambda r: (r["arrive"], int(r["id"]))))
+    aborts = collections.defaultdict(list)
+    for r in work["reqs"]:
+        if r["abort"] is not None:
+            aborts[r["arrive"] + r["abort"]].append(r["id"])
+    trace, streams, reasons, preemptions = [], collections.defaultdict(list), {}, 0
+    error = None
+    step = 0
+    try:
+        while step < max_steps:
+            while pending and pending[0]["arrive"] <= step:
+                sched.add_request(make_request(pending.popleft(), cfg["block_size"]))
+            if not pending and not sched.has_requests():
+                break
+            so = sched.schedule()
+            eco = sched.update_from_output(so, runner.run(sched, so))
+            s = norm_step(so, eco)
+            preemptions += len(s["preempted"])
+            for rid, (toks, fin, _) in s["outputs"].items():
+                streams[rid].extend(toks)
+                if fin is not None:
+                    reasons[rid] = fin
+            trace.append(s)
+            if step in aborts:
+                sched.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
+                for rid in aborts[step]:
+                    reasons.setdefault(rid, "abort")
+            step += 1
+        else:
+            error = f"did not finish in {max_steps} steps"
+    except KVError as e:
+        error = f"KV check: {e}"
+    if kind != "vllm" and error is None and sched.get_num_unfinished_requests():
+        error = "requests left unfinished"
+    if hasattr(sched, "shutdown") and kind != "vllm":
+        sched.shutdown()
+    return dict(trace=trace, streams=dict(streams), reasons=reasons, error=error,
+                preemptions=preemptions, checked=runner.checked_positions)
+
+
+# ---- comparison ------------------------------------------------------------------------------
+
+def classify(a: dict, b: dict, work: dict) -> list:
+    """The causes, [(cause, detail)], of the differences between two runs ([] when they
+    agree): the finish reasons of requests whose token streams agree (a reason changes no
+    schedule), and the first step where the schedules differ."""
+    if a["error"]:
+        return [("vllm-error", a["error"])]
+    if b["error"]:
+        return [("tandem-error", b["error"])]
+    out = []
+    same = [r for r, t in a["streams"].items() if b["streams"].get(r) == t]
+    fin = {r: (a["reasons"].get(r), b["reasons"].get(r)) for r in same
+           if a["reasons"].get(r) != b["reasons"].get(r)}
+    if fin:
+        out.append(("finish-reason", f"request: (vllm, tandem) {dict(list(fin.items())[:6])}"))
+    for i, (x, y) in enumerate(zip(a["trace"], b["trace"])):
+        if x == y:
+            continue
+        key = next(k for k in ("preempted", "new", "scheduled", "cached", "resumed", "finished",
+                               "outputs") if x[k] != y[k])
+        detail = f"step {i} {key}: vllm {x[key]} tandem {y[key]}"
+        if key == "outputs":
+            tx = {k: v[0] for k, v in x[key].items()}
+            ty = {k: v[0] for k, v in y[key].items()}
+            if tx == ty:
+                continue    # finish / stop reasons only: counted above
+            out.append(("tokens", detail))
+        elif key == "preempted":
+            out.append(("preempt-extra" if len(y[key]) > len(x[key]) else "preempt-missing",
+                        detail))
+        elif key == "new":
+            if set(x["new"]) != set(y["new"]):
+                out.append(("admit-extra" if len(y["new"]) > len(x["new"]) else "admit-fewer",
+                            detail))
+            elif ({k: v[1] for k, v in x["new"].items()} ==
+                  {k: v[1] for k, v in y["new"].items()}):
+                out.append(("chunk-size", detail))    # same hit, other block count
+            else:
+                out.append(("prefix-hit", detail))
+        elif key == "scheduled":
+            out.append(("running-set" if set(x[key]) != set(y[key]) else "chunk-size", detail))
+        else:
+            out.append((key, detail))
+        return out
+    if len(a["trace"]) != len(b["trace"]):
+        out.append(("length", f"{len(a['trace'])} vs {len(b['trace'])} steps"))
+    elif a["streams"] != b["streams"]:
+        out.append(("streams", ""))
+    elif a["reasons"] != b["reasons"] and not out:
+        out.append(("reasons", f"vllm {a['reasons']} tandem {b['reasons']}"))
+    return out
+
+
+def run_seed(model: str, seed: int) -> dict:
+    work = draw(seed)
+    a = drive("vllm", model, work)
+    b = drive("tandem", model, work)
+    return dict(seed=seed, diff=classify(a, b, work), preempt=(a["preemptions"], b["preemptions"]),
+                steps=(len(a["trace"]), len(b["trace"])), checked=(a["checked"], b["checked"]),
+                cfg=work["cfg"])
+
+
+def tiny_model_dir() -> str:
+    import json
+    import tempfile
+    from conftest import TINY
+    d = tempfile.mkdtemp(prefix="tiny-opt-")
+    with open(f"{d}/config.json", "w") as f:
+        json.dump(TINY, f)
+    return d
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--show", type=int, default=2, help="details shown per cause")
+    ap.add_argument("--tandem-config", default="{}",
+                    help="JSON: library keys set over the adapter's translation")
+    ns = ap.parse_args(argv)
+    import json
+    TANDEM_OVERRIDES.update(json.loads(ns.tandem_config))
+    import vllm
+    model = tiny_model_dir()
+    causes = collections.defaultdict(list)
+    pv = pt = bad = 0
+    for seed in range(ns.first, ns.first + ns.seeds):
+        r = run_seed(model, seed)
+        pv += r["preempt"][0]
+        pt += r["preempt"][1]
+        bad += bool(r["diff"])
+        for cause, detail in r["diff"]:
+            causes[cause].append((seed, detail, r["cfg"]))
+    print(f"vllm_diff vllm={vllm.__version__} seeds={ns.seeds} divergent={bad} "
+          f"preemptions vllm={pv} tandem={pt}")
+    for cause, items in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {cause}: {len(items)} seeds ({', '.join(str(s) for s, _, _ in items[:12])}"
+              f"{', ...' if len(items) > 12 else ''})")
+        for seed, detail, cfg in items[:ns.show]:
+            print(f"    seed {seed} {cfg}\n      {detail[:600]}")
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
