@@ -578,7 +578,8 @@ static void update__replayed_update_refused_and_applied_once(void **state)
 static void update__token_for_non_final_prefill_chunk_refused(void **state)
 {
     (void)state;
-    const int64_t kv[] = { TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, 32, 0 };
+    /* 32-token chunks from the budget (a lone request ignores the long-prefill threshold) */
+    const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 8, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 32, 0 };
     tdm_sched *s = tsd_newp(kv);
     assert_int_equal(tsd_add(s, 7, 99, 5), TDM_OK);
     tdm_batch b;
