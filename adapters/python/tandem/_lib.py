@@ -141,6 +141,7 @@ class StatsC(Structure):
         ("prefix_queries", c_uint64), ("prefix_hits", c_uint64),
         ("prefix_hit_rate", c_double), ("evictions", c_uint64), ("preemptions", c_uint64),
         ("steps", c_uint64), ("scheduled_tokens", c_uint64), ("finished", c_uint64),
+        ("kv_events_dropped", c_uint64),
     ]
 
 
