@@ -177,11 +177,15 @@ typedef enum tdm_sched_param {
                                               when blocks for all its tokens (not just the first
                                               chunk) are free, as vLLM's scheduler_reserve_full_isl
                                               (on by default in vLLM 0.31-0.33); default 0 */
-    TDM_SCHED_CONTINUE_AFTER_SELF_PREEMPTION = 21 /* ["continue_after_self_preemption"] 0/1: when
+    TDM_SCHED_CONTINUE_AFTER_SELF_PREEMPTION = 21, /* ["continue_after_self_preemption"] 0/1: when
                                               the request being scheduled is itself the victim,
                                               go on with the running requests after it (vLLM
                                               0.33) instead of ending the running pass (0.32 and
                                               older); default 1 */
+    TDM_SCHED_ENABLE_KV_EVENTS = 22,       /* ["enable_kv_events"] 0/1: record KV cache events for
+                                              tdm_sched_kv_events(); default 0 */
+    TDM_SCHED_KV_EVENTS_CAPACITY = 23      /* ["kv_events_capacity"] events (and block digests) the
+                                              queue holds between drains; default 4096 */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */
@@ -494,10 +498,58 @@ typedef struct tdm_sched_stats {
     uint64_t steps;
     uint64_t scheduled_tokens;       /* over all steps */
     uint64_t finished;               /* requests finished (any reason) */
+    uint64_t kv_events_dropped;      /* KV events lost to a full queue (appended field) */
 } tdm_sched_stats;
 
 TDM_API int tdm_sched_stats_init(tdm_sched_stats *st);
 TDM_API int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *st);
+
+/* ---- KV cache events (see docs/scheduler.md, "KV events") ----
+ * With TDM_SCHED_ENABLE_KV_EVENTS the block pool records, in order, the blocks it indexes
+ * in the prefix cache (STORED), the cached blocks it evicts (REMOVED, one digest per event)
+ * and cache resets (ALL_CLEARED), at the points where vLLM's BlockPool emits BlockStored,
+ * BlockRemoved and AllBlocksCleared. The digests are the ones the pool indexes: the host's
+ * own when it passed block_hashes, else Tandem's SHA-256 / XXH3-128. */
+typedef enum tdm_kv_event_kind {
+    TDM_KV_EVENT_STORED = 1,       /* blocks joined the prefix cache */
+    TDM_KV_EVENT_REMOVED = 2,      /* a cached block was evicted */
+    TDM_KV_EVENT_ALL_CLEARED = 3   /* every cached block was dropped (reset) */
+} tdm_kv_event_kind;
+
+#define TDM_KV_EVENT_HASH_STRIDE 32 /* bytes between digests in the event arrays */
+
+/* The events recorded since the previous drain, struct of arrays over num_events events in
+ * emission order. Digests are TDM_KV_EVENT_HASH_STRIDE bytes apart; hash_sizes[i] of them are
+ * meaningful (16..32). Every array is owned by the scheduler and valid until the next
+ * tdm_sched_kv_events() call, a change of the KV events parameters, or destroy. */
+typedef struct tdm_kv_event_batch {
+    uint32_t struct_size;          /* set by the caller: sizeof(tdm_kv_event_batch) */
+    uint32_t num_events;
+    const uint8_t *kinds;          /* tdm_kv_event_kind */
+    const uint8_t *hash_sizes;     /* bytes per digest of the event (0 for ALL_CLEARED) */
+    const uint32_t *hash_offsets;  /* num_events + 1 offsets (in digests) into hashes */
+    const uint8_t *hashes;         /* the events' block digests, TDM_KV_EVENT_HASH_STRIDE apart */
+    const uint8_t *has_parent;     /* STORED: 1 if the first block has a parent block */
+    const uint8_t *parent_hashes;  /* STORED: num_events digests (the parent of the first block) */
+    const uint32_t *token_offsets; /* num_events + 1 offsets into token_ids */
+    const tdm_token *token_ids;    /* STORED: the tokens of the stored blocks */
+    const uint64_t *req_ids;       /* STORED: the request whose blocks were stored (hosts add
+                                      their LoRA and extra keys from it); else 0 */
+    const uint32_t *first_blocks;  /* STORED: index of the first stored block in the request */
+    uint32_t block_size;           /* tokens per block */
+    uint32_t overflowed;           /* 1 if the queue filled: the events after these were lost
+                                      (the host's view of the cache is incomplete) */
+    uint64_t num_dropped;          /* events lost since the previous drain */
+} tdm_kv_event_batch;
+
+TDM_API int tdm_kv_event_batch_init(tdm_kv_event_batch *b);
+
+/* Drain the KV events recorded since the previous call into *out (up to out->struct_size);
+ * the queue starts empty again. Call it after each step (vLLM publishes once per step).
+ * Allocates nothing: the queue is preallocated when events are enabled. With events
+ * disabled, returns an empty batch. Not thread-safe (like every call on the handle).
+ * Errors: TDM_E_INVAL (s NULL, out NULL or too small). */
+TDM_API int tdm_sched_kv_events(tdm_sched *s, tdm_kv_event_batch *out);
 
 /* Convenience counts (vLLM's get_num_unfinished_requests / get_request_counts). */
 TDM_API int tdm_sched_num_unfinished(const tdm_sched *s, uint32_t *n);

@@ -3,6 +3,7 @@
  * (see block_pool.h). All operations are O(1) except the bulk ones, which are O(n) in the
  * blocks they touch; nothing allocates after tdm__pool_init.
  */
+#include <stdbool.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -157,6 +158,7 @@ static void unhash(tdm__pool *p, uint32_t b)
 /* Lazy eviction of a cached block that is being reused. */
 static void evict(tdm__pool *p, uint32_t b)
 {
+    if (p->ev) tdm__kv_removed(p->ev, b, &p->hash[b]);
     unhash(p, b);
     p->evictions++;
 }
@@ -208,6 +210,11 @@ void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n)
 
 void tdm__pool_reset_cache(tdm__pool *p)
 {
+    bool all = p->ev && tdm__kv_reset_is_clear(p);
+    if (all) tdm__kv_cleared(p->ev);
     for (uint32_t b = 1; b < p->num_blocks; b++)
-        if (p->hashed[b] && p->refcnt[b] == 0) unhash(p, b);
+        if (p->hashed[b] && p->refcnt[b] == 0) {
+            if (p->ev && !all) tdm__kv_removed(p->ev, b, &p->hash[b]);
+            unhash(p, b);
+        }
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "hash.h"
+#include "kv_events.h"
 
 #define TDM__NO_BLOCK UINT32_MAX
 
@@ -30,6 +31,7 @@ typedef struct tdm__pool {
     uint32_t slot_mask;
     uint64_t seed;         /* key of the slot hash, random per pool */
     uint64_t evictions;
+    tdm__kv_events *ev;    /* KV event queue when events are enabled, else NULL */
 } tdm__pool;
 
 /* Allocate a pool of num_blocks blocks (>= 2). Returns TDM_OK or TDM_E_NOMEM. */
@@ -60,7 +62,8 @@ int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__digest h);
 /* Whether hashed block b is reachable from its hash's home slot (a check for tests). */
 int tdm__pool_indexed(const tdm__pool *p, uint32_t b);
 
-/* Drop every hash of free blocks from the index. */
+/* Drop every hash of free blocks from the index (an ALL_CLEARED event when no cached block
+ * was in use, else a REMOVED event per block dropped). */
 void tdm__pool_reset_cache(tdm__pool *p);
 
 #endif

@@ -55,6 +55,8 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_PREFIX_HASH, "prefix_hash", K_ENUM, 0, 1, OFF(prefix_hash), hash_names, true },
     { TDM_SCHED_RESERVE_FULL_PROMPT, "reserve_full_prompt", K_BOOL, 0, 1, OFF(reserve_full_prompt), NULL, false },
     { TDM_SCHED_CONTINUE_AFTER_SELF_PREEMPTION, "continue_after_self_preemption", K_BOOL, 0, 1, OFF(continue_after_self_preemption), NULL, false },
+    { TDM_SCHED_ENABLE_KV_EVENTS, "enable_kv_events", K_BOOL, 0, 1, OFF(enable_kv_events), NULL, false },
+    { TDM_SCHED_KV_EVENTS_CAPACITY, "kv_events_capacity", K_INT, 1, 1 << 24, OFF(kv_events_capacity), NULL, false },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {
@@ -85,6 +87,7 @@ void tdm__params_default(tdm__params *p)
     p->remote_kv_failure = TDM_REMOTE_KV_RECOMPUTE;
     p->delay_free_timeout_ms = 120000;
     p->continue_after_self_preemption = 1;
+    p->kv_events_capacity = 4096;
     /* A Llama-3-8B-on-H100-like default; hosts and the simulator install their own. */
     p->cost_base_us = 5000.0;
     p->cost_prefill_token_us = 27.0;
@@ -153,17 +156,41 @@ static int commit(tdm_sched *s, const tdm__params *np)
         return tdm__fail(&s->err, TDM_E_STATE,
                          "the policy can only change while the waiting queue is empty (%u waiting)",
                          tdm__waiting_len(s));
+    /* The KV event queue: (re)allocated only here, before anything changes. */
+    bool kv_new = np->enable_kv_events &&
+                  (!s->kv.ready || s->kv.cap != (uint32_t)np->kv_events_capacity ||
+                   s->kv.block_size != (uint32_t)np->block_size || s->kv.num_blocks != (uint32_t)np->num_blocks);
+    tdm__kv_events nkv = { .dropped_total = s->kv.dropped_total };
+    if (kv_new && tdm__kv_init(&nkv, (uint32_t)np->kv_events_capacity, (uint32_t)np->block_size,
+                               (uint32_t)np->num_blocks))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for %lld KV events",
+                         (long long)np->kv_events_capacity);
+    bool emit_clear = false;
     if (np->num_blocks != s->prm.num_blocks || !s->pool_ready) {
         tdm__pool np_pool;
-        if (tdm__pool_init(&np_pool, (uint32_t)np->num_blocks))
+        if (tdm__pool_init(&np_pool, (uint32_t)np->num_blocks)) {
+            if (kv_new) tdm__kv_free(&nkv);
             return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for %lld KV blocks",
                              (long long)np->num_blocks);
+        }
+        bool had_cache = s->pool_ready && s->pool.num_hashed;
         if (s->pool_ready) tdm__pool_free(&s->pool);
         s->pool = np_pool;
         s->pool_ready = true;
+        emit_clear = had_cache; /* the cached blocks are gone */
     } else if (reshape) {
+        emit_clear = s->pool.num_hashed > 0; /* no request holds a block: a full clear */
+        s->pool.ev = NULL;
         tdm__pool_reset_cache(&s->pool); /* block size, caching or hash changed: hashes are stale */
     }
+    if (kv_new) {
+        tdm__kv_free(&s->kv);
+        s->kv = nkv;
+    } else if (!np->enable_kv_events && s->kv.ready) {
+        tdm__kv_free(&s->kv);
+    }
+    s->pool.ev = s->kv.ready ? &s->kv : NULL;
+    if (emit_clear && s->pool.ev) tdm__kv_cleared(s->pool.ev);
     if (repolicy && s->prm.policy == TDM_POLICY_CUSTOM) tdm__policy_drop(s);
     s->prm = *np;
     s->run_cache_max = (uint32_t)TDM_MIN((int64_t)1 << 16, 2 * np->max_num_seqs);

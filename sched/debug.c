@@ -152,3 +152,13 @@ out:
     free(seen);
     return rc;
 }
+
+uint32_t tdm__sched_num_cached(const tdm_sched *s) { return s->pool_ready ? s->pool.num_hashed : 0; }
+
+int tdm__sched_is_cached(const tdm_sched *s, const uint8_t digest[32])
+{
+    if (!s->pool_ready) return 0;
+    tdm__digest d;
+    memcpy(&d, digest, sizeof(d));
+    return tdm__pool_lookup(&s->pool, d) != TDM__NO_BLOCK;
+}

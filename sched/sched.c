@@ -120,6 +120,7 @@ void tdm_sched_destroy(tdm_sched *s)
     tdm__vec_free(&s->upd_stop);
     tdm__vec_free(&s->upd_reqs);
     if (s->pool_ready) tdm__pool_free(&s->pool);
+    tdm__kv_free(&s->kv);
     tdm__free(s);
     tdm__handle_release();
 }
@@ -437,9 +438,8 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
     if (s->prm.enable_prefix_caching) {
         uint32_t full = computed / bs;
         tdm__req_hash_blocks(s, r);
-        for (uint32_t i = r->num_cached_blocks; i < full && i < r->num_hashes; i++)
-            tdm__pool_cache(&s->pool, r->blocks[i], r->hashes[i]);
         full = TDM_MIN(full, r->num_hashes); /* host-supplied digests may lag */
+        tdm__kv_cache_blocks(s, r, r->num_cached_blocks, full);
         if (full > r->num_cached_blocks) r->num_cached_blocks = full;
     }
     r->state = TDM_STATE_WAITING;
@@ -519,7 +519,8 @@ int tdm_sched_reset_prefix_cache(tdm_sched *s, int reset_running)
 int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
 {
     if (!s) return TDM_E_INVAL;
-    if (!TDM_STRUCT_OK(out, sizeof(tdm_sched_stats)))
+    /* Callers built before kv_events_dropped was appended pass the older, shorter size. */
+    if (!TDM_STRUCT_OK(out, offsetof(tdm_sched_stats, kv_events_dropped)))
         return tdm__fail((tdm__err *)&s->err, TDM_E_INVAL, "get_stats: stats is NULL or too small");
     tdm_sched_stats st;
     memset(&st, 0, sizeof(st));
@@ -540,6 +541,7 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
     st.steps = s->step_no;
     st.scheduled_tokens = s->scheduled_tokens;
     st.finished = s->num_finished;
+    st.kv_events_dropped = s->kv.dropped_total;
     memcpy(out, &st, TDM_MIN(out->struct_size, (uint32_t)sizeof(st)));
     return TDM_OK;
 }
@@ -548,5 +550,27 @@ int tdm_sched_num_unfinished(const tdm_sched *s, uint32_t *n)
 {
     if (!s || !n) return TDM_E_INVAL;
     *n = s->num_running + tdm__waiting_len(s) + s->remote.len - s->remote_aborted;
+    return TDM_OK;
+}
+
+int tdm_kv_event_batch_init(tdm_kv_event_batch *b)
+{
+    if (!b) return TDM_E_INVAL;
+    memset(b, 0, sizeof(*b));
+    b->struct_size = sizeof(*b);
+    return TDM_OK;
+}
+
+int tdm_sched_kv_events(tdm_sched *s, tdm_kv_event_batch *out)
+{
+    if (!s) return TDM_E_INVAL;
+    if (!TDM_STRUCT_OK(out, sizeof(tdm_kv_event_batch)))
+        return tdm__fail(&s->err, TDM_E_INVAL, "kv_events: batch is NULL or too small");
+    tdm_kv_event_batch b;
+    memset(&b, 0, sizeof(b));
+    b.struct_size = sizeof(b);
+    b.block_size = (uint32_t)s->prm.block_size;
+    if (s->kv.ready) tdm__kv_drain(&s->kv, &b);
+    memcpy(out, &b, TDM_MIN(out->struct_size, (uint32_t)sizeof(b)));
     return TDM_OK;
 }

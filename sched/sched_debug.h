@@ -6,6 +6,7 @@
 #define TANDEM_SCHED_DEBUG_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "tandem.h"
 
 /* Verify every internal invariant of s: each block's refcount equals the number of live
@@ -18,5 +19,10 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len);
 
 /* Number of blocks currently referenced by at least one request (null block excluded). */
 uint32_t tdm__sched_blocks_in_use(const tdm_sched *s);
+
+/* The prefix cache seen from outside, for replaying KV events: the number of indexed
+ * digests, and whether a digest (32 bytes, zero-padded) is indexed. */
+uint32_t tdm__sched_num_cached(const tdm_sched *s);
+int tdm__sched_is_cached(const tdm_sched *s, const uint8_t digest[32]);
 
 #endif

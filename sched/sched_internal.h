@@ -21,6 +21,7 @@
 #include "block_pool.h"
 #include "hash.h"
 #include "internal.h"
+#include "kv_events.h"
 #include "tandem.h"
 
 typedef struct tdm__req tdm__req;
@@ -125,6 +126,8 @@ typedef struct tdm__params {
     int64_t prefix_hash;       /* tdm_prefix_hash */
     int64_t reserve_full_prompt;
     int64_t continue_after_self_preemption;
+    int64_t enable_kv_events;
+    int64_t kv_events_capacity;
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;
@@ -152,6 +155,7 @@ struct tdm_sched {
     tdm__pool pool;
     bool pool_ready;
     tdm__hasher hasher;        /* block digests (prm.prefix_hash) */
+    tdm__kv_events kv;         /* KV event queue (prm.enable_kv_events) */
 
     /* id -> request: open addressing, linear probing, backward-shift deletion */
     tdm__req **map;

@@ -84,8 +84,7 @@ static void cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
     if (full <= r->num_cached_blocks) return;
     tdm__req_hash_blocks(s, r);
     full = TDM_MIN(full, r->num_hashes); /* host-supplied digests may lag the tokens */
-    for (uint32_t i = r->num_cached_blocks; i < full; i++)
-        tdm__pool_cache(&s->pool, r->blocks[i], r->hashes[i]);
+    tdm__kv_cache_blocks(s, r, r->num_cached_blocks, full);
     if (full > r->num_cached_blocks) r->num_cached_blocks = full;
 }
 

@@ -246,7 +246,7 @@ static const char *const param_names[] = {
     "enable_prefix_caching", "watermark_ppm", "policy", "mode", "tbt_target_us",
     "num_lookahead_tokens", "role", "remote_kv_failure", "remote_kv_timeout_ms",
     "delay_free_timeout_ms", "max_num_partial_prefills", "prefix_hash", "reserve_full_prompt",
-    "continue_after_self_preemption",
+    "continue_after_self_preemption", "enable_kv_events", "kv_events_capacity",
 };
 #define NUM_PARAMS ((int)(sizeof param_names / sizeof param_names[0]))
 

@@ -12,7 +12,8 @@ how libtandem.so is found (TANDEM_LIBRARY first).
 """
 from . import _lib
 from .errors import Status, TandemError
-from .scheduler import (Batch, BatchEntry, EntryKind, FinishReason, Mode, Param, Policy,
+from .scheduler import (Batch, BatchEntry, EntryKind, FinishReason, KVEvent, KVEventBatch,
+                        KVEventKind, Mode, Param, Policy,
                         PrefixHash, RemoteKVFailure, Request, RequestInfo, RequestState,
                         RequestView, Role,
                         Scheduler, Stats, UpdateEntry, UpdateResult)
@@ -43,7 +44,8 @@ def strerror(status: int) -> str:
 
 
 __all__ = [
-    "Batch", "BatchEntry", "EntryKind", "FinishReason", "Mode", "Param", "Policy", "PrefixHash",
+    "Batch", "BatchEntry", "EntryKind", "FinishReason", "KVEvent", "KVEventBatch", "KVEventKind",
+    "Mode", "Param", "Policy", "PrefixHash",
     "RemoteKVFailure", "Request", "RequestInfo", "RequestState", "RequestView", "Role",
     "Scheduler", "Stats",
     "Status", "TandemError", "UpdateEntry", "UpdateResult", "__version__", "library_version",

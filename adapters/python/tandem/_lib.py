@@ -141,6 +141,19 @@ class StatsC(Structure):
         ("prefix_queries", c_uint64), ("prefix_hits", c_uint64),
         ("prefix_hit_rate", c_double), ("evictions", c_uint64), ("preemptions", c_uint64),
         ("steps", c_uint64), ("scheduled_tokens", c_uint64), ("finished", c_uint64),
+        ("kv_events_dropped", c_uint64),
+    ]
+
+
+class KVEventBatchC(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32), ("num_events", c_uint32),
+        ("kinds", POINTER(c_uint8)), ("hash_sizes", POINTER(c_uint8)),
+        ("hash_offsets", POINTER(c_uint32)), ("hashes", POINTER(c_uint8)),
+        ("has_parent", POINTER(c_uint8)), ("parent_hashes", POINTER(c_uint8)),
+        ("token_offsets", POINTER(c_uint32)), ("token_ids", POINTER(c_token)),
+        ("req_ids", POINTER(c_uint64)), ("first_blocks", POINTER(c_uint32)),
+        ("block_size", c_uint32), ("overflowed", c_uint32), ("num_dropped", c_uint64),
     ]
 
 
@@ -211,6 +224,8 @@ _PROTOS = {
     "tdm_sched_stats_init": (c_int, [POINTER(StatsC)]),
     "tdm_sched_get_stats": (c_int, [_vp, POINTER(StatsC)]),
     "tdm_sched_num_unfinished": (c_int, [_vp, POINTER(c_uint32)]),
+    "tdm_kv_event_batch_init": (c_int, [POINTER(KVEventBatchC)]),
+    "tdm_sched_kv_events": (c_int, [_vp, POINTER(KVEventBatchC)]),
     "tdm_sched_load_policy": (c_int, [_vp, c_char_p, c_char_p]),
     "tdm_sched_set_policy": (c_int, [_vp, POINTER(PolicyC)]),
     "tdm_dtype_size": (c_size_t, [c_int]),

@@ -41,6 +41,8 @@ class Param(IntEnum):
     PREFIX_HASH = 19
     RESERVE_FULL_PROMPT = 20
     CONTINUE_AFTER_SELF_PREEMPTION = 21
+    ENABLE_KV_EVENTS = 22
+    KV_EVENTS_CAPACITY = 23
 
 
 class PrefixHash(IntEnum):
@@ -277,9 +279,39 @@ class Stats:
     steps: int
     scheduled_tokens: int
     finished: int
+    kv_events_dropped: int = 0
 
 
-_BOOL_KEYS = {"enable_chunked_prefill", "enable_prefix_caching"}
+class KVEventKind(IntEnum):
+    STORED = 1
+    REMOVED = 2
+    ALL_CLEARED = 3
+
+
+@dataclass
+class KVEvent:
+    """One KV cache event (tdm_kv_event_batch): STORED blocks (digests, the parent of the
+    first, their tokens, the request and the index of its first stored block), one REMOVED
+    digest, or ALL_CLEARED."""
+    kind: KVEventKind
+    block_hashes: List[bytes]
+    parent_block_hash: Optional[bytes] = None
+    token_ids: List[int] = field(default_factory=list)
+    block_size: int = 0
+    req_id: int = 0
+    first_block: int = 0
+
+
+@dataclass
+class KVEventBatch:
+    """The events drained after a step, in emission order. `overflowed` says the queue
+    filled and `num_dropped` events after these were lost."""
+    events: List[KVEvent]
+    overflowed: bool = False
+    num_dropped: int = 0
+
+
+_BOOL_KEYS = {"enable_chunked_prefill", "enable_prefix_caching", "enable_kv_events"}
 
 
 def _json_value(key, v):
@@ -607,6 +639,36 @@ class Scheduler:
         self._call("tdm_sched_stats_init", byref(s), handle=False)
         self._call("tdm_sched_get_stats", byref(s))
         return _struct_to_dataclass(Stats, s)
+
+    def kv_events(self) -> KVEventBatch:
+        """Drain the KV cache events recorded since the previous call (empty unless
+        enable_kv_events is set); a plain Python copy."""
+        b = _lib.KVEventBatchC()
+        self._call("tdm_kv_event_batch_init", byref(b), handle=False)
+        self._call("tdm_sched_kv_events", byref(b))
+        n = b.num_events
+        if not n:
+            return KVEventBatch([], bool(b.overflowed), b.num_dropped)
+        stride = 32  # TDM_KV_EVENT_HASH_STRIDE
+        kinds = b.kinds[:n]
+        sizes = b.hash_sizes[:n]
+        hoff = b.hash_offsets[:n + 1]
+        toff = b.token_offsets[:n + 1]
+        raw = ctypes.string_at(b.hashes, hoff[n] * stride) if hoff[n] else b""
+        parents = ctypes.string_at(b.parent_hashes, n * stride)
+        tokens = b.token_ids[:toff[n]] if toff[n] else []
+        out = []
+        for i in range(n):
+            sz = sizes[i]
+            hs = [raw[k * stride:k * stride + sz] for k in range(hoff[i], hoff[i + 1])]
+            kind = KVEventKind(kinds[i])
+            if kind == KVEventKind.STORED:
+                parent = parents[i * stride:i * stride + sz] if b.has_parent[i] else None
+                out.append(KVEvent(kind, hs, parent, tokens[toff[i]:toff[i + 1]], b.block_size,
+                                   b.req_ids[i], b.first_blocks[i]))
+            else:
+                out.append(KVEvent(kind, hs))
+        return KVEventBatch(out, bool(b.overflowed), b.num_dropped)
 
     def num_unfinished(self) -> int:
         n = c_uint32()

@@ -332,3 +332,31 @@ def test_block_hashes__validation_and_prefix_hash_key(sched):
     sched.step(now=100.0)  # reports (and drops) the finished request
     sched.configure({"prefix_hash": "xxh3_128"})
     assert sched.get_param(tandem.Param.PREFIX_HASH) == tandem.PrefixHash.XXH3_128
+
+
+def test_kv_events__stored_removed_cleared_and_overflow(needs_scheduler):
+    from tandem import KVEventKind
+    with tandem.Scheduler(block_size=4, num_blocks=4, max_num_batched_tokens=64, max_num_seqs=8,
+                          max_model_len=64, enable_kv_events=True, kv_events_capacity=16) as s:
+        assert s.kv_events().events == []
+        s.add(id=1, prompt=list(range(100, 109)), max_tokens=1)  # 2 full blocks
+        run_to_completion(s)
+        ev = s.kv_events().events
+        assert [e.kind for e in ev] == [KVEventKind.STORED]
+        st = ev[0]
+        assert len(st.block_hashes) == 2 and all(len(h) == 32 for h in st.block_hashes)
+        assert st.parent_block_hash is None and st.req_id == 1 and st.first_block == 0
+        assert st.token_ids == list(range(100, 108)) and st.block_size == 4
+        s.add(id=2, prompt=list(range(200, 209)), max_tokens=1)  # evicts both cached blocks
+        run_to_completion(s)
+        ev = s.kv_events().events
+        assert [e.kind for e in ev] == [KVEventKind.REMOVED, KVEventKind.REMOVED, KVEventKind.STORED]
+        assert {ev[0].block_hashes[0], ev[1].block_hashes[0]} == set(st.block_hashes)
+        s.reset_prefix_cache()
+        assert [e.kind for e in s.kv_events().events] == [KVEventKind.ALL_CLEARED]
+        s.set_param("kv_events_capacity", 1)
+        s.add(id=3, prompt=list(range(300, 309)), max_tokens=1)
+        run_to_completion(s)
+        b = s.kv_events()
+        assert b.overflowed and b.num_dropped == 1 and len(b.events[0].block_hashes) == 1
+        assert s.stats().kv_events_dropped == 1

@@ -116,6 +116,8 @@ pub enum Param {
     PrefixHash = 19,
     ReserveFullPrompt = 20,
     ContinueAfterSelfPreemption = 21,
+    EnableKvEvents = 22,
+    KvEventsCapacity = 23,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

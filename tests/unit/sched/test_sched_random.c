@@ -8,9 +8,12 @@
  * (no block twice in one table, no block held by two requests unless both hold the same full
  * prefix at the same position, i.e. it is shared through the prefix cache), output counts
  * within max_tokens and max_model_len; replayed updates and tokens for a non-final prefill
- * chunk are refused with TDM_E_STATE and change nothing. TANDEM_SCHED_RANDOM_OPS sets the number of operations
+ * chunk are refused with TDM_E_STATE and change nothing; and, in three configurations of four,
+ * the KV events replayed into a model of the prefix-cache index give exactly the pool's
+ * indexed set. TANDEM_SCHED_RANDOM_OPS sets the number of operations
  * (default 100000); TANDEM_SCHED_RANDOM_SEED the first seed.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +64,11 @@ typedef struct world {
     uint32_t *owner_pos;
     uint32_t *owner_stamp;
     uint32_t stamp;
+    /* KV events replayed into a model of the prefix-cache index (when enabled) */
+    bool kv;
+    uint8_t (*cached)[32];
+    uint32_t num_cached, cap_cached;
+    uint64_t kv_events;
 } world;
 
 static rreq *find(world *w, uint64_t id)
@@ -353,10 +361,62 @@ static void reconcile(world *w)
     }
 }
 
+static int32_t model_find(const world *w, const uint8_t *h)
+{
+    for (uint32_t i = 0; i < w->num_cached; i++)
+        if (!memcmp(w->cached[i], h, 32)) return (int32_t)i;
+    return -1;
+}
+
+/* Drain the KV events and apply them to the model, a multiset (as in vLLM, every copy of a
+ * prefix computed twice at once is indexed and reported): STORED adds one entry per digest,
+ * REMOVED drops one copy that must be there, ALL_CLEARED empties it. Then the model must be
+ * exactly the pool's indexed blocks. */
+static void kv_replay(world *w)
+{
+    if (!w->kv) return;
+    tdm_kv_event_batch e;
+    tdm_kv_event_batch_init(&e);
+    assert_int_equal(tdm_sched_kv_events(w->s, &e), TDM_OK);
+    assert_int_equal(e.overflowed, 0);
+    for (uint32_t i = 0; i < e.num_events; i++) {
+        uint32_t n = e.hash_offsets[i + 1] - e.hash_offsets[i];
+        const uint8_t *h = e.hashes + (size_t)e.hash_offsets[i] * TDM_KV_EVENT_HASH_STRIDE;
+        w->kv_events++;
+        switch (e.kinds[i]) {
+        case TDM_KV_EVENT_STORED:
+            assert_true(n > 0);
+            assert_int_equal(e.token_offsets[i + 1] - e.token_offsets[i], n * e.block_size);
+            for (uint32_t k = 0; k < n; k++, h += TDM_KV_EVENT_HASH_STRIDE) {
+                if (w->num_cached == w->cap_cached) fail_msg("more digests stored than blocks");
+                memcpy(w->cached[w->num_cached++], h, 32);
+            }
+            break;
+        case TDM_KV_EVENT_REMOVED: {
+            assert_int_equal(n, 1);
+            int32_t at = model_find(w, h);
+            if (at < 0) fail_msg("REMOVED digest was never stored (event %u)", i);
+            memcpy(w->cached[at], w->cached[--w->num_cached], 32);
+            break;
+        }
+        case TDM_KV_EVENT_ALL_CLEARED:
+            assert_int_equal(n, 0);
+            w->num_cached = 0;
+            break;
+        default:
+            fail_msg("unknown event kind %u", e.kinds[i]);
+        }
+    }
+    assert_int_equal(w->num_cached, tdm__sched_num_cached(w->s));
+    for (uint32_t i = 0; i < w->num_cached; i++)
+        if (!tdm__sched_is_cached(w->s, w->cached[i])) fail_msg("model digest %u is not cached", i);
+}
+
 static void check_world(world *w)
 {
     tdm_sched *s = w->s;
     tsd_check(s);
+    kv_replay(w);
     reconcile(w);
     tdm_sched_stats st;
     tsd_stats(s, &st);
@@ -599,6 +659,7 @@ static void random_ops__invariants_hold_after_every_step(void **state)
     uint64_t target = env_u64("TANDEM_SCHED_RANDOM_OPS", 100000);
     uint64_t seed = env_u64("TANDEM_SCHED_RANDOM_SEED", 0x7a5d3e11u);
     uint64_t ops = 0, steps = 0, finished = 0, preempted = 0, refused = 0, recv = 0, done = 0, rel = 0, upd_refused = 0;
+    uint64_t kv_events = 0;
     int rounds = 0;
     while (ops < target) {
         world w;
@@ -607,6 +668,15 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         if (!w.r.s) w.r.s = 1;
         w.next_id = 1;
         random_config(&w);
+        w.kv = rounds % 4 != 3; /* KV events in three configurations of four */
+        if (w.kv) {
+            assert_int_equal(tdm_sched_set_param(w.s, TDM_SCHED_ENABLE_KV_EVENTS, 1), TDM_OK);
+            int64_t nb = 0;
+            assert_int_equal(tdm_sched_get_param(w.s, TDM_SCHED_NUM_BLOCKS, &nb), TDM_OK);
+            w.cap_cached = (uint32_t)nb;
+            w.cached = calloc((size_t)nb, 32);
+            assert_non_null(w.cached);
+        }
         uint64_t round_ops = 2000 + below(&w.r, 4000);
         for (uint64_t k = 0; k < round_ops; k++, w.ops++) {
             uint32_t x = below(&w.r, 100);
@@ -615,6 +685,7 @@ static void random_ops__invariants_hold_after_every_step(void **state)
             else op_other(&w);
         }
         drain(&w);
+        kv_replay(&w);
         tsd_assert_clean(w.s);
         tsd_free(w.s);
         ops += w.ops;
@@ -631,6 +702,8 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         free(w.owner);
         free(w.owner_pos);
         free(w.owner_stamp);
+        free(w.cached);
+        kv_events += w.kv_events;
         rounds++;
     }
     print_message("%llu random ops in %d configurations: %llu steps, %llu finished, %llu preempted, "
@@ -639,8 +712,10 @@ static void random_ops__invariants_hold_after_every_step(void **state)
                   (unsigned long long)steps, (unsigned long long)finished, (unsigned long long)preempted,
                   (unsigned long long)refused, (unsigned long long)recv, (unsigned long long)done,
                   (unsigned long long)rel, (unsigned long long)upd_refused, (unsigned long long)seed);
+    print_message("%llu KV events replayed into the index model\n", (unsigned long long)kv_events);
     assert_true(finished > 0);
     assert_true(preempted > 0);
+    assert_true(kv_events > 0);
     assert_true(recv > 0 && done > 0 && rel > 0);
     assert_true(upd_refused > 0);
 }

@@ -147,6 +147,9 @@ class TandemScheduler(SchedulerInterface):
             cfg.update(tandem_config)
         self.tandem_config = cfg
         self.sched = tandem.Scheduler(cfg)
+        from .kv_events import KVEventRelay
+        self._kv_events = KVEventRelay(vllm_config, kv_cache_config, self.sched,
+                                       lambda tid: self.requests.get(self._req_of.get(tid)))
 
         self.requests: dict[str, Request] = {}
         self._id_of: dict[str, int] = {}
@@ -415,6 +418,7 @@ class TandemScheduler(SchedulerInterface):
     # ---- update ------------------------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output) -> dict:
         self._awaiting_update = False
+        self._kv_events.collect()  # the schedule's events, while their requests are known
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         logprobs = model_runner_output.logprobs
@@ -507,6 +511,7 @@ class TandemScheduler(SchedulerInterface):
                 else:
                     eco[ci] = EngineCoreOutputs(finished_requests=fin)
             self.finished_req_ids_dict.clear()
+        self._kv_events.publish(self.connector)
         stats = self.make_stats()
         if stats is not None:
             e = next(iter(eco.values()), None)
@@ -619,7 +624,11 @@ class TandemScheduler(SchedulerInterface):
     def get_ec_connector(self):
         return self.ec_connector
 
+    def get_kv_event_publisher_config(self):
+        return self._kv_events.publisher_config()
+
     def shutdown(self) -> None:
+        self._kv_events.shutdown()
         if self.connector is not None:
             shut = getattr(self.connector, "shutdown", None)
             if shut is not None:
