@@ -31,8 +31,10 @@ PROMPT = 64
 
 
 def build(cls, model, n, steps):
+    # Every prompt is prefilled in the first step (a budget of n * PROMPT tokens), so that all
+    # requests decode in lockstep and the pool never runs out (no preemption in the timing).
     blocks_per_req = (PROMPT + steps + 8) // 16 + 2
-    vc, kv = make_configs(model, max_num_seqs=n, max_num_batched_tokens=max(8192, n),
+    vc, kv = make_configs(model, max_num_seqs=n, max_num_batched_tokens=max(8192, n * PROMPT),
                           max_model_len=2048, num_blocks=n * blocks_per_req + 16)
     return cls(vllm_config=vc, kv_cache_config=kv, block_size=16, log_stats=True,
                structured_output_manager=StructuredOutputManager(vc))
