@@ -347,6 +347,20 @@ def _ints(ptr, n) -> List[int]:
     return ptr[:n] if n else []
 
 
+_EMPTY = ctypes.create_string_buffer(8)
+
+
+def _addr(buf) -> int:
+    """The address of an array.array's (or any writable buffer's) first byte; an empty buffer
+    gets a static dummy address (the library reads nothing from it)."""
+    if len(buf) == 0:
+        return ctypes.addressof(_EMPTY)
+    info = getattr(buf, "buffer_info", None)
+    if info is not None:
+        return info()[0]
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
 class Scheduler:
     """A Tandem scheduler (one engine). `config` is a dict or a JSON string of
     tdm_sched_configure keys; keyword arguments are added to it (e.g. block_size=16)."""
@@ -363,6 +377,7 @@ class Scheduler:
             msg = _lib.fn("tdm_sched_errmsg")(None)
             raise TandemError(rc, (msg or b"").decode(errors="replace"), "tdm_sched_create")
         self._h = h
+        self._out_raw = None
         self._batch = _lib.BatchC()
         self._call("tdm_batch_init", byref(self._batch), handle=False)
         self._result = _lib.UpdateResultC()
@@ -613,6 +628,36 @@ class Scheduler:
         F = _REASONS
         return UpdateResult([UpdateEntry(rids[i], nnew[i], F[fr[i]],
                                          None if st[i] < 0 else st[i]) for i in range(m)])
+
+    # ---- the step loop, without copies (for adapters on a hot path) ----------------------
+    def step_raw(self, now: Optional[float] = None) -> "_lib.BatchC":
+        """Schedule one step; returns the library's tdm_batch itself (ctypes). Its arrays are
+        owned by the scheduler and valid only until the next step_raw/step/update call:
+        read them (b.req_ids[:b.num_reqs], ...) before calling again. step() is the safe copy."""
+        b = self._batch
+        self._call("tdm_sched_step", time.monotonic() if now is None else float(now), byref(b))
+        return b
+
+    def update_raw(self, req_ids, token_offsets, tokens, now: Optional[float] = None):
+        """Report a step's sampled tokens as buffers (objects with the buffer protocol, e.g.
+        array.array): req_ids uint64 ('Q'), token_offsets uint32 ('I', len(req_ids) + 1),
+        tokens int32 ('i'). Returns the library's tdm_update_result (ctypes), valid until the
+        next call on this scheduler. update() is the safe, Pythonic form."""
+        n = len(req_ids)
+        if len(token_offsets) != n + 1:
+            raise ValueError("update_raw: token_offsets needs len(req_ids) + 1 entries")
+        o = self._out_raw
+        if o is None:
+            o = self._out_raw = _lib.StepOutputC()
+            self._call("tdm_step_output_init", byref(o), handle=False)
+        o.num_reqs = n
+        o.req_ids = ctypes.cast(_addr(req_ids), POINTER(c_uint64))
+        o.token_offsets = ctypes.cast(_addr(token_offsets), POINTER(c_uint32))
+        o.tokens = ctypes.cast(_addr(tokens), POINTER(_lib.c_token))
+        o.now = time.monotonic() if now is None else float(now)
+        r = self._result
+        self._call("tdm_sched_update", byref(o), byref(r))
+        return r
 
     # ---- queries -------------------------------------------------------------------------
     def request_info(self, req_id: int) -> RequestInfo:

@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Per-step cost of TandemScheduler against vLLM's own Scheduler (the baseline, measured in
-the same run): N running requests decoding (one token per step) after their prefill, the
-schedule() + update_from_output() pair timed over many steps with hand-built outputs, as
-EngineCore calls them. Prints a table; never fails on speed.
+the same process): N running requests decoding one token per step (steady state, after their
+prefill), log_stats on, the schedule() + update_from_output() pair timed over many steps with
+hand-built ModelRunnerOutputs, as EngineCore calls them. Prints a table and one summary line
+
+    vllm_bench ratio256=R ratio1024=R ratio4096=R
+
+(TandemScheduler's median time over vLLM's). Never fails on speed.
 
     make bench-vllm        (or: build/venv-vllm/bin/python adapters/python/tests_vllm/bench_sched.py)
 """
+import gc
+import json
 import os
 import sys
 import tempfile
@@ -21,44 +27,67 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from tandem.vllm import TandemScheduler  # noqa: E402
 
+PROMPT = 64
 
-def build(cls, model, n):
-    vc, kv = make_configs(model, max_num_seqs=max(n, 16), max_num_batched_tokens=max(8192, n),
-                          num_blocks=20000)
-    return cls(vllm_config=vc, kv_cache_config=kv, block_size=16, log_stats=False,
+
+def build(cls, model, n, steps):
+    # Every prompt is prefilled in the first step (a budget of n * PROMPT tokens), so that all
+    # requests decode in lockstep and the pool never runs out (no preemption in the timing).
+    blocks_per_req = (PROMPT + steps + 8) // 16 + 2
+    vc, kv = make_configs(model, max_num_seqs=n, max_num_batched_tokens=max(8192, n * PROMPT),
+                          max_model_len=2048, num_blocks=n * blocks_per_req + 16)
+    return cls(vllm_config=vc, kv_cache_config=kv, block_size=16, log_stats=True,
                structured_output_manager=StructuredOutputManager(vc))
 
 
 def run(sched, n, steps):
-    for r in make_requests(n, num_tokens=64, max_tokens=10 ** 6):
+    for r in make_requests(n, num_tokens=PROMPT, max_tokens=10 ** 6):
         sched.add_request(r)
     times = []
-    for i in range(steps + 2):
+    ids = None
+    mro = None
+    while len(times) < steps:
         t0 = time.perf_counter()
         so = sched.schedule()
-        ids = list(so.num_scheduled_tokens)
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)},
-                                sampled_token_ids=[[7]] * len(ids))
-        sched.update_from_output(so, mro)
-        if i >= 2:   # skip the prefill steps
+        if so.total_num_scheduled_tokens == n and mro is not None:   # decode steady state
+            sched.update_from_output(so, mro)
             times.append(time.perf_counter() - t0)
+            continue
+        ids = list(so.num_scheduled_tokens)
+        reqs = sched.requests
+        sampled = [[7] if reqs[r].num_computed_tokens >= reqs[r].num_tokens else []
+                   for r in ids]
+        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)},
+                                sampled_token_ids=sampled)
+        sched.update_from_output(so, out)
+        if len(ids) == n and all(sampled):
+            mro = out
     times.sort()
     return times[len(times) // 2] * 1e6
 
 
 def main():
     model = tempfile.mkdtemp(prefix="tiny-opt-")
-    import json
     with open(os.path.join(model, "config.json"), "w") as f:
         json.dump(conftest.TINY, f)
+    sizes = [int(x) for x in os.environ.get("VLLM_BENCH_SIZES", "256,1024,4096").split(",")]
     print(f"{'running':>8} {'vLLM Scheduler us/step':>24} {'TandemScheduler us/step':>25} {'ratio':>6}")
-    for n in (16, 64, 256):
-        steps = 200
-        base = run(build(Scheduler, model, n), n, steps)
-        ours_s = build(TandemScheduler, model, n)
+    ratios = {}
+    for n in sizes:
+        steps = max(20, 40000 // n)
+        gc.collect()
+        ref = build(Scheduler, model, n, steps)
+        base = run(ref, n, steps)
+        ref.shutdown()
+        del ref
+        gc.collect()
+        ours_s = build(TandemScheduler, model, n, steps)
         ours = run(ours_s, n, steps)
         ours_s.shutdown()
-        print(f"{n:>8} {base:>24.1f} {ours:>25.1f} {ours / base:>6.2f}")
+        del ours_s
+        ratios[n] = ours / base
+        print(f"{n:>8} {base:>24.1f} {ours:>25.1f} {ours / base:>6.3f}", flush=True)
+    print("vllm_bench " + " ".join(f"ratio{n}={r:.3f}" for n, r in ratios.items()))
 
 
 if __name__ == "__main__":

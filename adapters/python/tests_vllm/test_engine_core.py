@@ -73,29 +73,39 @@ class FakeExecutor(Executor):
         return None
 
 
-def run_engine(tiny_model, scheduler_cls):
+def run_engine(tiny_model, scheduler_cls, log_stats=False):
     vc, _ = make_configs(tiny_model, max_num_seqs=4, max_num_batched_tokens=256,
                          max_model_len=256)
     vc.scheduler_config.scheduler_cls = scheduler_cls
     vc.cache_config.num_gpu_blocks = None
-    core = EngineCore(vc, FakeExecutor, log_stats=False)
+    core = EngineCore(vc, FakeExecutor, log_stats=log_stats)
     core.model_executor.engine = core
     reqs = make_requests(6, num_tokens=40, max_tokens=5)
     for r in reqs:
         core.add_request(r)
     produced = {r.request_id: [] for r in reqs}
     finished = {}
+    events = {r.request_id: [] for r in reqs}
+    stats = []
     for _ in range(200):
         if not core.scheduler.has_requests():
             break
         outs, _ = core.step()
         for eco in outs.values():
+            if eco.scheduler_stats is not None:
+                p = eco.scheduler_stats.prefix_cache_stats
+                stats.append((eco.scheduler_stats.num_running_reqs,
+                              eco.scheduler_stats.num_waiting_reqs, p.requests, p.queries,
+                              p.hits))
             for o in eco.outputs:
+                events[o.request_id] += [e.type for e in (o.events or ())]
                 produced[o.request_id] += o.new_token_ids
                 if o.finish_reason is not None:
                     finished[o.request_id] = str(o.finish_reason)
     sched = core.scheduler
     core.shutdown()
+    if log_stats:
+        return sched, produced, finished, events, stats
     return sched, produced, finished
 
 
@@ -108,3 +118,27 @@ def test_engine_core__runs_tandem_scheduler_by_qualname(tiny_model):
     assert set(finished.values()) == {"length"}
     _, ref_produced, ref_finished = run_engine(tiny_model, None)
     assert produced == ref_produced and finished == ref_finished
+
+
+def test_engine_core__log_stats_events_and_stats_as_vllm(tiny_model):
+    _, produced, finished, events, stats = run_engine(tiny_model, "tandem.vllm.TandemScheduler",
+                                                      log_stats=True)
+    _, r_produced, r_finished, r_events, r_stats = run_engine(tiny_model, None, log_stats=True)
+    assert produced == r_produced and finished == r_finished
+    assert events == r_events and all(ev[:2] == [1, 2] for ev in events.values())
+    assert stats == r_stats
+
+
+def test_start_up__async_and_pipeline_parallel_refused_with_a_message(tiny_model):
+    from tandem.vllm import TandemScheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+    vc, kv = make_configs(tiny_model)
+    vc.scheduler_config.async_scheduling = True
+    with pytest.raises(ValueError, match="--no-async-scheduling"):
+        TandemScheduler(vllm_config=vc, kv_cache_config=kv, block_size=16,
+                        structured_output_manager=StructuredOutputManager(vc))
+    vc, kv = make_configs(tiny_model)
+    vc.parallel_config.pipeline_parallel_size = 2
+    with pytest.raises(ValueError, match="pipeline-parallel"):
+        TandemScheduler(vllm_config=vc, kv_cache_config=kv, block_size=16,
+                        structured_output_manager=StructuredOutputManager(vc))

@@ -3,59 +3,51 @@
     vllm serve MODEL --scheduler-cls tandem.vllm.TandemScheduler --no-async-scheduling
 
 Tandem decides; this class only translates. It keeps vLLM's Request objects (by a uint64 id
-mapping), hands each request's prompt and stop conditions to the Tandem scheduler, and turns
-each tdm_batch into a SchedulerOutput (NewRequestData for first schedulings, CachedRequestData
-for continuing and resumed ones, the preempted and finished ids) and each tdm_update_result into
-EngineCoreOutputs. The KV block pool, prefix cache, budgets, chunked prefill, preemption and
-stop checks all run in the library.
+mapping, with one _Slot of cached per-request state), hands each request's prompt and stop
+conditions to the Tandem scheduler, and turns each tdm_batch into a SchedulerOutput
+(NewRequestData for first schedulings, CachedRequestData for continuing and resumed ones, the
+preempted and finished ids) and each tdm_update_result into EngineCoreOutputs. The KV block
+pool, prefix cache, budgets, chunked prefill, preemption and stop checks all run in the
+library. The hot path (a decode step of many running requests) reads the library's arrays
+once and builds vLLM's containers with C-level map/zip, not one Python call per request.
 
-Not supported (refused with a clear error rather than run wrongly): async scheduling / batch
-queues (two schedule() calls without update_from_output in between), multimodal inputs,
-prompt embeddings, structured output (grammars), pooling models, hybrid KV cache groups. LoRA
-requests are scheduled (without a max_loras cap) and kept out of each other's prefix cache.
+Metrics are vLLM's: request events (QUEUED at add, SCHEDULED at admission, PREEMPTED),
+Request.prefill_stats (vLLM 0.32+; EngineCoreOutput.num_cached_tokens before), and
+SchedulerStats / PrefixCacheStats filled as vLLM's Scheduler fills them.
+
+Requests of a kind Tandem does not schedule (structured output, multimodal inputs, prompt
+embeddings, pooling) are finished with FINISHED_ERROR and a RequestError on the next
+update_from_output, as vLLM reports a grammar that fails to compile; the engine keeps serving.
+max_loras is honoured (requests of a further LoRA wait in the adapter), repetition_detection
+is checked on each new token, and requests that skip prefix-cache reads (prompt logprobs) are
+added with TDM_REQ_SKIP_PREFIX_CACHE. Refused at start-up: async scheduling and pipeline
+parallel batch queues (two schedule() calls before an update_from_output), hybrid KV cache
+groups.
 """
 from __future__ import annotations
 
-import dataclasses
+import ctypes
 import time
-from collections import defaultdict
+from array import array
+from collections import defaultdict, deque
 from typing import Iterable, Optional
 
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
 import tandem
 from tandem import FinishReason, TandemError
 
-_STATUS_TO_REASON = {
-    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
-    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
-    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
-    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
-}
-_REASON_TO_STATUS = {
-    FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
-    FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH_CAPPED,
-    FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
-    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
-}
+try:
+    from vllm.v1.metrics.stats import KV_FETCH_STAGES
+except ImportError:   # pragma: no cover - older vLLM
+    KV_FETCH_STAGES = ()
 
-
-_FIELDS: dict = {}
-
-
-def _kwargs_for(cls, **kw):
-    """Only the keyword arguments that cls accepts (vLLM's dataclasses grow between versions)."""
-    fields = _FIELDS.get(cls)
-    if fields is None:
-        f = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "__struct_fields__", None)
-        fields = _FIELDS[cls] = frozenset(f) if f is not None else None
-    if fields is None or fields.issuperset(kw):
-        return kw
-    return {k: v for k, v in kw.items() if k in fields}
+from ._outputs import (_K_CONT, _K_NEW, _K_RESUMED, _OUT, _PREEMPTED, _QUEUED, _RID,
+                       _SCHEDULED, _STATUS_TO_REASON, OutputsMixin, _kwargs_for, _Slot)
 
 
 def _vllm_version() -> tuple:
@@ -108,7 +100,7 @@ def _hash_size(vllm_config, block_size: int, hash_block_size: Optional[int]) -> 
     return 16 if _hash_algo(cc).startswith("xxhash") else 32
 
 
-class TandemScheduler(SchedulerInterface):
+class TandemScheduler(OutputsMixin, SchedulerInterface):
     """vLLM v1 scheduler whose decisions are made by libtandem (see the module doc)."""
 
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
@@ -122,6 +114,9 @@ class TandemScheduler(SchedulerInterface):
         self.structured_output_manager = structured_output_manager
         self.log_stats = log_stats
         self.block_size = block_size
+        self.hash_block_size = int(hash_block_size or block_size)
+        self.num_hash_lookahead_tokens = int(getattr(vllm_config, "num_hash_lookahead_tokens",
+                                                     0) or 0)
         self.max_model_len = vllm_config.model_config.max_model_len
         self.use_v2_model_runner = bool(getattr(vllm_config, "use_v2_model_runner", False))
         import inspect
@@ -132,8 +127,15 @@ class TandemScheduler(SchedulerInterface):
         if getattr(self.scheduler_config, "async_scheduling", False):
             raise ValueError("TandemScheduler schedules one step at a time: run vLLM with "
                              "--no-async-scheduling")
+        pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
+        if pp > 1:
+            raise ValueError(f"TandemScheduler schedules one step at a time and so does not "
+                             f"fill pipeline-parallel batch queues (pipeline_parallel_size="
+                             f"{pp}): run with --pipeline-parallel-size 1")
         if len(kv_cache_config.kv_cache_groups) > 1:
             raise ValueError("TandemScheduler supports one KV cache group (no hybrid models)")
+        lc = getattr(vllm_config, "lora_config", None)
+        self.max_loras = int(lc.max_loras) if lc is not None else 0
         self.connector = None
         self.ec_connector = None
         if getattr(vllm_config, "kv_transfer_config", None) is not None:
@@ -150,10 +152,17 @@ class TandemScheduler(SchedulerInterface):
         from .kv_events import KVEventRelay
         self._kv_events = KVEventRelay(vllm_config, kv_cache_config, self.sched,
                                        lambda tid: self.requests.get(self._req_of.get(tid)))
+        self._drafts = int(cfg.get("num_lookahead_tokens", 0) or 0) > 0
+        self._caching = bool(cfg.get("enable_prefix_caching", True))
+        fields = getattr(EngineCoreOutput, "__struct_fields__", None) or ()
+        self._eco_has_prefill_stats = "prefill_stats" in fields
+        self._eco_has_cached = "num_cached_tokens" in fields
+        self._eco_has_error = "error" in fields
 
         self.requests: dict[str, Request] = {}
         self._id_of: dict[str, int] = {}
         self._req_of: dict[int, str] = {}
+        self._slots: dict[int, _Slot] = {}
         self._next_id = 1
         self.finished_req_ids: set[str] = set()
         self.finished_req_ids_dict = defaultdict(set) if include_finished_set else None
@@ -161,33 +170,72 @@ class TandemScheduler(SchedulerInterface):
         self._reset_preempted: set[str] = set()
         self._pause = PauseState.UNPAUSED
         self._held_new: list[Request] = []   # added while PAUSED_NEW
-        self._awaiting_update = False
+        self._pending: deque = deque()      # (SchedulerOutput, slots, tids) not yet updated
         self._held: set = set()       # tids whose blocks the connector sends (delay free)
+        self._errors: dict = {}        # req_id -> (Request, RequestError): finished next update
+        self._fresh: set = set()       # slots with events / prefill stats to hand out
+        self._num_special = 0          # live slots that need the per-request output path
+        self._lora_refs: dict[int, int] = {}   # LoRA id -> requests in the library
+        self._lora_wait: deque = deque()       # requests waiting for a LoRA slot (max_loras)
         self._step_count = 0
-        self._prefix_q = 0
-        self._prefix_h = 0
         # vLLM's own block digests go to Tandem, so both prefix caches and the KV events
         # name blocks alike; _nhash: digests handed over so far, per tandem id.
         self._hash_size = _hash_size(vllm_config, block_size, hash_block_size)
         self._nhash: dict[int, int] = {}
+        self._pcs = PrefixCacheStats() if log_stats else None
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        if self.log_stats:
+            request.record_event(_QUEUED)
+        reason = self._unsupported(request)
+        if reason is not None:
+            self._errors[request.request_id] = (request, reason)
+            return
         if self._pause != PauseState.UNPAUSED:
             self._held_new.append(request)
-            self.requests[request.request_id] = request
+            return
+        self._admit_lora_or_add(request)
+
+    def _unsupported(self, request: Request) -> Optional[str]:
+        """Why Tandem cannot schedule this request (None: it can)."""
+        if request.prompt_token_ids is None:
+            return "TandemScheduler does not schedule prompt embeddings"
+        if request.mm_features:
+            return "TandemScheduler does not schedule multimodal inputs"
+        if request.pooling_params is not None:
+            return "TandemScheduler does not schedule pooling requests"
+        if getattr(request, "structured_output_request", None) is not None:
+            return "TandemScheduler does not schedule structured output (grammars)"
+        return None
+
+    def _lora_id(self, request: Request) -> int:
+        lr = request.lora_request
+        return int(lr.lora_int_id) if lr is not None and lr.lora_int_id > 0 else 0
+
+    def _admit_lora_or_add(self, request: Request) -> None:
+        """max_loras: a request of a LoRA that is not among the (at most max_loras) LoRAs of
+        the requests in the library waits in the adapter until one of them has drained."""
+        lid = self._lora_id(request)
+        if lid and self.max_loras and lid not in self._lora_refs and \
+                len(self._lora_refs) >= self.max_loras:
+            self._lora_wait.append(request)
             return
         self._add(request)
 
+    def _lora_released(self, lid: int) -> None:
+        n = self._lora_refs.get(lid, 0) - 1
+        if n > 0:
+            self._lora_refs[lid] = n
+            return
+        self._lora_refs.pop(lid, None)
+        waiting, self._lora_wait = self._lora_wait, deque()
+        for request in waiting:   # in arrival order; those that still do not fit wait on
+            if request.request_id in self.requests and not request.is_finished():
+                self._admit_lora_or_add(request)
+
     def _add(self, request: Request) -> None:
-        if request.prompt_token_ids is None:
-            raise ValueError("TandemScheduler does not schedule prompt embeddings")
-        if request.mm_features:
-            raise ValueError("TandemScheduler does not schedule multimodal inputs")
-        if request.pooling_params is not None:
-            raise ValueError("TandemScheduler does not schedule pooling requests")
-        if getattr(request, "structured_output_request", None) is not None:
-            raise ValueError("TandemScheduler does not schedule structured output")
         sp = request.sampling_params
         rid = self._next_id
         salt = request.cache_salt or ""
@@ -204,7 +252,8 @@ class TandemScheduler(SchedulerInterface):
             stop_token_ids=list(getattr(sp, "stop_token_ids", None) or ()),
             priority=int(request.priority), arrival_time=float(request.arrival_time),
             cache_salt=salt or None, ignore_eos=bool(getattr(sp, "ignore_eos", False)),
-            block_hashes=hashes, block_hash_size=self._hash_size)
+            block_hashes=hashes, block_hash_size=self._hash_size,
+            skip_prefix_cache=bool(getattr(request, "skip_reading_prefix_cache", False)))
         if self.connector is not None:
             self._connector_prepare(request, r)
         self.sched.add(r)
@@ -214,6 +263,26 @@ class TandemScheduler(SchedulerInterface):
         self._id_of[request.request_id] = rid
         self._req_of[rid] = request.request_id
         self.requests[request.request_id] = request
+        slot = _Slot(rid, request.request_id, request)
+        slot.remote = bool(r.remote_prefill)
+        if getattr(request, "_block_hasher", None) is not None:
+            slot.nh = self._next_hash_at(request)
+        slot.lora = self._lora_id(request)
+        if slot.lora:
+            self._lora_refs[slot.lora] = self._lora_refs.get(slot.lora, 0) + 1
+        self._slots[rid] = slot
+        self._num_special += slot.special
+        if self.log_stats or getattr(request, "prefill_stats", None) is not None:
+            self._mark_fresh(slot)
+
+    def _next_hash_at(self, request: Request) -> int:
+        """The token count at which vLLM's block hasher next has a full block to hash."""
+        return ((len(request.block_hashes) + 1) * self.hash_block_size +
+                self.num_hash_lookahead_tokens)
+
+    def _mark_fresh(self, slot: _Slot) -> None:
+        slot.fresh = True
+        self._fresh.add(slot)
 
     def _connector_prepare(self, request: Request, r: "tandem.Request") -> None:
         """A connector that loads the whole prompt remotely (P/D decode side) turns the
@@ -263,17 +332,18 @@ class TandemScheduler(SchedulerInterface):
             request = self.requests.get(req_id)
             if request is None or request.is_finished():
                 continue
-            held = request in self._held_new
-            if held:
-                self._held_new.remove(request)
+            tid = self._id_of.get(req_id)
+            if tid is None:     # never reached the library: held, rejected, waiting for LoRA
+                for q in (self._held_new, self._lora_wait):
+                    if request in q:
+                        q.remove(request)
+                self._errors.pop(req_id, None)
+            elif reason == FinishReason.ABORT:
+                self.sched.abort(tid)
             else:
-                tid = self._id_of[req_id]
-                if reason == FinishReason.ABORT:
-                    self.sched.abort(tid)
-                else:
-                    self.sched.finish(tid, reason)
+                self.sched.finish(tid, reason)
             request.status = finished_status
-            self._free_request(request, forget=held)
+            self._free_request(request, forget=tid is None)
             done.append(request)
         return done
 
@@ -282,8 +352,8 @@ class TandemScheduler(SchedulerInterface):
         kv_transfer_params."""
         req_id = request.request_id
         params = None
+        tid = self._id_of.get(req_id)
         if self.connector is not None and not forget:
-            tid = self._id_of.get(req_id)
             blocks = []
             if tid is not None:
                 try:
@@ -299,6 +369,14 @@ class TandemScheduler(SchedulerInterface):
                         self.sched.release(tid)
                     except TandemError:
                         pass
+        slot = self._slots.get(tid) if tid is not None else None
+        if slot is not None and slot.req is request:
+            slot.req = None     # finished: the slot stays until the batch reports it
+            self._num_special -= slot.special
+            slot.special = True
+            self._fresh.discard(slot)
+            if slot.lora:
+                self._lora_released(slot.lora)
         self.requests.pop(req_id, None)
         self.finished_req_ids.add(req_id)
         if self.finished_req_ids_dict is not None:
@@ -310,10 +388,23 @@ class TandemScheduler(SchedulerInterface):
         req_id = self._req_of.pop(tid, None)
         if req_id is not None:
             self._id_of.pop(req_id, None)
+        self._slots.pop(tid, None)
+
+    def _preempted(self, request: Request, ts: float) -> None:
+        """vLLM's _preempt_request bookkeeping on the Request (the library freed its KV)."""
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.num_preemptions += 1
+        if self.log_stats:
+            request.record_event(_PREEMPTED, ts)
+        slot = self._slots.get(self._id_of.get(request.request_id))
+        if slot is not None:
+            self._mark_fresh(slot)
 
     # ---- schedule ----------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        if self._awaiting_update:
+        if self._pending:
             raise RuntimeError("TandemScheduler: schedule() called twice without "
                                "update_from_output() (async scheduling is not supported)")
         if self._pause == PauseState.PAUSED_ALL:
@@ -321,209 +412,160 @@ class TandemScheduler(SchedulerInterface):
             so.finished_req_ids = self.finished_req_ids
             self.finished_req_ids = set()
             return so
-        b = self.sched.step(now=time.time())
+        ts = time.monotonic()
+        b = self.sched.step_raw(now=time.time())
         self._step_count += 1
+        # Read every array of the batch before any other library call.
+        n = b.num_reqs
+        total = b.total_tokens
+        if n:
+            tids = b.req_ids[:n]
+            ntok = b.num_tokens[:n]
+            ncomp = b.num_computed[:n]
+            kinds = ctypes.string_at(b.kinds, n)
+            offs = b.block_offsets[:n + 1]
+            blocks = b.blocks[:offs[n]] if offs[n] else ()
+            nspec = b.num_spec[:n] if self._drafts else None
+        else:
+            tids, ntok, ncomp, kinds, offs, blocks, nspec = [], [], [], b"", [0], (), None
+        pre_ids = b.preempted_ids[:b.num_preempted] if b.num_preempted else ()
+        fin_ids = b.finished_ids[:b.num_finished] if b.num_finished else ()
+        recv = b.recv_ready_ids[:b.num_recv_ready] if b.num_recv_ready else ()
+
         # Preemptions first: they reset the vLLM Request's state.
-        preempted = set(self._reset_preempted)
+        preempted = self._reset_preempted
         self._reset_preempted = set()
-        for tid in b.preempted:
-            req_id = self._req_of.get(tid)
-            request = self.requests.get(req_id) if req_id else None
-            if request is None:
+        for tid in pre_ids:
+            slot = self._slots.get(tid)
+            if slot is None or slot.req is None:
                 continue
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
-            request.spec_token_ids = []
-            request.num_preemptions += 1
-            preempted.add(req_id)
-        for tid in b.finished:
+            self._preempted(slot.req, ts)
+            preempted.add(slot.rid)
+        for tid in fin_ids:
             req_id = self._req_of.get(tid)
             if req_id is not None:
                 self.finished_req_ids.add(req_id)
                 if tid not in self._held:     # held blocks: forgotten on finished_sending
                     self._forget(tid)
         if self.connector is not None:
-            for tid in b.recv_ready:
+            for tid in recv:
                 self._start_remote_load(tid)
 
+        slots = list(map(self._slots.__getitem__, tids))
+        rids = list(map(_RID, slots))
+        num_scheduled = dict(zip(rids, ntok))
+        # Running (CONTINUING) entries come first in a batch: translate them in bulk.
+        k = n - len(kinds.lstrip(b"\x02"))
+        cached_ids = rids[:k]
+        cached_computed = ncomp[:k]
+        if offs[k] == 0:
+            new_block_ids: list = [None] * k
+        else:
+            new_block_ids = [(blocks[offs[i]:offs[i + 1]],) if offs[i + 1] > offs[i] else None
+                             for i in range(k)]
+        cached_outputs = list(map(len, map(_OUT, slots[:k]))) if self._num_special == 0 else \
+            [s.req.num_output_tokens for s in slots[:k]]
+        all_token_ids: dict = {}
+        if not self.use_v2_model_runner and k:
+            for req_id in set(cached_ids).difference(self.prev_step_scheduled_req_ids):
+                all_token_ids[req_id] = list(self.requests[req_id].all_token_ids)
         new_reqs: list = []
-        cached_ids: list[str] = []
-        resumed: set[str] = set()
-        all_token_ids: dict[str, list[int]] = {}
-        new_block_ids: list = []
-        cached_computed: list[int] = []
-        cached_outputs: list[int] = []
-        num_scheduled: dict[str, int] = {}
-        spec: dict[str, list[int]] = {}
-        for e in b:
-            req_id = self._req_of[e.req_id]
-            request = self.requests[req_id]
-            request.num_computed_tokens = e.num_computed
-            num_scheduled[req_id] = e.num_tokens
-            if e.num_spec:
-                spec[req_id] = list(request.spec_token_ids[:e.num_spec])
-            if e.kind == tandem.EntryKind.NEW or (self.use_v2_model_runner and
-                                                  e.kind == tandem.EntryKind.RESUMED):
+        resumed: set = set()
+        for i in range(k, n):      # new, resumed (and, out of order, continuing) entries
+            slot = slots[i]
+            request = slot.req
+            kind = kinds[i]
+            req_id = slot.rid
+            bl = blocks[offs[i]:offs[i + 1]]
+            request.num_computed_tokens = ncomp[i]
+            if kind != _K_CONT:
+                self._admitted(slot, ncomp[i], ts)
+            if kind == _K_NEW or (self.use_v2_model_runner and kind == _K_RESUMED):
                 # The v2 model runner takes resumed requests as new ones, with their tokens.
                 if request.status == RequestStatus.WAITING:
-                    request.num_cached_tokens = e.num_computed
+                    request.num_cached_tokens = ncomp[i]
                 request.status = RequestStatus.RUNNING
                 if self.use_v2_model_runner:
                     new_reqs.append(NewRequestData.from_request(
-                        request, (list(e.blocks),), list(request.all_token_ids),
-                        **self._mrope_kw))
+                        request, (bl,), list(request.all_token_ids), **self._mrope_kw))
                 else:
-                    new_reqs.append(NewRequestData.from_request(request, (list(e.blocks),),
+                    new_reqs.append(NewRequestData.from_request(request, (bl,),
                                                                 **self._mrope_kw))
-            else:
-                cached_ids.append(req_id)
-                if e.kind == tandem.EntryKind.RESUMED:
-                    resumed.add(req_id)
-                    request.status = RequestStatus.RUNNING
-                if (not self.use_v2_model_runner and
-                        req_id not in self.prev_step_scheduled_req_ids):
-                    all_token_ids[req_id] = list(request.all_token_ids)
-                new_block_ids.append((list(e.blocks),) if e.blocks or
-                                     e.kind == tandem.EntryKind.RESUMED else None)
-                cached_computed.append(e.num_computed)
-                cached_outputs.append(request.num_output_tokens)
+                continue
+            cached_ids.append(req_id)
+            if kind == _K_RESUMED:
+                resumed.add(req_id)
+                request.status = RequestStatus.RUNNING
+            if (not self.use_v2_model_runner and
+                    req_id not in self.prev_step_scheduled_req_ids):
+                all_token_ids[req_id] = list(request.all_token_ids)
+            new_block_ids.append((bl,) if bl or kind == _K_RESUMED else None)
+            cached_computed.append(ncomp[i])
+            cached_outputs.append(request.num_output_tokens)
+        spec: dict = {}
+        if nspec is not None and any(nspec):
+            for i, ns in enumerate(nspec):
+                if ns:
+                    spec[rids[i]] = list(slots[i].req.spec_token_ids[:ns])
         cached = CachedRequestData(
             req_ids=cached_ids, resumed_req_ids=resumed, new_token_ids=[],
             all_token_ids=all_token_ids, new_block_ids=new_block_ids,
             num_computed_tokens=cached_computed, num_output_tokens=cached_outputs)
         so = SchedulerOutput(**_kwargs_for(
             SchedulerOutput, scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled, total_num_scheduled_tokens=b.total_tokens,
+            num_scheduled_tokens=num_scheduled, total_num_scheduled_tokens=total,
             scheduled_spec_decode_tokens=spec, scheduled_encoder_inputs={},
             num_common_prefix_blocks=[0], finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=[], preempted_req_ids=preempted))
-        so.tandem_recv_ready = [self._req_of[t] for t in b.recv_ready if t in self._req_of]
+        so.tandem_recv_ready = [self._req_of[t] for t in recv if t in self._req_of]
         if self.connector is not None:
             so.kv_connector_metadata = self.connector.build_connector_meta(so)
         # vLLM's _update_after_schedule: optimistic advance.
-        for req_id, n in num_scheduled.items():
-            request = self.requests[req_id]
-            request.num_computed_tokens += n
-            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
-            if req_id in spec:
-                request.spec_token_ids = []
+        for slot, c, t in zip(slots, ncomp, ntok):
+            c += t
+            request = slot.req
+            request.num_computed_tokens = c
+            request.is_prefill_chunk = c < (len(slot.all) if slot.all is not None
+                                            else request.num_tokens)
+        for req_id in spec:
+            self.requests[req_id].spec_token_ids = []
         self.prev_step_scheduled_req_ids = set(num_scheduled)
         self.finished_req_ids = set()
-        self._awaiting_update = bool(num_scheduled)
+        if n:
+            self._pending.append((so, slots, rids, array("Q", tids)))
         return so
+
+    def _admitted(self, slot: _Slot, num_computed: int, ts: float) -> None:
+        """A waiting request was admitted with num_computed tokens already there (its prefix
+        hit): vLLM's SCHEDULED event, PrefixCacheStats record and Request.prefill_stats."""
+        request = slot.req
+        if self.log_stats:
+            request.record_event(_SCHEDULED, ts)
+        self._mark_fresh(slot)
+        if slot.remote and request.num_preemptions <= 0:
+            ps = getattr(request, "prefill_stats", None)
+            if ps is not None:     # the remote prefill's tokens arrived from elsewhere
+                ps.set(num_prompt_tokens=request.num_prompt_tokens, num_local_cached_tokens=0,
+                       num_external_cached_tokens=min(num_computed, request.num_prompt_tokens))
+            return
+        if (self._pcs is not None and self._caching and
+                not getattr(request, "skip_reading_prefix_cache", False)):
+            self._pcs.record(num_tokens=request.num_tokens, num_hits=num_computed,
+                             preempted=request.num_preemptions > 0)
+        ps = getattr(request, "prefill_stats", None)
+        if ps is not None and request.num_preemptions <= 0:
+            ps.set(num_prompt_tokens=request.num_prompt_tokens,
+                   num_local_cached_tokens=num_computed, num_external_cached_tokens=0)
 
     def get_grammar_bitmask(self, scheduler_output):
         return None
-
-    # ---- update ------------------------------------------------------------------------------
-    def update_from_output(self, scheduler_output, model_runner_output) -> dict:
-        self._awaiting_update = False
-        self._kv_events.collect()  # the schedule's events, while their requests are known
-        sampled = model_runner_output.sampled_token_ids
-        index = model_runner_output.req_id_to_index
-        logprobs = model_runner_output.logprobs
-        prompt_lp = getattr(model_runner_output, "prompt_logprobs_dict", None) or {}
-        report = {}
-        for req_id in scheduler_output.num_scheduled_tokens:
-            tid = self._id_of.get(req_id)
-            request = self.requests.get(req_id)
-            if tid is None or request is None or request.is_finished():
-                continue
-            i = index.get(req_id)
-            toks = list(sampled[i]) if (sampled and i is not None) else []
-            report[tid] = toks
-        result = self.sched.update(report, now=time.time())
-        outputs: dict[int, list] = defaultdict(list)
-        for u in result:
-            req_id = self._req_of.get(u.req_id)
-            request = self.requests.get(req_id) if req_id else None
-            if request is None:
-                continue
-            toks = report.get(u.req_id, [])
-            new = toks[:u.num_new_tokens]
-            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
-            if drafts and toks:
-                request.num_computed_tokens -= len(drafts) + 1 - len(toks)
-            for t in new:
-                request.append_output_token_ids(t)
-            stopped = u.finish_reason != FinishReason.NONE
-            if (self._hash_size and not stopped and
-                    len(request.block_hashes) > self._nhash.get(u.req_id, 0)):
-                self._append_hashes(u.req_id, request)
-            if stopped:
-                request.num_computed_tokens -= len(toks) - len(new)
-                request.status = _REASON_TO_STATUS[u.finish_reason]
-                if (u.stop_token is not None and u.finish_reason == FinishReason.STOP and
-                        u.stop_token in (request.sampling_params.stop_token_ids or ())):
-                    request.stop_reason = u.stop_token
-            if not new and not stopped:
-                continue
-            kv_params = self._free_request(request) if stopped else None
-            new_logprobs = None
-            i = index.get(req_id)
-            if (logprobs is not None and i is not None and new and
-                    request.sampling_params.logprobs is not None):
-                new_logprobs = logprobs.slice_request(i, len(new))
-            outputs[request.client_index].append(EngineCoreOutput(**_kwargs_for(
-                EngineCoreOutput, request_id=req_id, new_token_ids=new,
-                finish_reason=request.get_finished_reason() if stopped else None,
-                new_logprobs=new_logprobs,
-                new_prompt_logprobs_tensors=prompt_lp.get(req_id),
-                stop_reason=request.stop_reason, events=request.take_events(),
-                kv_transfer_params=kv_params, trace_headers=request.trace_headers,
-                num_cached_tokens=request.num_cached_tokens)))
-        kvo = getattr(model_runner_output, "kv_connector_output", None)
-        if self.connector is not None and kvo is not None:
-            self.connector.update_connector_output(kvo)
-            invalid = set(getattr(kvo, "invalid_block_ids", None) or ())
-            failed = set(getattr(kvo, "failed_recving", None) or ())
-            for req_id in set(kvo.finished_recving or ()) | failed:
-                tid = self._id_of.get(req_id)
-                if tid is None:
-                    continue
-                blocks = self.sched.request_blocks(tid)
-                bad = [i for i, blk in enumerate(blocks) if blk in invalid]
-                try:
-                    if bad or req_id in failed:
-                        valid = (bad[0] if bad else 0) * self.block_size
-                        self.sched.remote_kv_done(tid, ok=False, num_valid_tokens=valid)
-                    else:
-                        self.sched.remote_kv_done(tid, ok=True)
-                except TandemError:
-                    continue
-                request = self.requests.get(req_id)
-                if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-                    request.status = RequestStatus.WAITING
-            for req_id in (kvo.finished_sending or ()):
-                tid = self._id_of.get(req_id)
-                if tid is not None:
-                    try:
-                        self.sched.release(tid)
-                    except TandemError:
-                        pass
-                    self._held.discard(tid)
-                    self._forget(tid)
-        eco = {ci: EngineCoreOutputs(outputs=outs) for ci, outs in outputs.items()}
-        if self.finished_req_ids_dict:
-            for ci, fin in self.finished_req_ids_dict.items():
-                if ci in eco:
-                    eco[ci].finished_requests = fin
-                else:
-                    eco[ci] = EngineCoreOutputs(finished_requests=fin)
-            self.finished_req_ids_dict.clear()
-        self._kv_events.publish(self.connector)
-        stats = self.make_stats()
-        if stats is not None:
-            e = next(iter(eco.values()), None)
-            if e is None:
-                e = eco[0] = EngineCoreOutputs()
-            e.scheduler_stats = stats
-        return eco
 
     def _append_hashes(self, tid: int, request: Request) -> None:
         """Hand the digests of blocks that filled (vLLM extends request.block_hashes as it
         appends tokens) to Tandem, which caches those blocks at its next step."""
         sent = self._nhash.get(tid, 0)
+        if len(request.block_hashes) <= sent:
+            return
         try:
             self.sched.append_block_hashes(tid, request.block_hashes[sent:], self._hash_size)
             self._nhash[tid] = len(request.block_hashes)
@@ -569,8 +611,7 @@ class TandemScheduler(SchedulerInterface):
         if self._pause == PauseState.UNPAUSED:
             held, self._held_new = self._held_new, []
             for request in held:
-                self.requests.pop(request.request_id, None)
-                self._add(request)
+                self._admit_lora_or_add(request)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False,
                            reset_connector: bool = False) -> bool:
@@ -581,13 +622,14 @@ class TandemScheduler(SchedulerInterface):
             self.sched.reset_prefix_cache(reset_running=reset_running_requests)
         except TandemError:
             return False
-        for rid in running:
-            request = self.requests[rid]
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
-            request.spec_token_ids = []
-            request.num_preemptions += 1
+        if self._pcs is not None:
+            self._pcs.reset = True
+        ts = time.monotonic()
+        for rid in reversed(running):    # vLLM preempts from the tail of its running list
+            self._preempted(self.requests[rid], ts)
             self._reset_preempted.add(rid)
+        if reset_running_requests:
+            self.prev_step_scheduled_req_ids.clear()
         if reset_connector and self.connector is not None:
             reset = getattr(self.connector, "reset_cache", None)
             if reset is not None:
@@ -599,24 +641,27 @@ class TandemScheduler(SchedulerInterface):
 
     def get_request_counts(self) -> tuple:
         st = self.sched.stats()
-        return st.num_running, st.num_waiting
+        return st.num_running, st.num_waiting + len(self._lora_wait) + len(self._held_new)
 
     def get_kv_cache_usage(self) -> float:
         return self.sched.stats().kv_usage
 
     def make_stats(self, *args, **kwargs):
+        """SchedulerStats as vLLM's Scheduler fills them: running and waiting counts (waiting
+        requests that cannot be admitted now, remote-KV waits and LoRA waits, counted as
+        skipped), KV usage, and the prefix-cache lookups of the requests admitted since the
+        previous call (PrefixCacheStats: requests, queries, hits, preempted_*)."""
         if not self.log_stats:
             return None
         st = self.sched.stats()
-        pcs = PrefixCacheStats()
-        q, h = st.prefix_queries - self._prefix_q, st.prefix_hits - self._prefix_h
-        self._prefix_q, self._prefix_h = st.prefix_queries, st.prefix_hits
-        if hasattr(pcs, "queries"):
-            pcs.queries = q
-            pcs.hits = h
+        pcs, self._pcs = self._pcs, PrefixCacheStats()
+        skipped = st.num_waiting_remote_kv + len(self._lora_wait)
+        waiting = st.num_waiting + len(self._lora_wait) + len(self._held_new)
         return SchedulerStats(**_kwargs_for(
-            SchedulerStats, num_running_reqs=st.num_running, num_waiting_reqs=st.num_waiting,
-            step_counter=self._step_count, kv_cache_usage=st.kv_usage, prefix_cache_stats=pcs))
+            SchedulerStats, num_running_reqs=st.num_running,
+            num_waiting_reqs=waiting - skipped, num_skipped_waiting_reqs=skipped,
+            num_kv_fetch_reqs_by_stage=dict.fromkeys(KV_FETCH_STAGES, 0),
+            kv_cache_usage=st.kv_usage, prefix_cache_stats=pcs))
 
     def get_kv_connector(self):
         return self.connector
