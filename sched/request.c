@@ -106,10 +106,8 @@ void tdm__req_sync_host_hashes(tdm__req *r)
 void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r)
 {
     if (!s->prm.enable_prefix_caching) return;
-    if (r->host_hash_size) {
-        tdm__req_sync_host_hashes(r);
-        return;
-    }
+    tdm__req_sync_host_hashes(r);   /* the digests known before admission */
+    if (r->host_hash_size) return;
     uint32_t bs = (uint32_t)s->prm.block_size;
     uint32_t full = r->num_tokens / bs;
     int algo = (int)s->prm.prefix_hash;

@@ -234,9 +234,10 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
     if (tdm__vec_reserve(&s->finished, s->map_len + 1, sizeof(tdm__req *)) ||
         tdm__waiting_reserve(s, s->map_len + 1))
         return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
-    /* One allocation: the record, the host digests (room for every full prompt block), the
-     * prompt and the stop ids. */
-    uint32_t nhost = d->block_hash_size ? d->num_prompt_tokens / (uint32_t)s->prm.block_size : 0;
+    /* One allocation: the record, the prompt digests (room for every full prompt block: the
+     * host's, or Tandem's computed below), the prompt and the stop ids. */
+    uint32_t nhost = (d->block_hash_size || s->prm.enable_prefix_caching)
+                         ? d->num_prompt_tokens / (uint32_t)s->prm.block_size : 0;
     size_t sz_host = (size_t)nhost * sizeof(tdm__digest);
     size_t sz = sizeof(tdm__req) + sz_host +
                 ((size_t)d->num_prompt_tokens + d->num_stop_token_ids) * sizeof(tdm_token);
@@ -278,6 +279,20 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
                              (unsigned long long)d->id);
         }
         r->has_salt = true;
+    }
+    if (!d->block_hash_size && nhost) {
+        /* The prompt's block digests are computed here, as vLLM computes Request.block_hashes
+         * when the request is made, so that steps never hash prompts. A failure stops the
+         * chain: those blocks are hashed again at admission (and, failing that, not cached). */
+        r->host_hashes = host;
+        while (r->num_host_hashes < nhost) {
+            uint32_t i = r->num_host_hashes;
+            if (tdm__hash_block(&s->hasher, (int)s->prm.prefix_hash, i ? &host[i - 1] : NULL,
+                                prompt + (size_t)i * (uint32_t)s->prm.block_size, (uint32_t)s->prm.block_size,
+                                (i == 0 && r->has_salt) ? &r->salt : NULL, &host[i]))
+                break;
+            r->num_host_hashes++;
+        }
     }
     if (d->flags & TDM_REQ_REMOTE_PREFILL)
         r->num_remote = d->num_remote_tokens ? d->num_remote_tokens : d->num_prompt_tokens;

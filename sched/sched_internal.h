@@ -81,8 +81,9 @@ struct tdm__req {
     tdm_token *spec;           /* capacity = the scheduler's lookahead */
     tdm__digest *hashes;       /* digests of the full blocks of tokens[0..num_tokens) */
     uint32_t num_hashes;
-    tdm__digest *host_hashes;  /* host digests given before admission (in this
-                                       allocation), copied to `hashes` when admitted */
+    tdm__digest *host_hashes;  /* prompt digests known before admission (in this
+                                       allocation): the host's, or Tandem's own computed at
+                                       add; copied to `hashes` when admitted */
     uint32_t num_host_hashes;  /* digests in host_hashes (capacity: full prompt blocks) */
     uint32_t host_hash_size;   /* bytes per host digest; 0 = Tandem computes them */
     uint32_t num_cached;       /* prefix hit at the first admission */

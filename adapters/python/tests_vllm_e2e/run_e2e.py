@@ -28,6 +28,7 @@ BLOCKS = 40          # 40 x 32 = 1280 tokens of KV for 16 sequences: preemption
 ENGINE = dict(dtype="float32", block_size=32, max_model_len=1024, max_num_batched_tokens=128,
               max_num_seqs=16, num_gpu_blocks_override=BLOCKS, enforce_eager=True,
               async_scheduling=False, enable_prefix_caching=True, disable_log_stats=False,
+              gpu_memory_utilization=0.3,   # on CPU: the share of RAM reserved (the server passes it too)
               seed=0)
 
 
