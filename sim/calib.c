@@ -63,66 +63,109 @@ int tdm_sim__csv_col(char **hdr, int n, const char *name)
 
 #define MAXF 128
 
-static double vidur_file(const char *path, const char *hwname, FILE *out, size_t *count)
+int tdm_sim__vidur_rows(const char *path, tdm_sim__vidur_row **rows, size_t *count)
 {
     size_t len;
+    *rows = NULL;
+    *count = 0;
     char *buf = tdm_sim__slurp(path, &len);
     if (!buf) return -1;
     char *save = NULL, *line = strtok_r(buf, "\n", &save);
     char *hdr[MAXF], *f[MAXF];
     char *hline = line ? strdup(line) : NULL;
     int nh = hline ? tdm_sim__csv_fields(hline, hdr, MAXF) : 0;
-    static const char *const OPS[] = {"attn_pre_proj", "attn_post_proj", "mlp_up_proj",
-                                      "mlp_down_proj", "mlp_act", "input_layernorm",
-                                      "post_attention_layernorm", "attn_rope", "add"};
-    int oc[9], ce = tdm_sim__csv_col(hdr, nh, "n_embd"), ch = tdm_sim__csv_col(hdr, nh, "n_head"),
+    static const char *const GEMM[4] = {"attn_pre_proj", "attn_post_proj", "mlp_up_proj",
+                                        "mlp_down_proj"};
+    static const char *const EW[5] = {"input_layernorm", "post_attention_layernorm", "attn_rope",
+                                      "mlp_act", "add"};
+    int gc[4], ec[5], ce = tdm_sim__csv_col(hdr, nh, "n_embd"), ch = tdm_sim__csv_col(hdr, nh, "n_head"),
         ck = tdm_sim__csv_col(hdr, nh, "n_kv_head"), ci = tdm_sim__csv_col(hdr, nh, "n_expanded_embd"),
         ct = tdm_sim__csv_col(hdr, nh, "num_tokens"), cp = tdm_sim__csv_col(hdr, nh, "num_tensor_parallel_workers");
     char name[64];
     int ok = ce >= 0 && ch >= 0 && ck >= 0 && ci >= 0 && ct >= 0 && cp >= 0;
-    for (int i = 0; i < 9 && ok; i++) {
-        snprintf(name, sizeof name, "time_stats.%s.median", OPS[i]);
-        oc[i] = tdm_sim__csv_col(hdr, nh, name);
-        ok = oc[i] >= 0;
+    for (int i = 0; i < 4 && ok; i++) {
+        snprintf(name, sizeof name, "time_stats.%s.median", GEMM[i]);
+        ok = (gc[i] = tdm_sim__csv_col(hdr, nh, name)) >= 0;
     }
-    double sum = 0;
-    size_t n = 0;
-    double worst = 0;
-    tdm_sim_hw hw;
-    ok = ok && tdm_sim_hw_preset(hwname, &hw) == 0;
+    for (int i = 0; i < 5 && ok; i++) {
+        snprintf(name, sizeof name, "time_stats.%s.median", EW[i]);
+        ok = (ec[i] = tdm_sim__csv_col(hdr, nh, name)) >= 0;
+    }
+    size_t n = 0, cap = 0;
+    tdm_sim__vidur_row *out = NULL;
     while (ok && (line = strtok_r(NULL, "\n", &save))) {
-        int nf = tdm_sim__csv_fields(line, f, MAXF);
-        if (nf != nh) continue;
+        if (tdm_sim__csv_fields(line, f, MAXF) != nh) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            tdm_sim__vidur_row *nr = realloc(out, cap * sizeof *nr);
+            if (!nr) {
+                ok = 0;
+                break;
+            }
+            out = nr;
+        }
+        tdm_sim__vidur_row *r = &out[n++];
+        r->tp = atof(f[cp]);
+        r->tokens = atof(f[ct]);
+        r->H = atof(f[ce]);
+        r->heads = atof(f[ch]);
+        r->kvh = atof(f[ck]);
+        r->I = atof(f[ci]);
+        r->ew_ms = 0;
+        for (int i = 0; i < 4; i++) r->gemm_ms[i] = atof(f[gc[i]]);
+        for (int i = 0; i < 5; i++) r->ew_ms += atof(f[ec[i]]);
+    }
+    free(hline);
+    free(buf);
+    if (!ok) {
+        free(out);
+        return -1;
+    }
+    *rows = out;
+    *count = n;
+    return 0;
+}
+
+static double vidur_file(const char *path, const char *hwname, FILE *out, size_t *count)
+{
+    tdm_sim__vidur_row *rows;
+    size_t nrows;
+    tdm_sim_hw hw;
+    *count = 0;
+    if (tdm_sim_hw_preset(hwname, &hw) != 0 || tdm_sim__vidur_rows(path, &rows, &nrows) != 0) return -1;
+    double sum = 0, worst = 0;
+    size_t n = 0;
+    for (size_t k = 0; k < nrows; k++) {
+        const tdm_sim__vidur_row *r = &rows[k];
         tdm_sim_model m;
         memset(&m, 0, sizeof m);
         m.layers = 1;
-        m.hidden = (uint32_t)atoi(f[ce]);
-        m.heads = (uint32_t)atoi(f[ch]);
-        m.kv_heads = (uint32_t)atoi(f[ck]);
+        m.hidden = (uint32_t)r->H;
+        m.heads = (uint32_t)r->heads;
+        m.kv_heads = (uint32_t)r->kvh;
         m.head_dim = m.hidden / (m.heads ? m.heads : 1);
-        m.ffn = (uint32_t)atoi(f[ci]);
+        m.ffn = (uint32_t)r->I;
         m.vocab = 0;
         m.gated = 1;
-        m.tp = (uint32_t)atoi(f[cp]);
+        m.tp = (uint32_t)r->tp;
         m.bytes_per_param = m.bytes_per_kv = 2;
-        double tokens = atof(f[ct]), meas = 0;
-        for (int i = 0; i < 9; i++) meas += atof(f[oc[i]]);
-        if (tokens <= 0 || meas <= 0 || !m.tp) continue;
+        double meas = r->ew_ms;
+        for (int i = 0; i < 4; i++) meas += r->gemm_ms[i];
+        if (r->tokens <= 0 || meas <= 0 || !m.tp) continue;
         tdm_sim_cost c;
         tdm_sim_hw h0 = hw;
         h0.step_overhead_us = 0;
         tdm_sim_cost_init(&c, &m, &h0);
         c.ar_count = 0; /* all-reduce is not in these rows */
         tdm_sim_shape s = {0};
-        s.decode_reqs = (uint32_t)tokens;
+        s.decode_reqs = (uint32_t)r->tokens;
         double pred = tdm_sim_cost_step(&c, &s, NULL) * 1e3;
         double e = fabs(pred - meas) / meas;
         if (e > worst) worst = e;
         sum += e;
         n++;
     }
-    free(hline);
-    free(buf);
+    free(rows);
     if (out && n)
         fprintf(out, "  vidur %-28s %4zu rows  MAPE %5.1f%%  (worst %5.1f%%)\n", path + (strrchr(path, '/') ? strrchr(path, '/') - path + 1 : 0),
                 n, 100 * sum / (double)n, 100 * worst);

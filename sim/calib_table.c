@@ -56,61 +56,29 @@ static void vgemm_keys(const vrow *r, double nk[4][2])
 
 static int vidur_file(const char *path, const char *hwname, FILE *out, double *sum, size_t *cnt)
 {
-    size_t len;
-    char *buf = tdm_sim__slurp(path, &len);
-    if (!buf) return -1;
-    char *save = NULL, *line = strtok_r(buf, "\n", &save);
-    char *hdr[MAXF], *f[MAXF];
-    char *hl = line ? strdup(line) : NULL;
-    int nh = hl ? tdm_sim__csv_fields(hl, hdr, MAXF) : 0;
-    static const char *const G[4] = {"attn_pre_proj", "attn_post_proj", "mlp_up_proj",
-                                     "mlp_down_proj"};
-    static const char *const E[5] = {"input_layernorm", "post_attention_layernorm", "attn_rope",
-                                     "mlp_act", "add"};
-    int gc[4], ec[5], ce = tdm_sim__csv_col(hdr, nh, "n_embd"),
-        ch = tdm_sim__csv_col(hdr, nh, "n_head"), ck = tdm_sim__csv_col(hdr, nh, "n_kv_head"),
-        ci = tdm_sim__csv_col(hdr, nh, "n_expanded_embd"),
-        ct = tdm_sim__csv_col(hdr, nh, "num_tokens"),
-        cp = tdm_sim__csv_col(hdr, nh, "num_tensor_parallel_workers");
-    int ok = ce >= 0 && ch >= 0 && ck >= 0 && ci >= 0 && ct >= 0 && cp >= 0;
-    char name[64];
-    for (int i = 0; i < 4 && ok; i++) {
-        snprintf(name, sizeof name, "time_stats.%s.median", G[i]);
-        ok = (gc[i] = tdm_sim__csv_col(hdr, nh, name)) >= 0;
-    }
-    for (int i = 0; i < 5 && ok; i++) {
-        snprintf(name, sizeof name, "time_stats.%s.median", E[i]);
-        ok = (ec[i] = tdm_sim__csv_col(hdr, nh, name)) >= 0;
-    }
-    size_t n = 0, cap = 0;
-    vrow *rows = NULL;
-    while (ok && (line = strtok_r(NULL, "\n", &save))) {
-        if (tdm_sim__csv_fields(line, f, MAXF) != nh) continue;
+    tdm_sim__vidur_row *raw;
+    size_t nraw;
+    if (tdm_sim__vidur_rows(path, &raw, &nraw) != 0) return -1;
+    int ok = 1;
+    size_t n = 0;
+    vrow *rows = nraw ? malloc(nraw * sizeof *rows) : NULL;
+    if (nraw && !rows) ok = 0;
+    for (size_t q = 0; ok && q < nraw; q++) {
+        const tdm_sim__vidur_row *v = &raw[q];
         vrow r;
         memset(&r, 0, sizeof r);
-        r.tp = atof(f[cp]), r.tokens = atof(f[ct]), r.H = atof(f[ce]);
-        r.heads = atof(f[ch]), r.kvh = atof(f[ck]), r.I = atof(f[ci]);
-        for (int i = 0; i < 4; i++) r.gemm[i] = atof(f[gc[i]]) * 1e3;
-        for (int i = 0; i < 5; i++) r.ew += atof(f[ec[i]]) * 1e3;
+        r.tp = v->tp, r.tokens = v->tokens, r.H = v->H;
+        r.heads = v->heads, r.kvh = v->kvh, r.I = v->I;
+        for (int i = 0; i < 4; i++) r.gemm[i] = v->gemm_ms[i] * 1e3;
+        r.ew = v->ew_ms * 1e3;
         r.meas = r.ew;
         for (int i = 0; i < 4; i++) r.meas += r.gemm[i];
         int good = r.tp >= 1 && r.tokens >= 1 && r.H >= 1 && r.heads >= 1 && r.kvh >= 1 &&
                    r.I >= 1 && r.ew > 0;
         for (int i = 0; i < 4; i++) good = good && r.gemm[i] > 0;
-        if (!good) continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 1024;
-            vrow *nr = realloc(rows, cap * sizeof *nr);
-            if (!nr) {
-                ok = 0;
-                break;
-            }
-            rows = nr;
-        }
-        rows[n++] = r;
+        if (good) rows[n++] = r;
     }
-    free(hl);
-    free(buf);
+    free(raw);
     int rc = -1;
     tdm_sim_tableset set;
     memset(&set, 0, sizeof set);

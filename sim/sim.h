@@ -305,6 +305,15 @@ void tdm_sim_calib_table_line(FILE *f, const tdm_sim_calib_table *c);
 char *tdm_sim__slurp(const char *path, size_t *len);
 int tdm_sim__csv_fields(char *line, char **f, int max);
 int tdm_sim__csv_col(char **hdr, int n, const char *name);
+/* One row of a Vidur MLP profile (../shared/profiles/vidur/.../mlp.csv): the shapes, the four
+ * projection GEMMs' median times (qkv, o, up/gate, down) and the sum of the five element-wise
+ * ops' (norms, rope, activation, add), in ms as the file has them. */
+typedef struct tdm_sim__vidur_row {
+    double tp, tokens, H, heads, kvh, I, gemm_ms[4], ew_ms;
+} tdm_sim__vidur_row;
+/* Every row of such a file with the full column count, unfiltered (malloc'ed; *n may be 0).
+ * -1: unreadable, a column missing, or out of memory. */
+int tdm_sim__vidur_rows(const char *path, tdm_sim__vidur_row **rows, size_t *n);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Deployments and the engine                                                                 */
