@@ -23,6 +23,25 @@
 #  define TDM_UNLIKELY(x) (x)
 #endif
 
+/* TDM__COMPAT_SYMBOL(impl, name, node): export the function impl as the older version
+ * name@node of a public symbol (tandem.map), beside the current name@@<newest node>. Used
+ * for the initialisers of structs that grew: the old version writes only the layout that
+ * binaries linked against that node know. ELF (GNU as) only; elsewhere nothing is bound
+ * and those binaries cannot exist. impl must be declared TDM_API. Such a name is listed in
+ * both nodes of tandem.map and has no plain definition: its current version is defined
+ * under an internal name too and bound as name@@node with TDM__DEFAULT_SYMBOL(impl, name,
+ * node) (a static link resolves `name` to that default version); without symbol versions
+ * (TDM__HAVE_SYMVER 0) the source defines the plain name as a call to impl instead. */
+#if defined(__ELF__) && defined(__GNUC__)
+#  define TDM__HAVE_SYMVER 1
+#  define TDM__COMPAT_SYMBOL(impl, name, node) __asm__(".symver " #impl "," #name "@" #node)
+#  define TDM__DEFAULT_SYMBOL(impl, name, node) __asm__(".symver " #impl "," #name "@@" #node)
+#else
+#  define TDM__HAVE_SYMVER 0
+#  define TDM__COMPAT_SYMBOL(impl, name, node)
+#  define TDM__DEFAULT_SYMBOL(impl, name, node)
+#endif
+
 #define TDM_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define TDM_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TDM_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -47,10 +47,10 @@ extern "C" {
 /* ------------------------------------------------------------------------------------ */
 
 #define TDM_VERSION_MAJOR 0
-#define TDM_VERSION_MINOR 1
+#define TDM_VERSION_MINOR 2
 #define TDM_VERSION_PATCH 0
 #define TDM_VERSION_NUMBER (TDM_VERSION_MAJOR * 10000 + TDM_VERSION_MINOR * 100 + TDM_VERSION_PATCH)
-#define TDM_VERSION_STRING "0.1.0"
+#define TDM_VERSION_STRING "0.2.0"
 
 /* The ABI version: bumped only on an incompatible change; it is the SONAME's number
  * (libtandem.so.<TDM_ABI_VERSION>). Bindings compare tdm_abi_version() with the value

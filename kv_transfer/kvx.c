@@ -102,13 +102,28 @@ int tdm_kvx_event_init(tdm_kvx_event *e)
     return TDM_OK;
 }
 
-int tdm_kvx_stats_init(tdm_kvx_stats *s)
+/* tdm_kvx_stats grew (chunks_read_nixl) after ABI 1 was first published: the default
+ * initialiser, @@TANDEM_1.1, fills the current struct; @TANDEM_1, for binaries linked
+ * before, only the layout they know (docs/ABI.md). */
+#define KVX_STATS_V1_SIZE offsetof(tdm_kvx_stats, chunks_read_nixl)
+TDM_API int tdm__kvx_stats_init_v1_1(tdm_kvx_stats *s);
+TDM_API int tdm__kvx_stats_init_v1(tdm_kvx_stats *s);
+TDM__DEFAULT_SYMBOL(tdm__kvx_stats_init_v1_1, tdm_kvx_stats_init, TANDEM_1.1);
+TDM__COMPAT_SYMBOL(tdm__kvx_stats_init_v1, tdm_kvx_stats_init, TANDEM_1);
+
+static int kvx_stats_init_size(tdm_kvx_stats *s, size_t size)
 {
     if (!s) return TDM_E_INVAL;
-    memset(s, 0, sizeof(*s));
-    s->struct_size = sizeof(*s);
+    memset(s, 0, size);
+    s->struct_size = (uint32_t)size;
     return TDM_OK;
 }
+
+int tdm__kvx_stats_init_v1_1(tdm_kvx_stats *s) { return kvx_stats_init_size(s, sizeof(*s)); }
+int tdm__kvx_stats_init_v1(tdm_kvx_stats *s) { return kvx_stats_init_size(s, KVX_STATS_V1_SIZE); }
+#if !TDM__HAVE_SYMVER
+int tdm_kvx_stats_init(tdm_kvx_stats *s) { return tdm__kvx_stats_init_v1_1(s); }
+#endif
 
 int tdm_kvx_curve_keypair(char public_key[41], char secret_key[41])
 {

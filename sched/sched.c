@@ -19,15 +19,56 @@
 int tdm_batch_init(tdm_batch *b) { INIT_STRUCT(b, tdm_batch); return TDM_OK; }
 int tdm_step_output_init(tdm_step_output *o) { INIT_STRUCT(o, tdm_step_output); return TDM_OK; }
 int tdm_update_result_init(tdm_update_result *r) { INIT_STRUCT(r, tdm_update_result); return TDM_OK; }
-int tdm_sched_stats_init(tdm_sched_stats *st) { INIT_STRUCT(st, tdm_sched_stats); return TDM_OK; }
+/* tdm_sched_stats and tdm_request_desc grew after ABI 1 was first published (docs/ABI.md):
+ * their initialisers have two versions. The default, @@TANDEM_1.1, fills the current struct;
+ * @TANDEM_1, what binaries linked before the growth call, fills only the first published
+ * layout and so never writes past their struct. */
+#define DESC_V1_SIZE offsetof(tdm_request_desc, block_hashes)
+#define STATS_V1_SIZE offsetof(tdm_sched_stats, kv_events_dropped)
 
-int tdm_request_desc_init(tdm_request_desc *d)
+#define INIT_PREFIX(p, size)                 \
+    do {                                     \
+        if (!(p)) return TDM_E_INVAL;        \
+        memset((p), 0, (size));              \
+        (p)->struct_size = (uint32_t)(size); \
+    } while (0)
+
+static void request_desc_defaults(tdm_request_desc *d)
 {
-    INIT_STRUCT(d, tdm_request_desc);
     d->eos_token_id = -1;
     d->max_tokens = 16;
+}
+
+TDM_API int tdm__sched_stats_init_v1_1(tdm_sched_stats *st);
+TDM_API int tdm__sched_stats_init_v1(tdm_sched_stats *st);
+TDM_API int tdm__request_desc_init_v1_1(tdm_request_desc *d);
+TDM_API int tdm__request_desc_init_v1(tdm_request_desc *d);
+TDM__DEFAULT_SYMBOL(tdm__sched_stats_init_v1_1, tdm_sched_stats_init, TANDEM_1.1);
+TDM__COMPAT_SYMBOL(tdm__sched_stats_init_v1, tdm_sched_stats_init, TANDEM_1);
+TDM__DEFAULT_SYMBOL(tdm__request_desc_init_v1_1, tdm_request_desc_init, TANDEM_1.1);
+TDM__COMPAT_SYMBOL(tdm__request_desc_init_v1, tdm_request_desc_init, TANDEM_1);
+
+int tdm__sched_stats_init_v1_1(tdm_sched_stats *st) { INIT_STRUCT(st, tdm_sched_stats); return TDM_OK; }
+int tdm__sched_stats_init_v1(tdm_sched_stats *st) { INIT_PREFIX(st, STATS_V1_SIZE); return TDM_OK; }
+
+int tdm__request_desc_init_v1_1(tdm_request_desc *d)
+{
+    INIT_STRUCT(d, tdm_request_desc);
+    request_desc_defaults(d);
     return TDM_OK;
 }
+
+int tdm__request_desc_init_v1(tdm_request_desc *d)
+{
+    INIT_PREFIX(d, DESC_V1_SIZE);
+    request_desc_defaults(d);
+    return TDM_OK;
+}
+
+#if !TDM__HAVE_SYMVER
+int tdm_sched_stats_init(tdm_sched_stats *st) { return tdm__sched_stats_init_v1_1(st); }
+int tdm_request_desc_init(tdm_request_desc *d) { return tdm__request_desc_init_v1_1(d); }
+#endif
 
 int tdm_request_info_init(tdm_request_info *i)
 {
@@ -137,8 +178,6 @@ static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
     (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE)
 #define MAX_STOP_IDS 4096u
 #define MAX_SALT 4096u
-/* The size of the first published tdm_request_desc (before the host block hashes). */
-#define DESC_V1_SIZE offsetof(tdm_request_desc, block_hashes)
 
 /* Host-supplied block digests: sizes, count, and no cache_salt beside them. */
 static int validate_host_hashes(tdm_sched *s, const tdm_request_desc *d)
@@ -535,7 +574,7 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
 {
     if (!s) return TDM_E_INVAL;
     /* Callers built before kv_events_dropped was appended pass the older, shorter size. */
-    if (!TDM_STRUCT_OK(out, offsetof(tdm_sched_stats, kv_events_dropped)))
+    if (!TDM_STRUCT_OK(out, STATS_V1_SIZE))
         return tdm__fail((tdm__err *)&s->err, TDM_E_INVAL, "get_stats: stats is NULL or too small");
     tdm_sched_stats st;
     memset(&st, 0, sizeof(st));
@@ -557,6 +596,8 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
     st.scheduled_tokens = s->scheduled_tokens;
     st.finished = s->num_finished;
     st.kv_events_dropped = s->kv.dropped_total;
+    /* The caller's struct_size stays its own: a shorter struct is never told it is longer. */
+    st.struct_size = out->struct_size;
     memcpy(out, &st, TDM_MIN(out->struct_size, (uint32_t)sizeof(st)));
     return TDM_OK;
 }
@@ -583,7 +624,7 @@ int tdm_sched_kv_events(tdm_sched *s, tdm_kv_event_batch *out)
         return tdm__fail(&s->err, TDM_E_INVAL, "kv_events: batch is NULL or too small");
     tdm_kv_event_batch b;
     memset(&b, 0, sizeof(b));
-    b.struct_size = sizeof(b);
+    b.struct_size = out->struct_size;
     b.block_size = (uint32_t)s->prm.block_size;
     if (s->kv.ready) tdm__kv_drain(&s->kv, &b);
     memcpy(out, &b, TDM_MIN(out->struct_size, (uint32_t)sizeof(b)));

@@ -21,7 +21,7 @@ from .kvx import (DType, Event, EventType, KVLayout, KVTransfer, KVXStats, Layou
                   ScaleKind, host_cache)
 from .kvx import Mode as KVMode
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 #: The version of the loaded libtandem ("major.minor.patch").
 library_version = _lib.library_version
 #: The path libtandem was loaded from.

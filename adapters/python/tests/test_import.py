@@ -18,7 +18,7 @@ def _import_with(env_extra, tmp_path):
 
 
 def test_version__is_package_version():
-    assert tandem.__version__ == "0.1.0"
+    assert tandem.__version__ == "0.2.0"
     assert tandem.library_version.count(".") == 2
 
 
