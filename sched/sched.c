@@ -596,8 +596,9 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
     st.scheduled_tokens = s->scheduled_tokens;
     st.finished = s->num_finished;
     st.kv_events_dropped = s->kv.dropped_total;
-    /* The caller's struct_size stays its own: a shorter struct is never told it is longer. */
-    st.struct_size = out->struct_size;
+    /* struct_size becomes what was written: never more than the caller's struct holds, and
+     * less when the caller's header is newer than this library. */
+    st.struct_size = TDM_MIN(out->struct_size, (uint32_t)sizeof(st));
     memcpy(out, &st, TDM_MIN(out->struct_size, (uint32_t)sizeof(st)));
     return TDM_OK;
 }
@@ -624,7 +625,7 @@ int tdm_sched_kv_events(tdm_sched *s, tdm_kv_event_batch *out)
         return tdm__fail(&s->err, TDM_E_INVAL, "kv_events: batch is NULL or too small");
     tdm_kv_event_batch b;
     memset(&b, 0, sizeof(b));
-    b.struct_size = out->struct_size;
+    b.struct_size = TDM_MIN(out->struct_size, (uint32_t)sizeof(b));
     b.block_size = (uint32_t)s->prm.block_size;
     if (s->kv.ready) tdm__kv_drain(&s->kv, &b);
     memcpy(out, &b, TDM_MIN(out->struct_size, (uint32_t)sizeof(b)));

@@ -425,7 +425,7 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
 
     tdm_batch b;
     memset(&b, 0, sizeof(b));
-    b.struct_size = out->struct_size;
+    b.struct_size = TDM_MIN(out->struct_size, (uint32_t)sizeof(b));
     b.num_reqs = s->num_entries;
     b.step = s->step_no;
     b.total_tokens = total;

@@ -196,7 +196,7 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
     if (res) {
         tdm_update_result out;
         memset(&out, 0, sizeof(out));
-        out.struct_size = res->struct_size;
+        out.struct_size = TDM_MIN(res->struct_size, (uint32_t)sizeof(out));
         out.num_reqs = m;
         out.req_ids = s->upd_ids.data;
         out.num_new_tokens = s->upd_new.data;
