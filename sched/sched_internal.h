@@ -277,6 +277,9 @@ void tdm__params_default(tdm__params *p);
 int tdm__sched_apply_shape(tdm_sched *s, const tdm__params *np);
 int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs);
 
+/* step: offer r's full blocks of its first upto_tokens tokens to the prefix cache */
+void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens);
+
 /* update: record a scheduled step whose output is awaited (finalize of each step) */
 void tdm__pend_push(tdm__req *r, bool samples);
 

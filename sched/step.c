@@ -74,7 +74,7 @@ static uint32_t tbt_fit(const tdm_sched *s, const tdm_step_shape *sh, uint32_t c
 
 /* ---- block allocation (vLLM's allocate_slots) ---- */
 
-static void cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
+void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
 {
     if (!s->prm.enable_prefix_caching) return;
     upto_tokens = TDM_MIN(upto_tokens, r->num_tokens);
@@ -100,7 +100,7 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     uint64_t computed = (uint64_t)r->num_computed + (uint64_t)nhit * bs;
     uint64_t total = TDM_MIN(computed + ext + n + look, (uint64_t)s->prm.max_model_len);
     if (!nhit && total <= (uint64_t)r->num_blocks * bs) { /* the common decode step: room already */
-        if (!delay_cache) cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
+        if (!delay_cache) tdm__cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
         return true;
     }
     uint32_t need = tdm__cdiv(total, bs);
@@ -127,7 +127,7 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     if (nhit) r->num_cached_blocks = TDM_MAX(r->num_cached_blocks, r->num_blocks); /* hits are cached */
     tdm__pool_alloc(&s->pool, r->blocks + r->num_blocks, fresh);
     r->num_blocks += fresh;
-    if (!delay_cache) cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
+    if (!delay_cache) tdm__cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
     return true;
 }
 

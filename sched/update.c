@@ -195,6 +195,11 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
             else if (now - r->last_token > r->max_gap) r->max_gap = now - r->last_token;
             r->last_token = now;
         }
+        /* Async scheduling: the blocks the returned tokens complete, up to the positions whose
+         * KV is computed (all but those of the steps still in flight), join the prefix cache
+         * now, before a stop frees them (vLLM's AsyncScheduler caches them in the update). */
+        if (k && running && s->prm.async_scheduling && r->num_computed > r->num_placeholders)
+            tdm__cache_full_blocks(s, r, r->num_computed - r->num_placeholders);
         TDM_VEC_AT(&s->upd_ids, uint64_t, m) = r->id;
         TDM_VEC_AT(&s->upd_new, uint32_t, m) = appended;
         TDM_VEC_AT(&s->upd_reason, uint8_t, m) = (uint8_t)reason;

@@ -5,8 +5,8 @@
  * once the steps in flight reach max_tokens; a KV block is allocated for the placeholder's
  * position; a stop or an abort while a step is in flight discards that step's output and the
  * request stays known until its last awaited update; a request preempted with a step in flight
- * gets that (stale) output and waits in the queue, keeping its place, until it has come; the
- * parameter's validation. Off, a decode in flight is not scheduled again (the sync rule).
+ * gets that (stale) output and waits in the queue, keeping its place, until it has come; an
+ * update caches the blocks whose KV its step completed; the parameter's validation. Off, a decode in flight is not scheduled again (the sync rule).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -317,6 +317,41 @@ static void async__preempted_with_output_in_flight_waits_keeping_its_place(void 
     tsd_done(s);
 }
 
+/* The final update caches the block its step's KV completed (vLLM's AsyncScheduler caches
+ * in the update, before the finished request frees its blocks); a step would never have. */
+static void async__final_update_caches_the_block_its_kv_completed(void **state)
+{
+    (void)state;
+    tdm_sched *s = new_async(4, 100);
+    add_req(s, 1, 6, 3, -1); /* tokens 107..112 */
+    tdm_batch b;
+    tsd_step(s, 1.0, &b); /* positions 0..5 */
+    tsd_step(s, 1.1, &b); /* position 6 */
+    assert_int_equal(upd1(s, 1, 500, 1.15), 1);
+    tsd_step(s, 1.2, &b); /* position 7 */
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(upd1(s, 1, 501, 1.25), 1);
+    tsd_step(s, 1.3, &b); /* the step in flight brings the 3rd token: nothing */
+    assert_int_equal(b.num_reqs, 0);
+    tdm_sched_stats st;
+    tsd_stats(s, &st);
+    assert_int_equal(st.num_cached_blocks, 1); /* positions 4..7 are not computed yet */
+    assert_int_equal(upd1(s, 1, 502, 1.35), 1); /* LENGTH: positions 0..7 computed */
+    tsd_stats(s, &st);
+    assert_int_equal(st.num_cached_blocks, 2);
+    tsd_step(s, 1.4, &b);
+    assert_int_equal(b.num_finished, 1);
+    const tdm_token p2[] = { 107, 108, 109, 110, 111, 112, 500, 501, 9 };
+    assert_int_equal(tsd_add_tokens(s, 2, p2, 9, 1), TDM_OK);
+    tsd_step(s, 1.5, &b);
+    assert_int_equal(b.num_reqs, 1);
+    assert_int_equal(b.num_computed[0], 8); /* both blocks hit */
+    assert_int_equal(upd1(s, 2, 503, 1.55), 1);
+    double now = 2.0;
+    tsd_run(s, 10, &now);
+    tsd_done(s);
+}
+
 static void async__param_validated_and_fixed_while_requests_held(void **state)
 {
     (void)state;
@@ -355,6 +390,7 @@ int main(void)
         TSD_TEST(async__abort_with_two_steps_in_flight),
         TSD_TEST(async__preempted_in_flight_gets_its_late_output),
         TSD_TEST(async__preempted_with_output_in_flight_waits_keeping_its_place),
+        TSD_TEST(async__final_update_caches_the_block_its_kv_completed),
         TSD_TEST(async__param_validated_and_fixed_while_requests_held),
     };
     return cmocka_run_group_tests_name("sched_async", tests, NULL, NULL);
