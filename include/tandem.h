@@ -184,8 +184,13 @@ typedef enum tdm_sched_param {
                                               older); default 1 */
     TDM_SCHED_ENABLE_KV_EVENTS = 22,       /* ["enable_kv_events"] 0/1: record KV cache events for
                                               tdm_sched_kv_events(); default 0 */
-    TDM_SCHED_KV_EVENTS_CAPACITY = 23      /* ["kv_events_capacity"] events (and block digests) the
+    TDM_SCHED_KV_EVENTS_CAPACITY = 23,     /* ["kv_events_capacity"] events (and block digests) the
                                               queue holds between drains; default 4096 */
+    TDM_SCHED_ASYNC_SCHEDULING = 24        /* ["async_scheduling"] 0/1: a request scheduled to
+                                              sample holds an output placeholder, so the next step
+                                              schedules it again before that step's update comes
+                                              (vLLM's AsyncScheduler); default 0. Only while the
+                                              scheduler holds no request */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */
@@ -449,7 +454,8 @@ typedef struct tdm_request_info {
 
 TDM_API int tdm_request_info_init(tdm_request_info *i);
 
-/* Query a request. FINISHED requests stay queryable until the next tdm_sched_step(),
+/* Query a request. FINISHED requests stay queryable until the next tdm_sched_step() (or, if a
+ * step they were scheduled in still awaits its update then, until that update),
  * FINISHED_HELD ones until released. Errors: TDM_E_NOT_FOUND. */
 TDM_API int tdm_sched_request_info(const tdm_sched *s, uint64_t id, tdm_request_info *info);
 

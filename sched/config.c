@@ -57,6 +57,7 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_CONTINUE_AFTER_SELF_PREEMPTION, "continue_after_self_preemption", K_BOOL, 0, 1, OFF(continue_after_self_preemption), NULL, false },
     { TDM_SCHED_ENABLE_KV_EVENTS, "enable_kv_events", K_BOOL, 0, 1, OFF(enable_kv_events), NULL, false },
     { TDM_SCHED_KV_EVENTS_CAPACITY, "kv_events_capacity", K_INT, 1, 1 << 24, OFF(kv_events_capacity), NULL, false },
+    { TDM_SCHED_ASYNC_SCHEDULING, "async_scheduling", K_BOOL, 0, 1, OFF(async_scheduling), NULL, true },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {
@@ -142,6 +143,10 @@ static int commit(tdm_sched *s, const tdm__params *np)
                          "num_blocks, block_size, enable_prefix_caching, max_model_len, "
                          "num_lookahead_tokens and prefix_hash can only change while the scheduler "
                          "holds no request (%u held)", s->map_len);
+    if (np->async_scheduling != s->prm.async_scheduling && s->map_len)
+        return tdm__fail(&s->err, TDM_E_STATE,
+                         "async_scheduling can only change while the scheduler holds no request "
+                         "(%u held)", s->map_len);
     if (tdm__hasher_reserve(&s->hasher, (uint32_t)np->block_size))
         return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for hashing blocks of %lld tokens",
                          (long long)np->block_size);

@@ -75,14 +75,20 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
                 CHECK(in_list(&s->waiting, r), "waiting request %llu is not in the deque", (unsigned long long)r->id);
             CHECK(r->num_blocks == 0 || r->remote_done, "waiting request %llu holds %u blocks",
                   (unsigned long long)r->id, r->num_blocks);
+            CHECK(!r->num_placeholders, "waiting request %llu holds %u output placeholders",
+                  (unsigned long long)r->id, r->num_placeholders);
             break;
         case TDM_STATE_RUNNING:
             n_run++;
             CHECK(r->run_index < s->num_running && s->running[r->run_index] == r,
                   "running request %llu is not at its running index", (unsigned long long)r->id);
-            CHECK(r->num_computed <= r->num_tokens + r->num_spec_sched,
-                  "running request %llu: %u computed > %u tokens + %u scheduled drafts", (unsigned long long)r->id,
-                  r->num_computed, r->num_tokens, r->num_spec_sched);
+            CHECK((uint64_t)r->num_computed <= (uint64_t)r->num_tokens + r->num_placeholders + r->num_spec_sched,
+                  "running request %llu: %u computed > %u tokens + %u placeholders + %u scheduled drafts",
+                  (unsigned long long)r->id, r->num_computed, r->num_tokens, r->num_placeholders,
+                  r->num_spec_sched);
+            CHECK(!r->num_placeholders || (s->prm.async_scheduling && r->pend_n),
+                  "running request %llu: %u output placeholders without async scheduling or a step "
+                  "in flight", (unsigned long long)r->id, r->num_placeholders);
             CHECK((uint64_t)r->num_blocks * s->prm.block_size >= TDM_MIN(r->num_computed, (uint32_t)s->prm.max_model_len),
                   "running request %llu: %u blocks cannot hold %u computed tokens", (unsigned long long)r->id,
                   r->num_blocks, r->num_computed);

@@ -152,6 +152,7 @@ void tdm__preempt(tdm_sched *s, tdm__req *r)
     tdm__req_free_blocks(s, r);
     r->num_computed = 0;
     r->num_spec = 0;
+    r->num_placeholders = 0; /* the output in flight is stale: it no longer counts */
     /* num_spec_sched stays: a late output of the step in flight may still report drafts. */
     r->num_preemptions++;
     r->state = TDM_STATE_PREEMPTED;

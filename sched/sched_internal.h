@@ -50,6 +50,8 @@ struct tdm__req {
     uint32_t num_computed;
     uint32_t num_spec;         /* drafts waiting to be scheduled */
     uint32_t num_spec_sched;   /* drafts scheduled in the last step (verified by update) */
+    uint32_t num_placeholders; /* async scheduling: tokens of steps in flight whose samples
+                                  have not come (vLLM's num_output_placeholders) */
     uint32_t max_tokens, min_tokens;
     int32_t eos;
     uint32_t num_stop;
@@ -129,6 +131,7 @@ typedef struct tdm__params {
     int64_t continue_after_self_preemption;
     int64_t enable_kv_events;
     int64_t kv_events_capacity;
+    int64_t async_scheduling;
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;
@@ -273,6 +276,9 @@ void tdm__release_held(tdm_sched *s, tdm__req *r);
 void tdm__params_default(tdm__params *p);
 int tdm__sched_apply_shape(tdm_sched *s, const tdm__params *np);
 int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs);
+
+/* step: offer r's full blocks of its first upto_tokens tokens to the prefix cache */
+void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens);
 
 /* update: record a scheduled step whose output is awaited (finalize of each step) */
 void tdm__pend_push(tdm__req *r, bool samples);

@@ -35,7 +35,7 @@ double tdm__cost_estimate(const tdm_sched *s, const tdm_step_shape *sh)
  * (a prompt chunk, or the recompute of a resumed request). */
 static inline bool is_decode_req(const tdm__req *r, uint32_t computed)
 {
-    return (uint64_t)computed + 1 >= r->num_tokens;
+    return (uint64_t)computed + 1 >= (uint64_t)r->num_tokens + r->num_placeholders;
 }
 
 static void shape_add(tdm_step_shape *sh, const tdm__req *r, uint32_t computed, uint32_t n, int sign)
@@ -74,7 +74,7 @@ static uint32_t tbt_fit(const tdm_sched *s, const tdm_step_shape *sh, uint32_t c
 
 /* ---- block allocation (vLLM's allocate_slots) ---- */
 
-static void cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
+void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
 {
     if (!s->prm.enable_prefix_caching) return;
     upto_tokens = TDM_MIN(upto_tokens, r->num_tokens);
@@ -100,7 +100,7 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     uint64_t computed = (uint64_t)r->num_computed + (uint64_t)nhit * bs;
     uint64_t total = TDM_MIN(computed + ext + n + look, (uint64_t)s->prm.max_model_len);
     if (!nhit && total <= (uint64_t)r->num_blocks * bs) { /* the common decode step: room already */
-        if (!delay_cache) cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
+        if (!delay_cache) tdm__cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
         return true;
     }
     uint32_t need = tdm__cdiv(total, bs);
@@ -127,7 +127,7 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     if (nhit) r->num_cached_blocks = TDM_MAX(r->num_cached_blocks, r->num_blocks); /* hits are cached */
     tdm__pool_alloc(&s->pool, r->blocks + r->num_blocks, fresh);
     r->num_blocks += fresh;
-    if (!delay_cache) cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
+    if (!delay_cache) tdm__cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
     return true;
 }
 
@@ -188,7 +188,8 @@ static void add_entry(step_ctx *c, tdm__req *r, uint32_t n, uint32_t computed, u
     e->first_new_block = first_new;
     e->kind = kind;
     e->num_spec = 0;
-    if (computed + n > r->num_tokens) e->num_spec = computed + n - r->num_tokens;
+    uint64_t end = (uint64_t)r->num_tokens + r->num_placeholders; /* placeholders: async */
+    if (computed + n > end) e->num_spec = (uint32_t)(computed + n - end);
     r->entry = s->num_entries++;
     r->sched_step = s->step_no;
     c->budget -= n;
@@ -239,9 +240,19 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
         (*i)++;
         return;
     }
-    /* With a step in flight (scheduled again before its update) nothing is left: drafts are
-     * verified only after the token they follow is known. */
-    uint64_t n = r->num_computed < r->num_tokens ? (uint64_t)r->num_tokens + r->num_spec - r->num_computed : 0;
+    /* Async scheduling: no further step once the steps in flight surely reach max_tokens even
+     * if all their drafts are rejected (vLLM's AsyncScheduler). */
+    if (r->num_placeholders &&
+        ((uint64_t)r->num_computed + 2 - r->num_placeholders >= (uint64_t)r->num_prompt + r->max_tokens ||
+         r->num_spec_sched)) { /* drafts in flight: verified by their update first */
+        (*i)++;
+        return;
+    }
+    /* The tokens to compute run to the end of the known tokens plus the placeholders of the
+     * steps in flight (async scheduling; none otherwise). Without placeholders, a step in
+     * flight leaves nothing: drafts are verified only after the token they follow is known. */
+    uint64_t end = (uint64_t)r->num_tokens + r->num_placeholders;
+    uint64_t n = r->num_computed < end ? end + r->num_spec - r->num_computed : 0;
     if (c->threshold && n > c->threshold) n = c->threshold;
     n = TDM_MIN(n, (uint64_t)c->budget);
     uint64_t room = (uint64_t)s->prm.max_model_len - 1;
@@ -274,7 +285,7 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
         }
         if (v < *i) (*i)--;
     }
-    uint32_t drafts = r->num_computed + (uint32_t)n > r->num_tokens ? r->num_computed + (uint32_t)n - r->num_tokens : 0;
+    uint32_t drafts = r->num_computed + n > end ? (uint32_t)(r->num_computed + n - end) : 0;
     r->num_spec_sched = TDM_MIN(drafts, r->num_spec);
     r->num_spec = 0;
     add_entry(c, r, (uint32_t)n, r->num_computed, first_new, TDM_ENTRY_CONTINUING);
@@ -291,12 +302,21 @@ static void run_waiting(step_ctx *c)
 {
     tdm_sched *s = c->s;
     uint32_t bs = (uint32_t)s->prm.block_size;
+    tdm__list skipped = { NULL, NULL, 0 };
     while (tdm__waiting_len(s) && c->budget > 0) {
         if (s->num_running >= (uint64_t)s->prm.max_num_seqs) break;
         if (s->prm.mode == TDM_MODE_DECODE_FIRST && s->prm.max_num_partial_prefills &&
             c->partial_prefills >= (uint64_t)s->prm.max_num_partial_prefills)
             break;
         tdm__req *r = tdm__waiting_peek(s);
+        if (r->state == TDM_STATE_PREEMPTED && r->pend_n) {
+            /* Preempted with a step in flight: its late output is still applied, so resuming
+             * now could compute a position that output brings. It waits out this step, keeping
+             * its place (vLLM 0.31-0.33 skip it). */
+            tdm__waiting_pop(s);
+            tdm__list_push_back(&skipped, r);
+            continue;
+        }
         if (tdm__req_prepare_run(s, r)) {
             tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory admitting request %llu",
                       (unsigned long long)r->id);
@@ -346,6 +366,13 @@ static void run_waiting(step_ctx *c)
         (void)tdm__running_append(s, r); /* room: num_running < max_num_seqs <= capacity */
         add_entry(c, r, (uint32_t)n, computed, 0, kind);
     }
+    /* Back to the front, in their order (the heap orders them itself). Never fails: the heap
+     * holds room for every live request. */
+    while (skipped.tail) {
+        tdm__req *r = skipped.tail;
+        tdm__list_remove(&skipped, r);
+        (void)tdm__waiting_requeue(s, r);
+    }
 }
 
 /* The prefill-first baseline (vLLM v0's default scheduler, TGI): prompts run before decodes,
@@ -380,7 +407,8 @@ static void flush_and_expire(tdm_sched *s, double now)
         tdm__req *r = TDM_VEC_AT(&s->finished, tdm__req *, i);
         TDM_VEC_AT(&s->out_finished, uint64_t, s->out_finished.len++) = r->id;
         r->reported = true;
-        if (r->state == TDM_STATE_FINISHED) {
+        /* Kept until the update of the last step it was scheduled in (freed there). */
+        if (r->state == TDM_STATE_FINISHED && !r->pend_n) {
             tdm__map_del(s, r->id);
             tdm__req_destroy(s, r);
         }
@@ -415,7 +443,9 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
         total += e->num_tokens;
         prefills += !is_decode_req(r, e->num_computed);
         r->num_computed += e->num_tokens;
-        r->in_flight = r->num_computed >= r->num_tokens;
+        r->in_flight = r->num_computed >= (uint64_t)r->num_tokens + r->num_placeholders;
+        /* Async scheduling: a step that samples holds a placeholder per token it may bring. */
+        if (r->in_flight && s->prm.async_scheduling) r->num_placeholders += 1 + e->num_spec;
         tdm__pend_push(r, r->in_flight); /* the update that may report this entry */
         if (r->first_sched < 0) r->first_sched = c->now;
     }

@@ -13,7 +13,8 @@
  * prefill chunk). A host that does not pipeline steps therefore reports exactly the requests
  * of the step just returned; one that keeps two batches in flight reports each batch once.
  * A request finished (aborted) after it was scheduled still consumes its step: its output is
- * skipped, as in vLLM.
+ * skipped, as in vLLM, and a finished request already reported is freed by the update of its
+ * last awaited step. With async scheduling the returned tokens resolve output placeholders.
  */
 #include <math.h>
 #include <string.h>
@@ -155,17 +156,28 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
         pend_pop(r);
         if (!takes_output(r)) continue; /* finished since it was scheduled: skipped, as in vLLM */
         uint32_t a = o->token_offsets[i], k = o->token_offsets[i + 1] - a;
-        if (k && r->num_spec_sched && r->state == TDM_STATE_RUNNING) {
+        bool running = r->state == TDM_STATE_RUNNING; /* else preempted: a stale output */
+        if (k && r->num_spec_sched && running) {
             uint32_t rejected = r->num_spec_sched - (k - 1);
             r->num_computed = r->num_computed > rejected ? r->num_computed - rejected : 0;
+            r->num_placeholders = r->num_placeholders > rejected ? r->num_placeholders - rejected : 0;
         }
         r->num_spec_sched = 0;
         r->in_flight = r->pend_bits != 0; /* a later step in flight may still bring a token */
+        /* Async scheduling: the returned tokens resolve their placeholders (all of them, those
+         * trimmed at a stop too, as vLLM 0.33 does). */
+        if (running && r->num_placeholders)
+            r->num_placeholders = r->num_placeholders > k ? r->num_placeholders - k : 0;
         /* No sample for a step that reached the end of its tokens (a decode, or the chunk that
          * completed the prompt): its last token must be computed again to get one; otherwise
-         * the request would never be scheduled again. */
-        if (!k && samples && r->state == TDM_STATE_RUNNING && r->num_computed >= r->num_tokens)
-            r->num_computed = r->num_tokens - 1;
+         * the request would never be scheduled again. With async scheduling its placeholder
+         * goes, and the positions computed past the known tokens plus the remaining
+         * placeholders are computed again. */
+        if (!k && samples && running) {
+            if (r->num_placeholders) r->num_placeholders--;
+            uint64_t end = (uint64_t)r->num_tokens + r->num_placeholders;
+            if (r->num_computed >= end) r->num_computed = (uint32_t)end - 1;
+        }
         uint32_t appended = 0, reason = TDM_FINISH_NONE;
         int32_t stop_tok = -1;
         for (uint32_t j = 0; j < k && r->num_tokens < r->cap_tokens; j++) {
@@ -183,6 +195,11 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
             else if (now - r->last_token > r->max_gap) r->max_gap = now - r->last_token;
             r->last_token = now;
         }
+        /* Async scheduling: the blocks the returned tokens complete, up to the positions whose
+         * KV is computed (all but those of the steps still in flight), join the prefix cache
+         * now, before a stop frees them (vLLM's AsyncScheduler caches them in the update). */
+        if (k && running && s->prm.async_scheduling && r->num_computed > r->num_placeholders)
+            tdm__cache_full_blocks(s, r, r->num_computed - r->num_placeholders);
         TDM_VEC_AT(&s->upd_ids, uint64_t, m) = r->id;
         TDM_VEC_AT(&s->upd_new, uint32_t, m) = appended;
         TDM_VEC_AT(&s->upd_reason, uint8_t, m) = (uint8_t)reason;
@@ -191,6 +208,15 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
         if (reason) tdm__finish(s, r, reason, now);
     }
     s->in_update = false;
+    /* Finished requests already reported in a batch were kept for the update of a step they
+     * were in (async scheduling, pipelining): the last such update frees them. */
+    for (uint32_t i = 0; i < n; i++) {
+        tdm__req *r = found[i];
+        if (!r->pend_n && r->reported && r->state == TDM_STATE_FINISHED) {
+            tdm__map_del(s, r->id);
+            tdm__req_destroy(s, r);
+        }
+    }
     compact_running(s);
     s->upd_ids.len = m;
     if (res) {

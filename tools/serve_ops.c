@@ -247,6 +247,7 @@ static const char *const param_names[] = {
     "num_lookahead_tokens", "role", "remote_kv_failure", "remote_kv_timeout_ms",
     "delay_free_timeout_ms", "max_num_partial_prefills", "prefix_hash", "reserve_full_prompt",
     "continue_after_self_preemption", "enable_kv_events", "kv_events_capacity",
+    "async_scheduling",
 };
 #define NUM_PARAMS ((int)(sizeof param_names / sizeof param_names[0]))
 

@@ -43,6 +43,7 @@ class Param(IntEnum):
     CONTINUE_AFTER_SELF_PREEMPTION = 21
     ENABLE_KV_EVENTS = 22
     KV_EVENTS_CAPACITY = 23
+    ASYNC_SCHEDULING = 24
 
 
 class PrefixHash(IntEnum):

@@ -6,7 +6,13 @@ hand-built ModelRunnerOutputs, as EngineCore calls them. Prints a table and one 
 
     vllm_bench ratio256=R ratio1024=R ratio4096=R
 
-(TandemScheduler's median time over vLLM's). Never fails on speed.
+(TandemScheduler's median time over vLLM's). Then the same with async scheduling on (vLLM's
+AsyncScheduler against TandemScheduler in its async mode, in EngineCore's batch-queue order:
+schedule() for step N+1, then update_from_output() for step N, the pair timed):
+
+    vllm_bench_async ratio256=R ratio1024=R ratio4096=R
+
+(VLLM_BENCH_ASYNC=0 skips it). Never fails on speed.
 
     make bench-vllm        (or: build/venv-vllm/bin/python adapters/python/tests_vllm/bench_sched.py)
 """
@@ -21,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import conftest  # noqa: E402
 from conftest import make_configs, make_requests  # noqa: E402
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -30,12 +37,13 @@ from tandem.vllm import TandemScheduler  # noqa: E402
 PROMPT = 64
 
 
-def build(cls, model, n, steps):
+def build(cls, model, n, steps, async_scheduling=False):
     # Every prompt is prefilled in the first step (a budget of n * PROMPT tokens), so that all
     # requests decode in lockstep and the pool never runs out (no preemption in the timing).
     blocks_per_req = (PROMPT + steps + 8) // 16 + 2
     vc, kv = make_configs(model, max_num_seqs=n, max_num_batched_tokens=max(8192, n * PROMPT),
-                          max_model_len=2048, num_blocks=n * blocks_per_req + 16)
+                          max_model_len=2048, num_blocks=n * blocks_per_req + 16,
+                          async_scheduling=async_scheduling)
     return cls(vllm_config=vc, kv_cache_config=kv, block_size=16, log_stats=True,
                structured_output_manager=StructuredOutputManager(vc))
 
@@ -66,6 +74,37 @@ def run(sched, n, steps):
     return times[len(times) // 2] * 1e6
 
 
+def run_async(sched, n, steps):
+    """schedule() for step N+1, then update_from_output() for step N (EngineCore's batch queue
+    of two); the pair is timed once both steps are decode steps of all n requests."""
+    for r in make_requests(n, num_tokens=PROMPT, max_tokens=10 ** 6):
+        sched.add_request(r)
+    times = []
+    prev = None
+    mro = None
+    while len(times) < steps:
+        t0 = time.perf_counter()
+        so = sched.schedule()
+        if prev is not None:
+            sched.update_from_output(*prev)
+        dt = time.perf_counter() - t0
+        decode = so.total_num_scheduled_tokens == n
+        if decode and mro is not None and prev[0].total_num_scheduled_tokens == n:
+            times.append(dt)
+            prev = (so, mro)
+            continue
+        ids = list(so.num_scheduled_tokens)
+        reqs = sched.requests
+        sampled = [[7] if not reqs[r].is_prefill_chunk else [] for r in ids]
+        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)},
+                                sampled_token_ids=sampled)
+        if decode and all(sampled):
+            mro = out
+        prev = (so, out)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
 def main():
     model = tempfile.mkdtemp(prefix="tiny-opt-")
     with open(os.path.join(model, "config.json"), "w") as f:
@@ -87,7 +126,26 @@ def main():
         del ours_s
         ratios[n] = ours / base
         print(f"{n:>8} {base:>24.1f} {ours:>25.1f} {ours / base:>6.3f}", flush=True)
-    print("vllm_bench " + " ".join(f"ratio{n}={r:.3f}" for n, r in ratios.items()))
+    print("vllm_bench " + " ".join(f"ratio{n}={r:.3f}" for n, r in ratios.items()), flush=True)
+    if os.environ.get("VLLM_BENCH_ASYNC", "1") == "0":
+        return
+    print(f"{'running':>8} {'AsyncScheduler us/step':>24} {'TandemScheduler async':>25} {'ratio':>6}")
+    ratios = {}
+    for n in sizes:
+        steps = max(20, 40000 // n)
+        gc.collect()
+        ref = build(AsyncScheduler, model, n, steps, async_scheduling=True)
+        base = run_async(ref, n, steps)
+        ref.shutdown()
+        del ref
+        gc.collect()
+        ours_s = build(TandemScheduler, model, n, steps, async_scheduling=True)
+        ours = run_async(ours_s, n, steps)
+        ours_s.shutdown()
+        del ours_s
+        ratios[n] = ours / base
+        print(f"{n:>8} {base:>24.1f} {ours:>25.1f} {ours / base:>6.3f}", flush=True)
+    print("vllm_bench_async " + " ".join(f"ratio{n}={r:.3f}" for n, r in ratios.items()))
 
 
 if __name__ == "__main__":

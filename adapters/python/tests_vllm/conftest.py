@@ -42,7 +42,8 @@ def tiny_model(tmp_path_factory):
 
 def make_configs(model, max_num_seqs=16, max_num_batched_tokens=8192, num_blocks=10000,
                  block_size=16, enable_prefix_caching=True, long_prefill_token_threshold=0,
-                 max_model_len=None, policy="fcfs", kv_transfer_config=None, sched_extra=None):
+                 max_model_len=None, policy="fcfs", kv_transfer_config=None, sched_extra=None,
+                 async_scheduling=False):
     """sched_extra: more SchedulerConfig fields, those this vLLM version has."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
@@ -52,7 +53,7 @@ def make_configs(model, max_num_seqs=16, max_num_batched_tokens=8192, num_blocks
                          max_model_len=max_model_len,
                          long_prefill_token_threshold=long_prefill_token_threshold,
                          enable_chunked_prefill=True, is_encoder_decoder=False,
-                         async_scheduling=False, policy=policy, **extra)
+                         async_scheduling=async_scheduling, policy=policy, **extra)
     mc = ModelConfig(model=model, dtype="float16", seed=42, skip_tokenizer_init=True,
                      max_model_len=max_model_len)
     cc = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",

@@ -2,7 +2,10 @@
 (SchedulerConfig.scheduler_cls = "tandem.vllm.TandemScheduler"), with a fake executor in place
 of the model (no GPU, no weights): EngineCore builds the KV cache config from the executor's
 specs and memory, constructs the scheduler with its own arguments, and its step() loop runs
-requests to completion. The same loop with vLLM's default Scheduler gives the same tokens."""
+requests to completion. The same loop with vLLM's default Scheduler gives the same tokens.
+With async scheduling on (vLLM's default), EngineCore runs its batch queue of two
+(step_with_batch_queue: schedule N+1 before update N) with TandemScheduler and with vLLM's
+AsyncScheduler, and both give the tokens, events and stats of the sync run."""
 from concurrent.futures import Future
 
 import pytest
@@ -59,8 +62,11 @@ class FakeExecutor(Executor):
         sampled = []
         for rid in ids:
             r = self.engine.scheduler.requests.get(rid)
-            done = r is not None and r.num_computed_tokens >= r.num_tokens
-            sampled.append([1000 + int(rid) * 10 + r.num_output_tokens] if done else [])
+            # The step samples unless it is a prompt chunk; its output index counts the
+            # outputs still in flight (async scheduling: this step's placeholder included).
+            done = r is not None and not r.is_prefill_chunk
+            k = r.num_output_tokens + max(0, r.num_output_placeholders - 1) if done else 0
+            sampled.append([1000 + int(rid) * 10 + k] if done else [])
         out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=sampled)
         if non_block:
@@ -73,13 +79,14 @@ class FakeExecutor(Executor):
         return None
 
 
-def run_engine(tiny_model, scheduler_cls, log_stats=False):
+def run_engine(tiny_model, scheduler_cls, log_stats=False, async_scheduling=False):
     vc, _ = make_configs(tiny_model, max_num_seqs=4, max_num_batched_tokens=256,
-                         max_model_len=256)
+                         max_model_len=256, async_scheduling=async_scheduling)
     vc.scheduler_config.scheduler_cls = scheduler_cls
     vc.cache_config.num_gpu_blocks = None
     core = EngineCore(vc, FakeExecutor, log_stats=log_stats)
     core.model_executor.engine = core
+    assert core.batch_queue_size == (2 if async_scheduling else 1)
     reqs = make_requests(6, num_tokens=40, max_tokens=5)
     for r in reqs:
         core.add_request(r)
@@ -129,11 +136,28 @@ def test_engine_core__log_stats_events_and_stats_as_vllm(tiny_model):
     assert stats == r_stats
 
 
-def test_start_up__async_and_pipeline_parallel_refused_with_a_message(tiny_model):
+def test_engine_core__async_scheduling_batch_queue_as_async_scheduler(tiny_model):
+    from tandem.vllm import TandemScheduler
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    sched, produced, finished, events, stats = run_engine(
+        tiny_model, "tandem.vllm.TandemScheduler", log_stats=True, async_scheduling=True)
+    assert isinstance(sched, TandemScheduler) and sched.tandem_config["async_scheduling"]
+    ref, r_produced, r_finished, r_events, r_stats = run_engine(
+        tiny_model, None, log_stats=True, async_scheduling=True)
+    assert isinstance(ref, AsyncScheduler)
+    assert produced == r_produced and finished == r_finished
+    assert events == r_events and stats == r_stats
+    # the tokens are those of the sync run (each position's token is the same function)
+    _, s_produced, s_finished = run_engine(tiny_model, "tandem.vllm.TandemScheduler")
+    assert produced == s_produced and finished == s_finished
+    assert all(len(v) == 5 for v in produced.values()), produced
+
+
+def test_start_up__pipeline_parallel_and_async_drafts_refused_with_a_message(tiny_model):
     from tandem.vllm import TandemScheduler
     from vllm.v1.structured_output import StructuredOutputManager
-    vc, kv = make_configs(tiny_model)
-    vc.scheduler_config.async_scheduling = True
+    vc, kv = make_configs(tiny_model, async_scheduling=True)
+    vc.__dict__["speculative_config"] = object()   # any speculative decoding
     with pytest.raises(ValueError, match="--no-async-scheduling"):
         TandemScheduler(vllm_config=vc, kv_cache_config=kv, block_size=16,
                         structured_output_manager=StructuredOutputManager(vc))

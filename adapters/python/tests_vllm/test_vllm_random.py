@@ -2,7 +2,9 @@
 own Scheduler on VLLM_DIFF_SEEDS random seeds (default 300; VLLM_DIFF_FIRST moves the range),
 in groups so that a failure names its seeds. Every seed must give identical per-step
 scheduling, outputs, token streams and finish reasons, and pass the simulated model runner's
-KV fingerprint checks in both runs."""
+KV fingerprint checks in both runs. The async variant does the same with vLLM's AsyncScheduler
+and TandemScheduler with async scheduling on, driven in EngineCore's batch-queue order
+(schedule N+1 before update N) on VLLM_DIFF_ASYNC_SEEDS seeds (default VLLM_DIFF_SEEDS)."""
 import os
 
 import pytest
@@ -13,6 +15,8 @@ SEEDS = int(os.environ.get("VLLM_DIFF_SEEDS", "300"))
 FIRST = int(os.environ.get("VLLM_DIFF_FIRST", "0"))
 GROUP = 30
 GROUPS = [(FIRST + g, min(GROUP, FIRST + SEEDS - (FIRST + g))) for g in range(0, SEEDS, GROUP)]
+ASYNC_SEEDS = int(os.environ.get("VLLM_DIFF_ASYNC_SEEDS", str(SEEDS)))
+ASYNC_GROUPS = [(FIRST + g, min(GROUP, ASYNC_SEEDS - g)) for g in range(0, ASYNC_SEEDS, GROUP)]
 
 
 @pytest.mark.parametrize("first,count", GROUPS, ids=[f"seeds{f}-{f + n - 1}" for f, n in GROUPS])
@@ -27,6 +31,22 @@ def test_random_workloads_match_vllm(tiny_model, first, count):
     assert not bad, f"{len(bad)} difference(s) from vLLM:\n" + "\n".join(bad)
     # the runs were not vacuous: the runner checked KV positions and steps were taken
     assert steps > count and checked > 0
+
+
+@pytest.mark.parametrize("first,count", ASYNC_GROUPS,
+                         ids=[f"seeds{f}-{f + n - 1}" for f, n in ASYNC_GROUPS])
+def test_random_workloads_match_vllm_async(tiny_model, first, count):
+    bad, checked, steps, overlapped = [], 0, 0, 0
+    for seed in range(first, first + count):
+        r = vllm_diff.run_seed(tiny_model, seed, async_=True)
+        checked += sum(r["checked"])
+        steps += r["steps"][0]
+        overlapped += min(r["overlapped"])
+        for cause, detail in r["diff"]:
+            bad.append(f"seed {seed} [{cause}] {r['cfg']}\n    {detail[:800]}")
+    assert not bad, f"{len(bad)} difference(s) from vLLM's AsyncScheduler:\n" + "\n".join(bad)
+    # not vacuous: KV positions checked, and schedules made while a step was in flight
+    assert steps > count and checked > 0 and overlapped > count
 
 
 def test_kv_check_catches_a_wrong_prefix(tiny_model):

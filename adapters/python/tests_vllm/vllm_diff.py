@@ -23,7 +23,15 @@ num_computed_tokens, num_output_tokens, whether all_token_ids is sent, resumed),
 preempted and finished ids, and the outputs (new tokens, finish reason, stop reason); at the
 end, every request's token stream and finish reason. Only physical block ids may differ.
 
-    python vllm_diff.py --seeds 300 [--first 0] [--show 3]     # prints divergences by cause
+--async drives vLLM's AsyncScheduler and TandemScheduler with async scheduling on, in the call
+order of EngineCore's batch queue (step_with_batch_queue, two batches): schedule() for step
+N+1 comes before update_from_output() for step N, aborts are processed just before an update.
+The model runner then keeps each request's tokens itself (the token a step samples feeds the
+next step's placeholder position, as on the device), so a late output, a discarded one (a
+request finished or aborted while its next step was in flight) and a stale one (preempted in
+flight) all take their real path.
+
+    python vllm_diff.py --seeds 300 [--first 0] [--show 3] [--async]   # divergences by cause
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ from conftest import EOS_TOKEN_ID, make_configs
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
@@ -124,8 +133,11 @@ def make_request(spec: dict, block_size: int) -> Request:
 class Runner:
     """A model runner that keeps only fingerprints: see the module doc."""
 
-    def __init__(self, num_blocks: int, block_size: int, specs: dict):
+    def __init__(self, num_blocks: int, block_size: int, specs: dict, own_tokens: bool = False):
         self.bs = block_size
+        # own_tokens (async): the runner's token list per request (prompt + every token it
+        # sampled), not the scheduler's, which lags a step behind.
+        self.own = {} if own_tokens else None
         self.kv = [[None] * block_size for _ in range(num_blocks)]
         self.tables: dict[str, list[int]] = {}
         self.fps: dict[str, list[int]] = {}
@@ -164,11 +176,19 @@ class Runner:
         req_ids = list(so.num_scheduled_tokens)
         sampled = []
         for rid in req_ids:
-            r = sched.requests[rid]
             n = so.num_scheduled_tokens[rid]
             f = first[rid]
             nc = f if f >= 0 else -f - 1
-            toks = r.all_token_ids
+            if self.own is not None:
+                toks = self.own.setdefault(rid, list(self.specs[rid]["prompt"]))
+                if nc + n > len(toks):   # every earlier step has run: its token is here
+                    raise KVError(f"request {rid}: positions up to {nc + n} scheduled with "
+                                  f"{len(toks)} tokens sampled so far")
+                num_out = len(toks) - len(self.specs[rid]["prompt"])
+            else:
+                r = sched.requests[rid]
+                toks = r.all_token_ids
+                num_out = r.num_output_tokens
             fp = self._fp(rid, toks, nc + n)
             check = range(nc) if f >= 0 else range(max(0, nc - 1), nc)
             for p in check:
@@ -184,17 +204,19 @@ class Runner:
                     raise KVError(f"request {rid}: no block for position {p} ({len(t)} blocks)")
                 self.kv[t[b]][p % self.bs] = fp[p]
             if nc + n >= len(toks):     # reached the end: a token is sampled
-                sampled.append([self._sample(rid, r, self._read(rid, len(toks) - 1))])
+                tok = self._sample(rid, num_out, self._read(rid, len(toks) - 1))
+                sampled.append([tok])
+                if self.own is not None:
+                    toks.append(tok)
             else:
                 sampled.append([])
         return ModelRunnerOutput(req_ids=req_ids,
                                  req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  sampled_token_ids=sampled)
 
-    def _sample(self, rid: str, r, fp: int) -> int:
+    def _sample(self, rid: str, k: int, fp: int) -> int:
         spec = self.specs[rid]
         h = (fp * 0x9E3779B97F4A7C15) >> 7 & 0xFFFFFFFF
-        k = r.num_output_tokens
         if k >= spec["min_tokens"]:
             if k == spec["max_tokens"] - 1 and h % 3 == 0:   # a stop on the max_tokens-th token
                 return EOS_TOKEN_ID if (h >> 3) % 2 or not spec["stop"] else spec["stop"][0]
@@ -207,13 +229,18 @@ class Runner:
 
 # ---- driving ---------------------------------------------------------------------------------
 
-def norm_step(so, eco) -> dict:
-    c = so.scheduled_cached_reqs
+def norm_outputs(eco) -> dict:
     outs = {}
     for o in (x for e in eco.values() for x in e.outputs):
         outs[o.request_id] = (list(o.new_token_ids),
                               None if o.finish_reason is None else str(o.finish_reason),
                               o.stop_reason)
+    return outs
+
+
+def norm_step(so, eco) -> dict:
+    c = so.scheduled_cached_reqs
+    outs = norm_outputs(eco) if eco is not None else {}
     return {
         "preempted": sorted(so.preempted_req_ids or ()),
         "new": {n.req_id: (len(n.block_ids[0]), n.num_computed_tokens)
@@ -236,12 +263,14 @@ def make_sched(kind: str, model: str, cfg: dict):
     kw = dict(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=cfg["block_size"],
               structured_output_manager=StructuredOutputManager(vc))
     if kind == "vllm":
-        return Scheduler(**kw)
+        return AsyncScheduler(**kw) if cfg.get("async_scheduling") else Scheduler(**kw)
     from tandem.vllm import TandemScheduler
     return TandemScheduler(**kw, tandem_config=dict(TANDEM_OVERRIDES) or None)
 
 
-def drive(kind: str, model: str, work: dict, max_steps: int = 6000) -> dict:
+def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool = False) -> dict:
+    if async_:
+        return drive_async(kind, model, work, max_steps)
     cfg = work["cfg"]
     sched = make_sched(kind, model, cfg)
     specs = {r["id"]: r for r in work["reqs"]}
@@ -284,6 +313,69 @@ def drive(kind: str, model: str, work: dict, max_steps: int = 6000) -> dict:
         sched.shutdown()
     return dict(trace=trace, streams=dict(streams), reasons=reasons, error=error,
                 preemptions=preemptions, checked=runner.checked_positions)
+
+
+def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dict:
+    """EngineCore's step_with_batch_queue with two batches (async scheduling): one iteration
+    schedules a batch (and runs it on the runner) unless nothing is schedulable, and then,
+    when two batches are in flight or nothing new was scheduled, takes the oldest one's
+    output to update_from_output. Arrivals and aborts are processed at the start of an
+    iteration (EngineCore's input queue), so an abort often hits a request whose step is in
+    flight. Each trace entry is one schedule() with the outputs of its own update."""
+    cfg = dict(work["cfg"], async_scheduling=True)
+    sched = make_sched(kind, model, cfg)
+    specs = {r["id"]: r for r in work["reqs"]}
+    runner = Runner(cfg["num_blocks"], cfg["block_size"], specs, own_tokens=True)
+    pending = collections.deque(sorted(work["reqs"], key=lambda r: (r["arrive"], int(r["id"]))))
+    aborts = collections.defaultdict(list)
+    for r in work["reqs"]:
+        if r["abort"] is not None:
+            aborts[r["arrive"] + r["abort"]].append(r["id"])
+    trace, streams, reasons, preemptions = [], collections.defaultdict(list), {}, 0
+    error = None
+    queue: collections.deque = collections.deque()
+    it = overlapped = 0
+    try:
+        while it < max_steps:
+            while pending and pending[0]["arrive"] <= it:
+                sched.add_request(make_request(pending.popleft(), cfg["block_size"]))
+            if it in aborts:
+                sched.finish_requests(aborts[it], RequestStatus.FINISHED_ABORTED)
+                for rid in aborts[it]:
+                    reasons.setdefault(rid, "abort")
+            if not pending and not sched.has_requests() and not queue:
+                break
+            if sched.has_requests():
+                overlapped += bool(queue)    # scheduled while the previous step is in flight
+                so = sched.schedule()
+                out = runner.run(sched, so)
+                entry = norm_step(so, None)
+                preemptions += len(entry["preempted"])
+                trace.append(entry)
+                queue.appendleft((so, out, entry))
+                if len(queue) < 2 and (so.total_num_scheduled_tokens > 0 or sched.has_requests()):
+                    it += 1
+                    continue
+            elif not queue:
+                it += 1
+                continue
+            so, out, entry = queue.pop()
+            entry["outputs"] = norm_outputs(sched.update_from_output(so, out))
+            for rid, (toks, fin, _) in entry["outputs"].items():
+                streams[rid].extend(toks)
+                if fin is not None:
+                    reasons[rid] = fin
+            it += 1
+        else:
+            error = f"did not finish in {max_steps} iterations"
+    except KVError as e:
+        error = f"KV check: {e}"
+    if kind != "vllm" and error is None and sched.get_num_unfinished_requests():
+        error = "requests left unfinished"
+    if hasattr(sched, "shutdown") and kind != "vllm":
+        sched.shutdown()
+    return dict(trace=trace, streams=dict(streams), reasons=reasons, error=error,
+                preemptions=preemptions, checked=runner.checked_positions, overlapped=overlapped)
 
 
 # ---- comparison ------------------------------------------------------------------------------
@@ -340,11 +432,12 @@ def classify(a: dict, b: dict, work: dict) -> list:
     return out
 
 
-def run_seed(model: str, seed: int) -> dict:
+def run_seed(model: str, seed: int, async_: bool = False) -> dict:
     work = draw(seed)
-    a = drive("vllm", model, work)
-    b = drive("tandem", model, work)
+    a = drive("vllm", model, work, async_=async_)
+    b = drive("tandem", model, work, async_=async_)
     return dict(seed=seed, diff=classify(a, b, work), preempt=(a["preemptions"], b["preemptions"]),
+                overlapped=(a.get("overlapped", 0), b.get("overlapped", 0)),
                 steps=(len(a["trace"]), len(b["trace"])), checked=(a["checked"], b["checked"]),
                 cfg=work["cfg"])
 
@@ -364,6 +457,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--first", type=int, default=0)
     ap.add_argument("--show", type=int, default=2, help="details shown per cause")
+    ap.add_argument("--async", dest="async_", action="store_true",
+                    help="async scheduling (AsyncScheduler, one-step-lagged updates)")
     ap.add_argument("--tandem-config", default="{}",
                     help="JSON: library keys set over the adapter's translation")
     ns = ap.parse_args(argv)
@@ -372,15 +467,17 @@ def main(argv=None) -> int:
     import vllm
     model = tiny_model_dir()
     causes = collections.defaultdict(list)
-    pv = pt = bad = 0
+    pv = pt = bad = ov = 0
     for seed in range(ns.first, ns.first + ns.seeds):
-        r = run_seed(model, seed)
+        r = run_seed(model, seed, ns.async_)
         pv += r["preempt"][0]
         pt += r["preempt"][1]
+        ov += r["overlapped"][1]
         bad += bool(r["diff"])
         for cause, detail in r["diff"]:
             causes[cause].append((seed, detail, r["cfg"]))
-    print(f"vllm_diff vllm={vllm.__version__} seeds={ns.seeds} divergent={bad} "
+    print(f"vllm_diff vllm={vllm.__version__} {'async' if ns.async_ else 'sync'} "
+          f"seeds={ns.seeds} divergent={bad} overlapped_schedules={ov} "
           f"preemptions vllm={pv} tandem={pt}")
     for cause, items in sorted(causes.items(), key=lambda kv: -len(kv[1])):
         print(f"  {cause}: {len(items)} seeds ({', '.join(str(s) for s, _, _ in items[:12])}"

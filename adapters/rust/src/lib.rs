@@ -118,6 +118,7 @@ pub enum Param {
     ContinueAfterSelfPreemption = 21,
     EnableKvEvents = 22,
     KvEventsCapacity = 23,
+    AsyncScheduling = 24,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -168,6 +168,8 @@ static void random_config(world *w)
         TDM_SCHED_TBT_TARGET_US, chance(r, 30) ? 20000 : 0,
         0 };
     w->s = tsd_newp(kv);
+    if (chance(r, 30)) /* vLLM's async scheduling: output placeholders */
+        assert_int_equal(tdm_sched_set_param(w->s, TDM_SCHED_ASYNC_SCHEDULING, 1), TDM_OK);
     if (chance(r, 15)) { /* a custom policy: shortest prompt first, default victim */
         tdm_policy p;
         memset(&p, 0, sizeof(p));

@@ -151,6 +151,8 @@ class OutputsMixin:
             toks = [sampled[i] if (sampled and i is not None) else []
                     for i in map(index.get, rids)]
         lens = list(map(len, toks))
+        if self._async:
+            self._resolve_placeholders(slots, rids, lens, so)
         offs = array("I", [0])
         offs.extend(accumulate(lens))
         flat = array("i", chain.from_iterable(toks))
@@ -186,6 +188,24 @@ class OutputsMixin:
                 continue
             self._apply_one(slot, toks[i], nnew[j], reasons[j],
                             stops[j] if stops is not None else -1, so, mro, i, outputs)
+
+    @staticmethod
+    def _resolve_placeholders(slots, rids, lens, so) -> None:
+        """AsyncScheduler's bookkeeping as a step's output arrives: the step is no longer in
+        flight; a preempted request's stale share drains; a running request's returned tokens
+        resolve its placeholders (the library applies the same rules)."""
+        scheduled = so.num_scheduled_tokens
+        for slot, rid, k in zip(slots, rids, lens):
+            request = slot.req
+            if request is None:     # finished since it was scheduled: output skipped
+                continue
+            t = scheduled.get(rid, 0)
+            request.num_in_flight_tokens -= t
+            if request.num_stale_output_tokens > 0:
+                request.num_stale_output_tokens -= t
+                continue
+            if k and request.status == RequestStatus.RUNNING and request.num_output_placeholders:
+                request.num_output_placeholders = max(0, request.num_output_placeholders - k)
 
     def _rehash(self, slot: _Slot) -> None:
         request = slot.req

@@ -1,6 +1,6 @@
 """TandemScheduler: vLLM v1's SchedulerInterface over libtandem.
 
-    vllm serve MODEL --scheduler-cls tandem.vllm.TandemScheduler --no-async-scheduling
+    vllm serve MODEL --scheduler-cls tandem.vllm.TandemScheduler
 
 Tandem decides; this class only translates. It keeps vLLM's Request objects (by a uint64 id
 mapping, with one _Slot of cached per-request state), hands each request's prompt and stop
@@ -20,9 +20,16 @@ embeddings, pooling) are finished with FINISHED_ERROR and a RequestError on the 
 update_from_output, as vLLM reports a grammar that fails to compile; the engine keeps serving.
 max_loras is honoured (requests of a further LoRA wait in the adapter), repetition_detection
 is checked on each new token, and requests that skip prefix-cache reads (prompt logprobs) are
-added with TDM_REQ_SKIP_PREFIX_CACHE. Refused at start-up: async scheduling and pipeline
-parallel batch queues (two schedule() calls before an update_from_output), hybrid KV cache
-groups.
+added with TDM_REQ_SKIP_PREFIX_CACHE.
+
+Async scheduling (vLLM's default since 0.3x when the executor supports it): EngineCore calls
+schedule() for step N+1 before update_from_output() for step N. The library's async mode
+(async_scheduling) makes the decisions of vLLM's AsyncScheduler; this class keeps the vLLM
+Request fields that AsyncScheduler keeps (num_output_placeholders, num_in_flight_tokens,
+num_stale_output_tokens, is_prefill_chunk) and reports num_output_tokens with placeholders in
+CachedRequestData as it does. Refused at start-up: pipeline-parallel batch queues
+(pipeline_parallel_size > 1), async scheduling together with speculative decoding, hybrid KV
+cache groups.
 """
 from __future__ import annotations
 
@@ -82,6 +89,8 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
         "watermark": float(getattr(sc, "watermark", 0.0) or 0.0),
         # vLLM 0.33 goes on with the running requests after one that preempted itself
         "continue_after_self_preemption": _vllm_version() >= (0, 33),
+        # EngineCore schedules step N+1 before it reports step N (vLLM's AsyncScheduler)
+        "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
     }
     return cfg
 
@@ -124,14 +133,17 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
                                                       False))}
                           if "uses_mrope" in inspect.signature(NewRequestData.from_request).parameters
                           else {})
-        if getattr(self.scheduler_config, "async_scheduling", False):
-            raise ValueError("TandemScheduler schedules one step at a time: run vLLM with "
-                             "--no-async-scheduling")
+        self._async = bool(getattr(self.scheduler_config, "async_scheduling", False))
         pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
         if pp > 1:
-            raise ValueError(f"TandemScheduler schedules one step at a time and so does not "
-                             f"fill pipeline-parallel batch queues (pipeline_parallel_size="
-                             f"{pp}): run with --pipeline-parallel-size 1")
+            raise ValueError(f"TandemScheduler does not fill pipeline-parallel batch queues "
+                             f"(pipeline_parallel_size={pp}): run with "
+                             f"--pipeline-parallel-size 1")
+        if self._async and (getattr(vllm_config, "speculative_config", None) is not None or
+                            int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0) > 0):
+            raise ValueError("TandemScheduler does not combine async scheduling with "
+                             "speculative decoding: run with --no-async-scheduling, or "
+                             "without --speculative-config")
         if len(kv_cache_config.kv_cache_groups) > 1:
             raise ValueError("TandemScheduler supports one KV cache group (no hybrid models)")
         lc = getattr(vllm_config, "lora_config", None)
@@ -395,6 +407,9 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
+        if self._async:     # the output in flight is stale (applied, counting nothing)
+            request.num_stale_output_tokens = request.num_in_flight_tokens
+            request.num_output_placeholders = 0
         request.num_preemptions += 1
         if self.log_stats:
             request.record_event(_PREEMPTED, ts)
@@ -404,9 +419,9 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
 
     # ---- schedule ----------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        if self._pending:
+        if self._pending and not self._async:
             raise RuntimeError("TandemScheduler: schedule() called twice without "
-                               "update_from_output() (async scheduling is not supported)")
+                               "update_from_output() while async scheduling is off")
         if self._pause == PauseState.PAUSED_ALL:
             so = SchedulerOutput.make_empty()
             so.finished_req_ids = self.finished_req_ids
@@ -463,8 +478,13 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         else:
             new_block_ids = [(blocks[offs[i]:offs[i + 1]],) if offs[i + 1] > offs[i] else None
                              for i in range(k)]
-        cached_outputs = list(map(len, map(_OUT, slots[:k]))) if self._num_special == 0 else \
-            [s.req.num_output_tokens for s in slots[:k]]
+        if self._async:     # AsyncScheduler: the outputs in flight count
+            cached_outputs = [s.req.num_output_tokens + s.req.num_output_placeholders
+                              for s in slots[:k]]
+        elif self._num_special == 0:
+            cached_outputs = list(map(len, map(_OUT, slots[:k])))
+        else:
+            cached_outputs = [s.req.num_output_tokens for s in slots[:k]]
         all_token_ids: dict = {}
         if not self.use_v2_model_runner and k:
             for req_id in set(cached_ids).difference(self.prev_step_scheduled_req_ids):
@@ -501,7 +521,8 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
                 all_token_ids[req_id] = list(request.all_token_ids)
             new_block_ids.append((bl,) if bl or kind == _K_RESUMED else None)
             cached_computed.append(ncomp[i])
-            cached_outputs.append(request.num_output_tokens)
+            cached_outputs.append(request.num_output_tokens + request.num_output_placeholders
+                                  if self._async else request.num_output_tokens)
         spec: dict = {}
         if nspec is not None and any(nspec):
             for i, ns in enumerate(nspec):
@@ -521,12 +542,15 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         if self.connector is not None:
             so.kv_connector_metadata = self.connector.build_connector_meta(so)
         # vLLM's _update_after_schedule: optimistic advance.
-        for slot, c, t in zip(slots, ncomp, ntok):
-            c += t
-            request = slot.req
-            request.num_computed_tokens = c
-            request.is_prefill_chunk = c < (len(slot.all) if slot.all is not None
-                                            else request.num_tokens)
+        if self._async:
+            self._after_schedule_async(slots, ncomp, ntok)
+        else:
+            for slot, c, t in zip(slots, ncomp, ntok):
+                c += t
+                request = slot.req
+                request.num_computed_tokens = c
+                request.is_prefill_chunk = c < (len(slot.all) if slot.all is not None
+                                                else request.num_tokens)
         for req_id in spec:
             self.requests[req_id].spec_token_ids = []
         self.prev_step_scheduled_req_ids = set(num_scheduled)
@@ -534,6 +558,21 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         if n:
             self._pending.append((so, slots, rids, array("Q", tids)))
         return so
+
+    @staticmethod
+    def _after_schedule_async(slots, ncomp, ntok) -> None:
+        """AsyncScheduler._update_after_schedule on the vLLM Requests: a request scheduled to
+        sample (not a prefill chunk) holds one output placeholder more (the library holds the
+        same count and decides with it)."""
+        for slot, c, t in zip(slots, ncomp, ntok):
+            c += t
+            request = slot.req
+            request.num_computed_tokens = c
+            request.num_in_flight_tokens += t
+            chunk = c < request.num_tokens + request.num_output_placeholders
+            request.is_prefill_chunk = chunk
+            if not chunk:
+                request.num_output_placeholders += 1
 
     def _admitted(self, slot: _Slot, num_computed: int, ts: float) -> None:
         """A waiting request was admitted with num_computed tokens already there (its prefix
