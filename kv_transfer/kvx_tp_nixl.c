@@ -28,7 +28,7 @@
  * API's plain create_agent leaves it at 0, and then the thread never sleeps: it spins on the
  * worker's lock while our I/O thread posts, which on a small machine took ~0.9 of the READ
  * bandwidth (docs/protocol.md §5.3). Events still wake it at once; TANDEM_NIXL_PTHR_DELAY_US
- * overrides. */
+ * overrides. Only engines that are READ from run the thread (tdm__kvx_nixl_create). */
 #define PTHR_DELAY_US 1000
 
 /* One chunk to READ: posted (req != NULL) or waiting for a slot / a place. */
@@ -107,7 +107,12 @@ int tdm__kvx_nixl_create(tdm_kvx *k)
         if (dl && dl[0] && (*end || us > 1000000))
             return tdm__kvx_fail(TDM_E_CONFIG, "TANDEM_NIXL_PTHR_DELAY_US='%.32s': a number of microseconds, "
                                  "at most 1000000", dl);
-        c.prog_thread = true;     /* the sender's side must progress (tcp READs need it) */
+        /* A side that is READ from needs a progress thread (UCX over tcp answers READs in
+         * software). A decode engine only READs: its I/O thread progresses its worker while
+         * READs are out, and a second thread on the same worker would only contend for its
+         * lock (TANDEM_NIXL_PROGRESS_THREAD=1 keeps one anyway). */
+        const char *pt = getenv("TANDEM_NIXL_PROGRESS_THREAD");
+        c.prog_thread = k->cfg.role != TDM_KVX_ROLE_DECODE || (pt && pt[0] == '1');
         c.pthr_delay_us = us;
         c.lthr_delay_us = 100000;
         made = a->create_configured_agent(e->name, &c, &e->agent);

@@ -260,8 +260,10 @@ static void nixl_fake__no_backend_is_unsupported(void **state)
     clear_faults();
 }
 
-/* The agent is made with a progress thread that sleeps between events (never the spinning
- * default), the delay taken from TANDEM_NIXL_PTHR_DELAY_US when set, a bad value refused. */
+/* An engine that is READ from gets a progress thread that sleeps between events (never the
+ * spinning default), the delay taken from TANDEM_NIXL_PTHR_DELAY_US when set, a bad value
+ * refused; a decode engine none (its I/O thread progresses), unless
+ * TANDEM_NIXL_PROGRESS_THREAD=1. */
 static void nixl_fake__agent_progress_thread_configured(void **state)
 {
     (void)state;
@@ -272,17 +274,22 @@ static void nixl_fake__agent_progress_thread_configured(void **state)
     for (int i = 0; i < 3; i++) {
         if (vals[i]) setenv("TANDEM_NIXL_PTHR_DELAY_US", vals[i], 1);
         else unsetenv("TANDEM_NIXL_PTHR_DELAY_US");
-        tdm_kvx_config c;
-        t_config(&c, "fake-cfg", TDM_KVX_ROLE_DECODE, NULL);
-        c.transports = TP;
-        tdm_kvx *k = NULL;
-        assert_int_equal(tdm_kvx_create(&c, &k), TDM_OK);
-        int prog = 0;
-        unsigned long long us = 99;
-        assert_true(last_cfg(&prog, &us));
-        assert_int_equal(prog, 1);
-        assert_int_equal(us, want[i]);
-        tdm_kvx_destroy(k);
+        const uint32_t roles[] = { TDM_KVX_ROLE_PREFILL, TDM_KVX_ROLE_BOTH, TDM_KVX_ROLE_DECODE, TDM_KVX_ROLE_DECODE };
+        for (int r = 0; r < 4; r++) {
+            if (r == 3) setenv("TANDEM_NIXL_PROGRESS_THREAD", "1", 1);
+            tdm_kvx_config c;
+            t_config(&c, "fake-cfg", roles[r], NULL);
+            c.transports = TP;
+            tdm_kvx *k = NULL;
+            assert_int_equal(tdm_kvx_create(&c, &k), TDM_OK);
+            int prog = 0;
+            unsigned long long us = 99;
+            assert_true(last_cfg(&prog, &us));
+            assert_int_equal(prog, r != 2);
+            assert_int_equal(us, want[i]);
+            tdm_kvx_destroy(k);
+            unsetenv("TANDEM_NIXL_PROGRESS_THREAD");
+        }
     }
     const char *bad[] = { "abc", "12x", "2000000" };
     for (int i = 0; i < 3; i++) {
