@@ -6,12 +6,15 @@
  * and a staging ring are registered with it, and its metadata plus a region table (layer
  * bases, ring address) travel in HELLO / HELLO_ACK (docs/protocol.md §5.2). Two ways a chunk
  * moves: identical block formats on both ends -> DATA lists the sender's block ids and the
- * receiver READs those blocks straight into its reserved ones; different formats -> the
+ * receiver READs those blocks straight into its reserved ones (runs of blocks contiguous on
+ * both ends as one descriptor); different formats -> the
  * sender packs into a slot of its registered ring, DATA names the slot, the receiver READs it
  * into a slot of its own ring, unpacks (converting) and returns the sender's slot with
  * CREDIT. READs are asynchronous: the I/O thread polls them (tdm__kvx_nixl_progress); a
  * transfer that ends while READs are outstanding cancels them before its blocks are
- * released, so nothing lands in blocks it no longer owns. Every call here runs with kvx->mu
+ * released, so nothing lands in blocks it no longer owns. The agent of an engine that is READ
+ * from runs NIXL's progress thread (sleeping between UCX events); a decode engine's agent has
+ * none: its I/O thread progresses it while READs are out. Every call here runs with kvx->mu
  * held; NIXL is entered only by the I/O thread, except registration and teardown.
  */
 #include <stdio.h>
