@@ -17,7 +17,8 @@
  * for the baseline too); nixl_vs_memcpy on plain 4 KiB pages, nixl_thp_vs_memcpy with both
  * caches and the baseline's buffers on transparent huge pages (madvise, as numpy and torch
  * allocate large arrays; the amount actually backed by 2 MiB pages is printed)
- * (KV_BENCH_NIXL_PAGES=4k or thp: only that one). UCX_TLS is
+ * (KV_BENCH_NIXL_PAGES=4k or thp: only that one; KV_BENCH_NIXL_BLOCKS=contiguous: blocks in
+ * order on both ends, coalesced into large descriptors, instead of scattered). UCX_TLS is
  * printed (UCX's own choice when unset). Without NIXL (TANDEM_NIXL_DIR, or the wheel in
  * $TANDEM_BUILD/venv-nixl from `make test-nixl`) it prints nixl_vs_memcpy=skipped and why.
  * It never fails on speed. Environment: KV_BENCH_MAX_MIB (default 1024) caps the sizes.
@@ -277,6 +278,20 @@ static void nixl_config(tdm_kvx_config *c, const char *id, uint32_t role, const 
     c->transfer_timeout_ms = 60000;
 }
 
+/* The blocks of a NIXL transfer: scattered (as the table's), or in order on both ends with
+ * KV_BENCH_NIXL_BLOCKS=contiguous (the READ then coalesces them into a few large descriptors). */
+static int nixl_contiguous(void)
+{
+    const char *v = getenv("KV_BENCH_NIXL_BLOCKS");
+    return v && !strcmp(v, "contiguous");
+}
+
+static void nixl_ids(uint32_t *ids, uint32_t nb)
+{
+    for (uint32_t i = 0; i < nb; i++) ids[i] = nixl_contiguous() ? i : (i * 7919u) % nb;
+    if (!nixl_contiguous() && nb % 7919u == 0) for (uint32_t i = 0; i < nb; i++) ids[i] = nb - 1 - i;
+}
+
 /* The prefill process: exports requests 1 .. NIXL_REPS + 1 of nb blocks, waits for them. */
 static int nixl_child(const char *ep, uint32_t nb, int thp)
 {
@@ -288,8 +303,7 @@ static int nixl_child(const char *ep, uint32_t nb, int thp)
     cache_init(&src, nb, 1, big_alloc(cache_bytes(nb), thp));
     if (tdm_kvx_register(k, &src.l, src.bases, TDM_MEM_HOST, 0)) return 3;
     uint32_t *ids = malloc(nb * sizeof(uint32_t));
-    for (uint32_t i = 0; i < nb; i++) ids[i] = (i * 7919u) % nb;
-    if (nb % 7919u == 0) for (uint32_t i = 0; i < nb; i++) ids[i] = nb - 1 - i;
+    nixl_ids(ids, nb);
     for (uint64_t r = 1; r <= NIXL_REPS + 1; r++) {
         tdm_kvx_send_desc sd;
         tdm_kvx_send_desc_init(&sd);
@@ -337,8 +351,7 @@ static double nixl_run(const char *self, uint32_t nb, int thp, long *huge_mib, c
     }
     if (rc) die("connect (nixl)", rc);
     uint32_t *ids = malloc(nb * sizeof(uint32_t));
-    for (uint32_t i = 0; i < nb; i++) ids[i] = (i * 7919u) % nb;
-    if (nb % 7919u == 0) for (uint32_t i = 0; i < nb; i++) ids[i] = nb - 1 - i;
+    nixl_ids(ids, nb);
     double best = 1e30;
     for (uint64_t r = 1; r <= NIXL_REPS + 1; r++) {   /* the first one warms up */
         tdm_kvx_recv_desc rd;
@@ -524,8 +537,8 @@ int main(int argc, char **argv)
             if (!thp) snprintf(pages, sizeof(pages), "4 KiB pages");
             else if (huge < 0) snprintf(pages, sizeof(pages), "huge pages advised (backing unknown)");
             else snprintf(pages, sizeof(pages), "huge pages advised, %ld of %zu MiB on 2 MiB pages", huge, bytes / MIB);
-            printf("nixl: %zu MiB between two processes, READ of scattered blocks, %s: %.2f GB/s; memcpy %.2f GB/s "
-                   "(UCX_TLS=%s)\n", bytes / MIB, pages, bytes / tn / 1e9, bytes / tm / 1e9,
+            printf("nixl: %zu MiB between two processes, READ of %s blocks, %s: %.2f GB/s; memcpy %.2f GB/s "
+                   "(UCX_TLS=%s)\n", bytes / MIB, nixl_contiguous() ? "contiguous" : "scattered", pages, bytes / tn / 1e9, bytes / tm / 1e9,
                    tls ? tls : "unset, UCX's choice");
             snprintf(nixl_r[thp ? 1 : 0], sizeof(nixl_r[0]), "%.2f", tm / tn);
         }
