@@ -10,10 +10,16 @@
  * first; the last line is
  *   kv_bench pack_vs_memcpy=R unpack_vs_memcpy=R shm_vs_memcpy=R ipc_vs_zmq=R tcp_vs_zmq=R
  * where each R is the geometric mean over the sizes of Tandem's throughput / the baseline's,
- * followed by nixl_vs_memcpy=R: a transfer of 256 MiB (KV_BENCH_NIXL_MIB) between two
- * processes over NIXL (this binary re-executed as the prefill engine; the decode engine READs
- * its blocks), best of 4 after a warm-up, over memcpy of the same bytes in this run; UCX_TLS
- * is printed (UCX's own choice when unset). Without NIXL (TANDEM_NIXL_DIR, or the wheel in
+ * followed by nixl_vs_memcpy=R nixl_thp_vs_memcpy=R: a transfer of 256 MiB (KV_BENCH_NIXL_MIB)
+ * between two processes over NIXL (this binary re-executed as the prefill engine; the decode
+ * engine READs its blocks), best of 6 after a warm-up, over memcpy of the same bytes on the
+ * same kind of pages (best of 6 before and 6 after the transfers, so a quiet moment counts
+ * for the baseline too); nixl_vs_memcpy on plain 4 KiB pages, nixl_thp_vs_memcpy with both
+ * caches and the baseline's buffers on transparent huge pages (madvise, as numpy and torch
+ * allocate large arrays; the amount actually backed by 2 MiB pages is printed)
+ * (KV_BENCH_NIXL_PAGES=4k or thp: only that one; KV_BENCH_NIXL_BLOCKS=contiguous: blocks in
+ * order on both ends, coalesced into large descriptors, instead of scattered). UCX_TLS is
+ * printed (UCX's own choice when unset). Without NIXL (TANDEM_NIXL_DIR, or the wheel in
  * $TANDEM_BUILD/venv-nixl from `make test-nixl`) it prints nixl_vs_memcpy=skipped and why.
  * It never fails on speed. Environment: KV_BENCH_MAX_MIB (default 1024) caps the sizes.
  */
@@ -27,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #include <zmq.h>
 
@@ -224,7 +231,41 @@ static double xfer(pairx *x, const uint32_t *ids, uint32_t nb)
 
 /* ---- NIXL between two processes ----------------------------------------------------------------- */
 
-#define NIXL_REPS 4
+/* n bytes on 2 MiB bounds; thp: advise transparent huge pages before the first touch. */
+static uint8_t *big_alloc(size_t n, int thp)
+{
+    size_t al = (size_t)2 << 20, sz = (n + al - 1) / al * al;
+    uint8_t *p = aligned_alloc(al, sz);
+    if (!p) die("alloc", TDM_E_NOMEM);
+    if (thp) (void)madvise(p, sz, MADV_HUGEPAGE);   /* a hint: without THP, plain pages */
+    return p;
+}
+
+/* MiB of this process's anonymous memory on huge pages (-1: unknown). */
+static long anon_huge_mib(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb >> 10;
+}
+
+static double memcpy_best(uint8_t *dst, const uint8_t *src, size_t bytes, int reps, double best)
+{
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        memcpy(dst, src, bytes);
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+#define NIXL_REPS 6
 
 static void nixl_config(tdm_kvx_config *c, const char *id, uint32_t role, const char *ep)
 {
@@ -237,19 +278,32 @@ static void nixl_config(tdm_kvx_config *c, const char *id, uint32_t role, const 
     c->transfer_timeout_ms = 60000;
 }
 
+/* The blocks of a NIXL transfer: scattered (as the table's), or in order on both ends with
+ * KV_BENCH_NIXL_BLOCKS=contiguous (the READ then coalesces them into a few large descriptors). */
+static int nixl_contiguous(void)
+{
+    const char *v = getenv("KV_BENCH_NIXL_BLOCKS");
+    return v && !strcmp(v, "contiguous");
+}
+
+static void nixl_ids(uint32_t *ids, uint32_t nb)
+{
+    for (uint32_t i = 0; i < nb; i++) ids[i] = nixl_contiguous() ? i : (i * 7919u) % nb;
+    if (!nixl_contiguous() && nb % 7919u == 0) for (uint32_t i = 0; i < nb; i++) ids[i] = nb - 1 - i;
+}
+
 /* The prefill process: exports requests 1 .. NIXL_REPS + 1 of nb blocks, waits for them. */
-static int nixl_child(const char *ep, uint32_t nb)
+static int nixl_child(const char *ep, uint32_t nb, int thp)
 {
     tdm_kvx_config c;
     nixl_config(&c, "bench-nixl-prefill", TDM_KVX_ROLE_PREFILL, ep);
     tdm_kvx *k;
     if (tdm_kvx_create(&c, &k)) return 2;
     cache src;
-    cache_init(&src, nb, 1, NULL);
+    cache_init(&src, nb, 1, big_alloc(cache_bytes(nb), thp));
     if (tdm_kvx_register(k, &src.l, src.bases, TDM_MEM_HOST, 0)) return 3;
     uint32_t *ids = malloc(nb * sizeof(uint32_t));
-    for (uint32_t i = 0; i < nb; i++) ids[i] = (i * 7919u) % nb;
-    if (nb % 7919u == 0) for (uint32_t i = 0; i < nb; i++) ids[i] = nb - 1 - i;
+    nixl_ids(ids, nb);
     for (uint64_t r = 1; r <= NIXL_REPS + 1; r++) {
         tdm_kvx_send_desc sd;
         tdm_kvx_send_desc_init(&sd);
@@ -268,7 +322,7 @@ static int nixl_child(const char *ep, uint32_t nb)
 }
 
 /* Best seconds of NIXL_REPS transfers of nb blocks from a child process; 0 with why on failure. */
-static double nixl_run(const char *self, uint32_t nb, char *why, size_t why_len)
+static double nixl_run(const char *self, uint32_t nb, int thp, long *huge_mib, char *why, size_t why_len)
 {
     char ep[128];
     snprintf(ep, sizeof(ep), "ipc:///tmp/tdm-kvbench-nixl-%d", (int)getpid());
@@ -279,13 +333,15 @@ static double nixl_run(const char *self, uint32_t nb, char *why, size_t why_len)
     if (rc) { snprintf(why, why_len, "%s", tdm_kvx_errmsg(NULL)); return 0; }
     char nbs[32];
     snprintf(nbs, sizeof(nbs), "%u", nb);
+    long huge0 = anon_huge_mib();
     pid_t pid = fork();
     if (pid == 0) {
-        execl(self, self, "--nixl-child", ep, nbs, (char *)NULL);
+        execl(self, self, "--nixl-child", ep, nbs, thp ? "thp" : "4k", (char *)NULL);
         _exit(127);
     }
     cache dst;
-    cache_init(&dst, nb, 2, NULL);
+    cache_init(&dst, nb, 2, big_alloc(cache_bytes(nb), thp));
+    *huge_mib = huge0 < 0 ? -1 : anon_huge_mib() - huge0;   /* of our cache */
     if ((rc = tdm_kvx_register(k, &dst.l, dst.bases, TDM_MEM_HOST, 0))) die("register", rc);
     uint32_t peer = 0;
     rc = TDM_E_TIMEOUT;
@@ -295,8 +351,7 @@ static double nixl_run(const char *self, uint32_t nb, char *why, size_t why_len)
     }
     if (rc) die("connect (nixl)", rc);
     uint32_t *ids = malloc(nb * sizeof(uint32_t));
-    for (uint32_t i = 0; i < nb; i++) ids[i] = (i * 7919u) % nb;
-    if (nb % 7919u == 0) for (uint32_t i = 0; i < nb; i++) ids[i] = nb - 1 - i;
+    nixl_ids(ids, nb);
     double best = 1e30;
     for (uint64_t r = 1; r <= NIXL_REPS + 1; r++) {   /* the first one warms up */
         tdm_kvx_recv_desc rd;
@@ -352,7 +407,8 @@ static const size_t MIB = 1u << 20;
 
 int main(int argc, char **argv)
 {
-    if (argc == 4 && !strcmp(argv[1], "--nixl-child")) return nixl_child(argv[2], (uint32_t)atoi(argv[3]));
+    if (argc == 5 && !strcmp(argv[1], "--nixl-child"))
+        return nixl_child(argv[2], (uint32_t)atoi(argv[3]), !strcmp(argv[4], "thp"));
     size_t max_mib = 1024;
     const char *env = getenv("KV_BENCH_MAX_MIB");
     if (env && atoi(env) >= 16) max_mib = (size_t)atoi(env);
@@ -453,7 +509,7 @@ int main(int argc, char **argv)
            CHUNK >> 20, LAYERS, BS, HEADS, DIM, unit >> 10,
            shared ? "direct reads from the shared prefill cache" : "pack into 4 MiB slots, unpack");
     /* NIXL: two processes, against memcpy of the same bytes measured now */
-    char nixl_r[640] = "skipped";
+    char nixl_r[2][64] = { "skipped", "skipped" };
     {
         nixl_find_wheel();
         size_t mib = getenv("KV_BENCH_NIXL_MIB") ? (size_t)atoi(getenv("KV_BENCH_NIXL_MIB")) : 256;
@@ -462,34 +518,35 @@ int main(int argc, char **argv)
         size_t bytes = (size_t)nb * unit * LAYERS;
         char why[600] = "", self[1024];
         ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
-        double tn = 0;
-        if (sl > 0) { self[sl] = '\0'; tn = nixl_run(self, nb, why, sizeof(why)); }
+        if (sl > 0) self[sl] = '\0';
         else snprintf(why, sizeof(why), "cannot find this executable");
-        if (tn > 0) {
-            uint8_t *a = aligned_alloc(4096, bytes), *b = aligned_alloc(4096, bytes);
-            if (!a || !b) die("alloc", TDM_E_NOMEM);
+        const char *tls = getenv("UCX_TLS"), *pg = getenv("KV_BENCH_NIXL_PAGES");
+        for (int thp = 0; thp <= 1 && sl > 0; thp++) {
+            if (pg && strcmp(pg, thp ? "thp" : "4k") != 0) continue;
+            uint8_t *a = big_alloc(bytes, thp), *b = big_alloc(bytes, thp);
             memset(a, 5, bytes);
             memset(b, 6, bytes);
-            double tm = 1e30;
-            for (int r = 0; r < NIXL_REPS; r++) {
-                double t0 = now();
-                memcpy(b, a, bytes);
-                double t = now() - t0;
-                if (t < tm) tm = t;
-            }
+            double tm = memcpy_best(b, a, bytes, NIXL_REPS, 1e30);
+            long huge = -1;
+            double tn = nixl_run(self, nb, thp, &huge, why, sizeof(why));
+            tm = memcpy_best(b, a, bytes, NIXL_REPS, tm);
             free(a);
             free(b);
-            const char *tls = getenv("UCX_TLS");
-            printf("nixl: %zu MiB between two processes, READ of scattered blocks: %.2f GB/s; memcpy %.2f GB/s "
-                   "(UCX_TLS=%s)\n", bytes / MIB, bytes / tn / 1e9, bytes / tm / 1e9, tls ? tls : "unset, UCX's choice");
-            snprintf(nixl_r, sizeof(nixl_r), "%.2f", tm / tn);
-        } else {
-            printf("nixl: skipped: %s\n", why);
+            if (tn <= 0) break;
+            char pages[96];
+            if (!thp) snprintf(pages, sizeof(pages), "4 KiB pages");
+            else if (huge < 0) snprintf(pages, sizeof(pages), "huge pages advised (backing unknown)");
+            else snprintf(pages, sizeof(pages), "huge pages advised, %ld of %zu MiB on 2 MiB pages", huge, bytes / MIB);
+            printf("nixl: %zu MiB between two processes, READ of %s blocks, %s: %.2f GB/s; memcpy %.2f GB/s "
+                   "(UCX_TLS=%s)\n", bytes / MIB, nixl_contiguous() ? "contiguous" : "scattered", pages, bytes / tn / 1e9, bytes / tm / 1e9,
+                   tls ? tls : "unset, UCX's choice");
+            snprintf(nixl_r[thp ? 1 : 0], sizeof(nixl_r[0]), "%.2f", tm / tn);
         }
+        if (why[0]) printf("nixl: skipped: %s\n", why);
     }
     printf("kv_bench pack_vs_memcpy=%.2f unpack_vs_memcpy=%.2f shm_vs_memcpy=%.2f ipc_vs_zmq=%.2f "
-           "tcp_vs_zmq=%.2f nixl_vs_memcpy=%s\n", exp(g[0] / ns), exp(g[1] / ns), exp(g[2] / ns), exp(g[3] / ns),
-           exp(g[4] / ns), nixl_r);
+           "tcp_vs_zmq=%.2f nixl_vs_memcpy=%s nixl_thp_vs_memcpy=%s\n", exp(g[0] / ns), exp(g[1] / ns), exp(g[2] / ns),
+           exp(g[3] / ns), exp(g[4] / ns), nixl_r[0], nixl_r[1]);
     free(ids);
     free(stage);
     free(copy);

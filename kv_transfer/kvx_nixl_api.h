@@ -35,6 +35,18 @@ typedef struct tdm__nx_reg_s *tdm__nx_reg;      /* a list of descriptors to regi
 typedef struct tdm__nx_dlist_s *tdm__nx_dlist;  /* a list of descriptors to transfer */
 typedef struct tdm__nx_req_s *tdm__nx_req;      /* a transfer request */
 
+/* An agent's configuration (nixl_capi_agent_config_t, in the library's field order). */
+typedef struct tdm__nx_agent_cfg {
+    bool prog_thread;            /* a NIXL thread progresses the UCX workers */
+    bool listen_thread;          /* NIXL's own metadata listener: never (HELLO carries it) */
+    int listen_port;
+    int thread_sync;             /* 0: none (Tandem serialises its calls) */
+    unsigned int num_workers;
+    uint64_t pthr_delay_us;      /* the progress thread's poll timeout (0: it never sleeps) */
+    uint64_t lthr_delay_us;
+    bool capture_telemetry;
+} tdm__nx_agent_cfg;
+
 /* The functions, resolved by name ("nixl_capi_" + the field name). */
 typedef struct tdm__nx_api {
     int (*create_agent)(const char *name, tdm__nx_agent *agent);
@@ -65,6 +77,8 @@ typedef struct tdm__nx_api {
     int (*get_xfer_status)(tdm__nx_agent agent, tdm__nx_req req);
     int (*release_xfer_req)(tdm__nx_agent agent, tdm__nx_req req);
     int (*destroy_xfer_req)(tdm__nx_req req);
+    /* optional (NULL when the library lacks it) */
+    int (*create_configured_agent)(const char *name, const tdm__nx_agent_cfg *cfg, tdm__nx_agent *agent);
 } tdm__nx_api;
 
 /* Loads libnixl_capi once per process (TANDEM_NIXL_LIB: a file; TANDEM_NIXL_DIR: the

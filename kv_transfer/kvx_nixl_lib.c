@@ -42,6 +42,8 @@ static int resolve(void *h, tdm__nx_api *a, char *why, size_t why_len)
     SYM(xfer_dlist_add_desc); SYM(create_xfer_req); SYM(post_xfer_req); SYM(get_xfer_status);
     SYM(release_xfer_req); SYM(destroy_xfer_req);
 #undef SYM
+    void *o_ = dlsym(h, "nixl_capi_create_configured_agent");   /* optional */
+    memcpy(&a->create_configured_agent, &o_, sizeof(o_));
     return 0;
 }
 

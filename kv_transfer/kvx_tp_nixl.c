@@ -6,12 +6,15 @@
  * and a staging ring are registered with it, and its metadata plus a region table (layer
  * bases, ring address) travel in HELLO / HELLO_ACK (docs/protocol.md §5.2). Two ways a chunk
  * moves: identical block formats on both ends -> DATA lists the sender's block ids and the
- * receiver READs those blocks straight into its reserved ones; different formats -> the
+ * receiver READs those blocks straight into its reserved ones (runs of blocks contiguous on
+ * both ends as one descriptor); different formats -> the
  * sender packs into a slot of its registered ring, DATA names the slot, the receiver READs it
  * into a slot of its own ring, unpacks (converting) and returns the sender's slot with
  * CREDIT. READs are asynchronous: the I/O thread polls them (tdm__kvx_nixl_progress); a
  * transfer that ends while READs are outstanding cancels them before its blocks are
- * released, so nothing lands in blocks it no longer owns. Every call here runs with kvx->mu
+ * released, so nothing lands in blocks it no longer owns. The agent of an engine that is READ
+ * from runs NIXL's progress thread (sleeping between UCX events); a decode engine's agent has
+ * none: its I/O thread progresses it while READs are out. Every call here runs with kvx->mu
  * held; NIXL is entered only by the I/O thread, except registration and teardown.
  */
 #include <stdio.h>
@@ -24,6 +27,12 @@
 
 #define MAX_INFLIGHT 64          /* READs posted at once per engine */
 #define REAP_WAIT_S 5.0          /* longest wait for a READ that cannot be cancelled */
+/* NIXL's progress thread polls the UCX workers' event descriptors with this timeout. The C
+ * API's plain create_agent leaves it at 0, and then the thread never sleeps: it spins on the
+ * worker's lock while our I/O thread posts, which on a small machine took ~0.9 of the READ
+ * bandwidth (docs/protocol.md §5.3). Events still wake it at once; TANDEM_NIXL_PTHR_DELAY_US
+ * overrides. Only engines that are READ from run the thread (tdm__kvx_nixl_create). */
+#define PTHR_DELAY_US 1000
 
 /* One chunk to READ: posted (req != NULL) or waiting for a slot / a place. */
 typedef struct nread {
@@ -92,7 +101,28 @@ int tdm__kvx_nixl_create(tdm_kvx *k)
     snprintf(e->name, sizeof(e->name), "%.40s-%d-%lx", k->engine_id, (int)getpid(),
              (unsigned long)((uintptr_t)k >> 4) & 0xfffffful);
     k->nixl = e;
-    if (a->create_agent(e->name, &e->agent) != TDM__NX_OK) {
+    int made;
+    if (a->create_configured_agent) {
+        tdm__nx_agent_cfg c = { 0 };
+        const char *dl = getenv("TANDEM_NIXL_PTHR_DELAY_US");
+        char *end = NULL;
+        unsigned long long us = dl && dl[0] ? strtoull(dl, &end, 10) : PTHR_DELAY_US;
+        if (dl && dl[0] && (*end || us > 1000000))
+            return tdm__kvx_fail(TDM_E_CONFIG, "TANDEM_NIXL_PTHR_DELAY_US='%.32s': a number of microseconds, "
+                                 "at most 1000000", dl);
+        /* A side that is READ from needs a progress thread (UCX over tcp answers READs in
+         * software). A decode engine only READs: its I/O thread progresses its worker while
+         * READs are out, and a second thread on the same worker would only contend for its
+         * lock (TANDEM_NIXL_PROGRESS_THREAD=1 keeps one anyway). */
+        const char *pt = getenv("TANDEM_NIXL_PROGRESS_THREAD");
+        c.prog_thread = k->cfg.role != TDM_KVX_ROLE_DECODE || (pt && pt[0] == '1');
+        c.pthr_delay_us = us;
+        c.lthr_delay_us = 100000;
+        made = a->create_configured_agent(e->name, &c, &e->agent);
+    } else {
+        made = a->create_agent(e->name, &e->agent);   /* an older library: its defaults */
+    }
+    if (made != TDM__NX_OK) {
         e->agent = NULL;
         return tdm__kvx_fail(TDM_E_IO, "NIXL: cannot create agent %s", e->name);
     }
@@ -304,6 +334,39 @@ static int add(const tdm__nx_api *a, tdm__nx_dlist d, uint64_t addr, uint64_t le
     return a->xfer_dlist_add_desc(d, (uintptr_t)addr, (size_t)len, dev) == TDM__NX_OK ? 0 : -1;
 }
 
+/* The descriptors of a direct READ: per layer, the K and V halves of each block, where a
+ * half that follows the previous one in both caches (adjacent block ids on both ends, or K
+ * and V adjacent in a block) extends it, so a run of contiguous blocks is one descriptor.
+ * Never across layers: each layer is its own registration. 0, or -1 when NIXL refused one. */
+static int add_blocks(const tdm_kvx *k, const kvx_peer *p, const kvx_xfer *x, const nread *r, tdm__nx_dlist loc,
+                      tdm__nx_dlist rem)
+{
+    const tdm__nx_api *a = k->nixl->a;
+    const tdm__kvx_nixl_peer *q = p->nx;
+    const tdm_kv_layout *o = &k->layout, *rl = &p->remote.layout;
+    uint64_t es = tdm__kvx_elem_size(o->dtype), half = k->unit_bytes / 2;
+    /* K and V of a block side by side on both ends: walk blocks outside, halves inside */
+    int kv_inner = (uint64_t)o->stride_kv * es == half && (uint64_t)rl->stride_kv * es == half;
+    for (uint32_t l = r->lb; l < r->le; l++) {
+        uint64_t la = 0, ra = 0, len = 0;   /* the descriptor being grown */
+        for (uint32_t outer = 0; outer < (kv_inner ? r->n_ids : 2); outer++)
+            for (uint32_t inner = 0; inner < (kv_inner ? 2 : r->n_ids); inner++) {
+                uint32_t i = kv_inner ? outer : inner;
+                uint64_t kv = kv_inner ? inner : outer;
+                uint64_t lo = (kv * (uint64_t)o->stride_kv + (uint64_t)x->blocks[r->d0 + i] * (uint64_t)o->stride_block) * es;
+                uint64_t ro = (kv * (uint64_t)rl->stride_kv + (uint64_t)r->src_ids[i] * (uint64_t)rl->stride_block) * es;
+                uint64_t lb = (uint64_t)(uintptr_t)k->bases[l] + lo, rb = q->bases[l] + ro;
+                if (len && lb == la + len && rb == ra + len) { len += half; continue; }
+                if (len && (add(a, loc, la, len, 0) || add(a, rem, ra, len, q->dev))) return -1;
+                la = lb;
+                ra = rb;
+                len = half;
+            }
+        if (len && (add(a, loc, la, len, 0) || add(a, rem, ra, len, q->dev))) return -1;
+    }
+    return 0;
+}
+
 /* Builds and posts the READ of r. TDM_E_AGAIN: no receive slot free now. */
 static int post(tdm_kvx *k, nread *r)
 {
@@ -326,19 +389,8 @@ static int post(tdm_kvx *k, nread *r)
     /* direct: cache to cache (DRAM or VRAM); staged: the host rings of both ends */
     if (a->create_xfer_dlist(direct ? nx_mem(k) : TDM__NX_DRAM, &loc) != TDM__NX_OK) { loc = NULL; goto out; }
     if (a->create_xfer_dlist(direct ? (int)q->mem : TDM__NX_DRAM, &rem) != TDM__NX_OK) { rem = NULL; goto out; }
-    if (direct) {
-        const tdm_kv_layout *o = &k->layout, *rl = &p->remote.layout;
-        uint64_t es = tdm__kvx_elem_size(o->dtype), half = k->unit_bytes / 2;
-        for (uint32_t l = r->lb; l < r->le; l++)
-            for (uint32_t i = 0; i < r->n_ids; i++)
-                for (uint64_t kv = 0; kv < 2; kv++) {
-                    uint64_t lo = (kv * (uint64_t)o->stride_kv + (uint64_t)x->blocks[r->d0 + i] * (uint64_t)o->stride_block) * es;
-                    uint64_t ro = (kv * (uint64_t)rl->stride_kv + (uint64_t)r->src_ids[i] * (uint64_t)rl->stride_block) * es;
-                    if (add(a, loc, (uint64_t)(uintptr_t)k->bases[l] + lo, half, 0) ||
-                        add(a, rem, q->bases[l] + ro, half, q->dev))
-                        goto out;
-                }
-    } else {
+    if (direct && add_blocks(k, p, x, r, loc, rem)) goto out;
+    if (!direct) {
         uint8_t *dst = e->ring + (e->slots + (size_t)r->lslot) * e->slot_bytes;
         if (add(a, loc, (uint64_t)(uintptr_t)dst, r->nbytes, 0) ||
             add(a, rem, q->stage + (uint64_t)r->slot * q->slot_bytes, r->nbytes, 0))

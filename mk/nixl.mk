@@ -7,6 +7,8 @@
 #                    -> $(RESULTS)/nixl.counts. NIXL_UCX_TLS= overrides the second list.
 #   make nixl-check  (not part of `make test`) the same tests built against the ASan+UBSan
 #                    library of `make check`, leak detection on, UCX's own transports.
+#   make nixl-vram-check  build/nixl_vram_check (part of `make` where CUDA is found): the
+#                    VRAM READs that scripts/gpu-check.sh runs on a GPU (exit 3 without one).
 # When PyPI cannot be reached the suite records one skip and says so; a wheel that installs
 # but does not load fails the suite (TANDEM_NIXL_REQUIRED=1).
 
@@ -68,3 +70,15 @@ nixl-check: $(NIXL_VENV)/.state
 	  rm -f $(NIXL_VENV)/.state; exit 0; fi; \
 	$(SAN_MAKE) $(BUILD)/san/tests-nixl/test_kvx_nixl && \
 	$(SAN_ENV) TANDEM_NIXL_DIR=$(NIXL_SITE) TANDEM_NIXL_REQUIRED=1 $(BUILD)/san/tests-nixl/test_kvx_nixl
+
+# The GPU half (VRAM registration, direct and staged READs between two processes): built by
+# `make` where CUDA is found, run by scripts/gpu-check.sh when a GPU is present.
+NIXL_VRAM_CHECK := $(BUILD)/nixl_vram_check
+.PHONY: nixl-vram-check
+nixl-vram-check: $(NIXL_VRAM_CHECK)
+ifeq ($(HAVE_CUDA),1)
+all: $(NIXL_VRAM_CHECK)
+endif
+
+$(NIXL_VRAM_CHECK): tests/nixl/nixl_vram_check.c $(BUILD)/libtandem.so $(HEADERS)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -o $@ $< -L$(BUILD) -ltandem -Wl,-rpath,'$$ORIGIN'

@@ -10,6 +10,11 @@
 # 2. build/kv_check: pack/unpack throughput on the CPU vs memcpy; every CUDA kernel against
 #    the CPU implementation on fresh random data (outputs poisoned, every byte compared);
 #    pack and unpack timed against cudaMemcpy device-to-device in the same run.
+# 2b. build/nixl_vram_check (full build only): both KV caches in VRAM, registered with NIXL,
+#    64 MiB READ between two processes, direct and staged (HND receiver), every byte
+#    compared, against cudaMemcpy D2D; needs the nixl-cu12 wheel (TANDEM_NIXL_DIR, or
+#    build/venv-nixl, installed by `make test-nixl` when PyPI is reachable), else it is
+#    reported as skipped, not failed. A few seconds.
 # 3. `tandem profile --model llama-3-8b --out build/hw-profile.json` (cuBLAS roofline).
 # 4. Prints a short table last. Exit: 0 ok, 1 a check failed, 3 no GPU, 2 usage.
 # With --build-only it stops after step 1 (works without a GPU). Copies its logs and the
@@ -23,7 +28,7 @@ for a in "$@"; do
   case $a in
     --build-only) build_only=1 ;;
     --quick) quick=--quick ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -46,7 +51,7 @@ fi
 echo "== build (sm_90)"
 mode=full
 rm -f build/obj/kernels/*.cu.o build/libtandem_cuda.so   # rebuilt for the sm_90 gencode
-if make -j"$JOBS" HAVE_CUDA=1 NVCC_GENCODE="$GENCODE" all kv-check >>"$LOG" 2>&1; then
+if make -j"$JOBS" HAVE_CUDA=1 NVCC_GENCODE="$GENCODE" all kv-check nixl-vram-check >>"$LOG" 2>&1; then
   KV_CHECK=build/kv_check
   TANDEM="build/tandem"
   echo "   make: ok (build/libtandem.so, build/libtandem_cuda.so, build/tandem, build/kv_check)"
@@ -103,6 +108,18 @@ echo "== kv_check (CPU vs memcpy; CUDA kernels vs CPU; CUDA vs cudaMemcpy D2D)"
 "$KV_CHECK" $quick > build/kv-check.out 2>&1; krc=$?
 grep -E "^(FAIL|gpu correctness|kv_check)" build/kv-check.out | head -40
 
+# ---- 2b. NIXL with both caches in VRAM --------------------------------------------------------
+echo "== nixl_vram_check (VRAM registration, direct and staged READs, vs cudaMemcpy D2D)"
+nrc=0
+if [ "$mode" = full ] && [ -x build/nixl_vram_check ]; then
+  [ -n "${TANDEM_NIXL_DIR:-}" ] || timeout 120 make --no-print-directory build/venv-nixl/.state >>"$LOG" 2>&1
+  TANDEM_BUILD=build timeout 120 build/nixl_vram_check > build/nixl-vram.out 2>&1; nrc=$?
+  tail -n 3 build/nixl-vram.out | sed 's/^/   /'
+  [ $nrc -eq 3 ] && nrc=0   # no NIXL here: reported, not a failure
+else
+  echo "   skipped: not built ($mode build)" | tee build/nixl-vram.out
+fi
+
 # ---- 3. profile ----------------------------------------------------------------------------
 echo "== tandem profile --model llama-3-8b"
 prc=0
@@ -113,7 +130,7 @@ else
 fi
 
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp build/kv-check.out "$LOG" "$OUT"/ 2>/dev/null
+  cp build/kv-check.out build/nixl-vram.out "$LOG" "$OUT"/ 2>/dev/null
   [ -f build/hw-profile.json ] && cp build/hw-profile.json "$OUT"/
 fi
 
@@ -146,5 +163,6 @@ else
   echo "profile: failed (exit $prc)"
 fi
 echo "kernels: $(tail -n 1 build/kv-check.out)"
-[ $krc -eq 0 ] && [ $prc -eq 0 ] && exit 0
+echo "nixl vram: $(tail -n 1 build/nixl-vram.out)"
+[ $krc -eq 0 ] && [ $prc -eq 0 ] && [ $nrc -eq 0 ] && exit 0
 exit 1

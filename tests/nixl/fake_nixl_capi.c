@@ -11,9 +11,12 @@
  *   FAKE_NIXL_POST_ERR=1     posting a READ fails
  *   FAKE_NIXL_RELEASE_BUSY=n releasing an active READ is refused n times per READ
  *   FAKE_NIXL_NO_BACKEND=1   the UCX backend cannot be created
- * fake_nixl_live_reqs() says how many transfer requests exist (leak and cancel checks).
+ * fake_nixl_live_reqs() says how many transfer requests exist (leak and cancel checks);
+ * fake_nixl_last_cfg() what the last configured agent was asked for (progress thread, its
+ * delay); fake_nixl_last_descs() how many descriptors the last transfer request had.
  */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +57,36 @@ API long fake_nixl_live_reqs(void)
     return n;
 }
 
+/* nixl_capi_agent_config_t's layout */
+typedef struct agent_cfg {
+    bool prog_thread, listen_thread;
+    int listen_port, thread_sync;
+    unsigned int num_workers;
+    uint64_t pthr_delay_us, lthr_delay_us;
+    bool capture_telemetry;
+} agent_cfg;
+static agent_cfg last_cfg;
+static int have_cfg;
+static size_t last_descs;
+
+API int fake_nixl_last_cfg(int *prog_thread, unsigned long long *delay_us)
+{
+    pthread_mutex_lock(&mu);
+    int h = have_cfg;
+    *prog_thread = last_cfg.prog_thread;
+    *delay_us = (unsigned long long)last_cfg.pthr_delay_us;
+    pthread_mutex_unlock(&mu);
+    return h;
+}
+
+API long fake_nixl_last_descs(void)
+{
+    pthread_mutex_lock(&mu);
+    long n = (long)last_descs;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
 static agent *find(const char *name)
 {
     for (agent *a = agents; a; a = a->next)
@@ -72,6 +105,16 @@ API int nixl_capi_create_agent(const char *name, agent **out)
     pthread_mutex_unlock(&mu);
     *out = a;
     return 0;
+}
+
+API int nixl_capi_create_configured_agent(const char *name, const agent_cfg *cfg, agent **out)
+{
+    if (!cfg || cfg->listen_thread) return -1;
+    pthread_mutex_lock(&mu);
+    last_cfg = *cfg;
+    have_cfg = 1;
+    pthread_mutex_unlock(&mu);
+    return nixl_capi_create_agent(name, out);
 }
 
 API int nixl_capi_destroy_agent(agent *a)
@@ -234,6 +277,7 @@ API int nixl_capi_create_xfer_req(agent *a, int op, dlist *loc, dlist *rem, cons
     int ok = r != NULL;
     for (size_t i = 0; ok && i < loc->n; i++)
         ok = loc->d[i].n == rem->d[i].n && covered(a, loc->d[i]) && covered(r, rem->d[i]);
+    if (ok) last_descs = loc->n;
     pthread_mutex_unlock(&mu);
     if (!ok) return -2;
     req *q = calloc(1, sizeof(*q));

@@ -24,6 +24,15 @@
 
 static char self_exe[1024];
 
+/* Mode "runs": block ids in contiguous runs that break at different places on the two ends
+ * (so READs coalesce into runs, and the breaks must split them): sender side 0, receiver 1. */
+static void run_ids(uint32_t *ids, int side)
+{
+    for (uint32_t i = 0; i < N; i++)
+        ids[i] = side == 0 ? (i < 10 ? 3 + i : 30 + i)           /* 3..12, 40..53 */
+                           : (i < 16 ? 20 + i : 40 + i);         /* 20..35, 56..63 */
+}
+
 /* ---- the child: a prefill engine exporting request 1 -------------------------------------- */
 
 static int child_main(const char *ep, const char *mode)
@@ -50,6 +59,7 @@ static int child_main(const char *ep, const char *mode)
     if (tdm_kvx_register(p.kvx, &l, p.bases, TDM_MEM_HOST, 0)) { fprintf(stderr, "child: %s\n", tdm_kvx_errmsg(p.kvx)); return 11; }
     static uint32_t src[BIG_N];
     t_ids(src, nreq, nb, 55);
+    if (!strcmp(mode, "runs")) run_ids(src, 0);
     int stream = !strcmp(mode, "stream"), stall = !strcmp(mode, "stall");
     tdm_kvx_send_desc sd;
     tdm_kvx_send_desc_init(&sd);
@@ -204,21 +214,30 @@ static void pull(const char *mode, uint32_t skip)
     uint32_t src[N], dst[N];
     t_ids(src, N, T_BLOCKS, 55);
     t_ids(dst, N, T_BLOCKS, 66);
+    if (!strcmp(mode, "runs")) { run_ids(src, 0); run_ids(dst, 1); }
     recv_req(&d, peer, dst, N, skip);
     tdm_kvx_event ev = t_wait(&d);
     if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
     reference(&ref);
     assert_int_equal(t_compare(&ref, src, &d, dst, skip, N), 0);
+    tdm_kvx_config c;
+    t_config(&c, "before", TDM_KVX_ROLE_BOTH, NULL);
+    c.transports = TDM_KVX_TRANSPORT_ZMQ;
+    t_engine_cfg(&before, &c, &l, 99);
     if (skip) {
         /* the skipped prefix was not written: it still holds the receiver's own bytes */
-        tdm_kvx_config c;
-        t_config(&c, "before", TDM_KVX_ROLE_BOTH, NULL);
-        c.transports = TDM_KVX_TRANSPORT_ZMQ;
-        t_engine_cfg(&before, &c, &l, 99);
         assert_int_equal(t_compare(&before, dst, &d, dst, 0, skip), 0);
         assert_int_not_equal(t_compare(&ref, src, &d, dst, 0, skip), 0);
-        t_free(&before);
     }
+    /* no READ spilled past its blocks: every other block still holds the receiver's bytes */
+    uint32_t other[T_BLOCKS], n_other = 0;
+    for (uint32_t b = 0; b < T_BLOCKS; b++) {
+        int mine = 0;
+        for (uint32_t i = 0; i < N; i++) mine |= dst[i] == b;
+        if (!mine) other[n_other++] = b;
+    }
+    assert_int_equal(t_compare(&before, other, &d, other, 0, n_other), 0);
+    t_free(&before);
     tdm_kvx_stats s = t_stats(&d);
     assert_true(s.chunks_read_nixl > 0);   /* the bytes came over NIXL */
     assert_int_equal(s.num_reserved_blocks, 0);
@@ -230,6 +249,9 @@ static void pull(const char *mode, uint32_t skip)
 static void nixl__direct_read_between_processes_is_byte_exact(void **state) { (void)state; pull("same", 0); }
 static void nixl__streamed_blocks_arrive_as_they_become_ready(void **state) { (void)state; pull("stream", 0); }
 static void nixl__prefix_skip_is_not_transferred(void **state) { (void)state; pull("same", 8); }
+/* contiguous runs of blocks (coalesced descriptors) with breaks on either end, and a skip
+ * that starts inside a run */
+static void nixl__block_runs_are_byte_exact(void **state) { (void)state; pull("runs", 0); pull("runs", 5); }
 
 /* Same packed format, other arrangement (NHD sender, HND receiver): not READ as they are,
  * but staged and unpacked into the receiver's strides. */
@@ -461,6 +483,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(nixl__direct_read_between_processes_is_byte_exact),
         cmocka_unit_test(nixl__streamed_blocks_arrive_as_they_become_ready),
         cmocka_unit_test(nixl__prefix_skip_is_not_transferred),
+        cmocka_unit_test(nixl__block_runs_are_byte_exact),
         cmocka_unit_test(nixl__conversion_through_staging_rings),
         cmocka_unit_test(nixl__other_block_arrangement_is_staged),
         cmocka_unit_test(nixl__peer_without_nixl_falls_back),

@@ -5,7 +5,9 @@
  * made to produce on demand: direct and staged READs byte-exact, a READ that completes with
  * an error, a post that fails, a READ still running when the transfer is cancelled or times
  * out (released before the blocks are: none is left behind), a backend that refuses to
- * release an active READ at first, and no UCX backend at all. The real library is tested
+ * release an active READ at first, and no UCX backend at all; the agent's progress thread
+ * configuration, and contiguous blocks coalesced into one descriptor per run (byte-exact
+ * over contiguous, broken and scattered block lists). The real library is tested
  * between two processes by tests/nixl/test_kvx_nixl.c (`make test-nixl`).
  */
 #include <dlfcn.h>
@@ -18,6 +20,9 @@
 
 static char fake_path[1024];
 static long (*live_reqs)(void);
+static long (*last_descs)(void);
+static int (*last_cfg)(int *prog_thread, unsigned long long *delay_us);
+static uint32_t g_kind = 1;   /* the prefill cache's layout kind (duo_open) */
 
 static void clear_faults(void)
 {
@@ -53,7 +58,7 @@ static void duo_open(duo *u, const tdm_kv_layout *dl, uint32_t head_offset, uint
     t_config(&c, "fake-prefill", TDM_KVX_ROLE_PREFILL, u->ep);
     c.transports = TP;
     tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    t_layout(&l, g_kind, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
     t_engine_cfg(&u->p, &c, &l, 1234);
     t_config(&c, "fake-decode", TDM_KVX_ROLE_DECODE, NULL);
     c.transports = TP;
@@ -255,6 +260,96 @@ static void nixl_fake__no_backend_is_unsupported(void **state)
     clear_faults();
 }
 
+/* An engine that is READ from gets a progress thread that sleeps between events (never the
+ * spinning default), the delay taken from TANDEM_NIXL_PTHR_DELAY_US when set, a bad value
+ * refused; a decode engine none (its I/O thread progresses), unless
+ * TANDEM_NIXL_PROGRESS_THREAD=1. */
+static void nixl_fake__agent_progress_thread_configured(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    if (!last_cfg) fail_msg("the fake lacks fake_nixl_last_cfg");
+    const char *vals[] = { NULL, "5000", "0" };
+    const unsigned long long want[] = { 1000, 5000, 0 };
+    for (int i = 0; i < 3; i++) {
+        if (vals[i]) setenv("TANDEM_NIXL_PTHR_DELAY_US", vals[i], 1);
+        else unsetenv("TANDEM_NIXL_PTHR_DELAY_US");
+        const uint32_t roles[] = { TDM_KVX_ROLE_PREFILL, TDM_KVX_ROLE_BOTH, TDM_KVX_ROLE_DECODE, TDM_KVX_ROLE_DECODE };
+        for (int r = 0; r < 4; r++) {
+            if (r == 3) setenv("TANDEM_NIXL_PROGRESS_THREAD", "1", 1);
+            tdm_kvx_config c;
+            t_config(&c, "fake-cfg", roles[r], NULL);
+            c.transports = TP;
+            tdm_kvx *k = NULL;
+            assert_int_equal(tdm_kvx_create(&c, &k), TDM_OK);
+            int prog = 0;
+            unsigned long long us = 99;
+            assert_true(last_cfg(&prog, &us));
+            assert_int_equal(prog, r != 2);
+            assert_int_equal(us, want[i]);
+            tdm_kvx_destroy(k);
+            unsetenv("TANDEM_NIXL_PROGRESS_THREAD");
+        }
+    }
+    const char *bad[] = { "abc", "12x", "2000000" };
+    for (int i = 0; i < 3; i++) {
+        setenv("TANDEM_NIXL_PTHR_DELAY_US", bad[i], 1);
+        tdm_kvx_config c;
+        t_config(&c, "fake-cfg-bad", TDM_KVX_ROLE_DECODE, NULL);
+        c.transports = TP;
+        tdm_kvx *k = NULL;
+        assert_int_equal(tdm_kvx_create(&c, &k), TDM_E_CONFIG);
+        assert_null(k);
+        assert_non_null(strstr(tdm_kvx_errmsg(NULL), "TANDEM_NIXL_PTHR_DELAY_US"));
+    }
+    unsetenv("TANDEM_NIXL_PTHR_DELAY_US");
+}
+
+/* One READ of n blocks src -> dst (direct); byte-exact; returns its descriptor count. */
+static long coalesce_case(uint32_t kind, const uint32_t *src, const uint32_t *dst, uint32_t n)
+{
+    g_kind = kind;
+    duo u;
+    tdm_kv_layout same;
+    t_layout(&same, kind, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    duo_open(&u, &same, 0, 0);
+    g_kind = 1;
+    uint64_t sh;
+    start(&u, src, n, n, dst, n, &sh);
+    tdm_kvx_event ev = t_wait(&u.d);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("kind %u: %s", kind, ev.reason);
+    assert_int_equal(t_wait(&u.p).type, TDM_KVX_EV_DONE);
+    assert_int_equal(t_compare(&u.p, src, &u.d, dst, 0, n), 0);
+    tdm_kvx_stats st = t_stats(&u.d);
+    assert_int_equal(st.chunks_read_nixl, 1);   /* one READ: the count below is all of it */
+    long d = last_descs();
+    duo_close(&u);
+    return d;
+}
+
+/* Runs of blocks adjacent on both ends are one descriptor per layer and half (K, V), or per
+ * layer when K and V of a block are side by side (FlashInfer); anything else is not merged. */
+static void nixl_fake__contiguous_blocks_coalesce(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    if (!last_descs) fail_msg("the fake lacks fake_nixl_last_descs");
+    uint32_t src[N], dst[N];
+    for (uint32_t i = 0; i < N; i++) { src[i] = 10 + i; dst[i] = 30 + i; }
+    assert_int_equal(coalesce_case(1, src, dst, N), 2 * T_LAYERS);            /* NHD: K run, V run */
+    assert_int_equal(coalesce_case(3, src, dst, N), T_LAYERS);                /* FlashInfer: one run */
+    for (uint32_t i = 0; i < N; i++) dst[i] = 30 + (i < N / 2 ? i : i + 7);  /* broken at N/2 on our end */
+    assert_int_equal(coalesce_case(1, src, dst, N), 4 * T_LAYERS);
+    assert_int_equal(coalesce_case(3, src, dst, N), 2 * T_LAYERS);
+    for (uint32_t i = 0; i < N; i++) { src[i] = 10 + (i < N / 2 ? i : i + 3); dst[i] = 30 + i; }   /* on theirs */
+    assert_int_equal(coalesce_case(1, src, dst, N), 4 * T_LAYERS);
+    for (uint32_t i = 0; i < N; i++) { src[i] = 10 + i; dst[i] = 30 + N - 1 - i; }   /* ours reversed */
+    assert_int_equal(coalesce_case(1, src, dst, N), 2 * N * T_LAYERS);
+    assert_int_equal(coalesce_case(3, src, dst, N), N * T_LAYERS);
+    for (uint32_t i = 0; i < N; i++) { src[i] = 2 * i; dst[i] = 2 * i + 1; }   /* every other block */
+    assert_int_equal(coalesce_case(1, src, dst, N), 2 * N * T_LAYERS);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -264,6 +359,10 @@ int main(void)
     if (h) {
         void *s = dlsym(h, "fake_nixl_live_reqs");
         memcpy(&live_reqs, &s, sizeof(s));
+        s = dlsym(h, "fake_nixl_last_descs");
+        memcpy(&last_descs, &s, sizeof(s));
+        s = dlsym(h, "fake_nixl_last_cfg");
+        memcpy(&last_cfg, &s, sizeof(s));
         setenv("TANDEM_NIXL_LIB", fake_path, 1);   /* the engine opens the same library */
     }
     if (!h || !live_reqs) fake_path[0] = '\0';
@@ -276,6 +375,8 @@ int main(void)
         cmocka_unit_test_setup(nixl_fake__timeout_releases_running_reads_first, setup),
         cmocka_unit_test_setup(nixl_fake__release_refused_is_retried, setup),
         cmocka_unit_test_setup(nixl_fake__no_backend_is_unsupported, setup),
+        cmocka_unit_test_setup(nixl_fake__agent_progress_thread_configured, setup),
+        cmocka_unit_test_setup(nixl_fake__contiguous_blocks_coalesce, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (h) dlclose(h);
