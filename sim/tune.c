@@ -18,211 +18,6 @@
 
 #include "tune.h"
 
-/* ---- the space ----------------------------------------------------------------------- */
-
-typedef struct keydef {
-    const char *key, *tag;    /* tag: the label's prefix */
-    int kind;
-    double lo;
-    const char *defaults;     /* the default values */
-    const char *libdef;       /* the library's default, the start when the base omits it */
-    int df_only;              /* 1: only means something in decode_first mode */
-} keydef;
-
-static const keydef KEYS[] = {
-    {"mode", "", TDM_SIM_TUNE_MODE, 0, "vllm,decode_first,prefill_first", "vllm", 0},
-    {"max_num_batched_tokens", "B", TDM_SIM_TUNE_INT, 1, "256,512,1024,2048,4096,8192", "2048", 0},
-    {"tbt_target_ms", "tbt", TDM_SIM_TUNE_NUM, 0, "0,15,20,30,50,100", "0", 1},
-    {"long_prefill_token_threshold", "L", TDM_SIM_TUNE_INT, 0, "0,256,512,1024,2048", "0", 0},
-    {"max_num_seqs", "S", TDM_SIM_TUNE_INT, 1, "32,64,128,256,512", "128", 0},
-    {"max_num_partial_prefills", "P", TDM_SIM_TUNE_INT, 0, "0,1,2,4", "0", 1},
-    {"enable_chunked_prefill", "chunk=", TDM_SIM_TUNE_BOOL, 0, "true,false", "true", 0},
-};
-#define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
-
-static const keydef *keydef_of(const char *key)
-{
-    for (int i = 0; i < NKEYS; i++)
-        if (!strcmp(KEYS[i].key, key)) return &KEYS[i];
-    return NULL;
-}
-
-static int axis_of(const tdm_sim_tune_space *s, const char *key)
-{
-    for (int a = 0; a < s->n; a++)
-        if (!strcmp(s->ax[a].key, key)) return a;
-    return -1;
-}
-
-/* Validate and normalise one value into out. */
-static int norm_value(const keydef *k, const char *v, char *out, char *err, size_t errlen)
-{
-    char *end;
-    if (k->kind == TDM_SIM_TUNE_MODE) {
-        if (strcmp(v, "vllm") && strcmp(v, "decode_first") && strcmp(v, "prefill_first")) {
-            snprintf(err, errlen, "%s: bad value '%s' (vllm, decode_first or prefill_first)",
-                     k->key, v);
-            return -1;
-        }
-        snprintf(out, TDM_SIM_TUNE_VLEN, "%s", v);
-    } else if (k->kind == TDM_SIM_TUNE_BOOL) {
-        if (!strcmp(v, "true") || !strcmp(v, "1")) snprintf(out, TDM_SIM_TUNE_VLEN, "true");
-        else if (!strcmp(v, "false") || !strcmp(v, "0")) snprintf(out, TDM_SIM_TUNE_VLEN, "false");
-        else {
-            snprintf(err, errlen, "%s: bad value '%s' (true or false)", k->key, v);
-            return -1;
-        }
-    } else {
-        errno = 0;
-        double x = strtod(v, &end);
-        int bad = end == v || *end || errno || !(x >= k->lo) || x > 2147483647.0 ||
-                  (k->kind == TDM_SIM_TUNE_INT && x != floor(x)) || strlen(v) >= TDM_SIM_TUNE_VLEN;
-        if (bad) {
-            snprintf(err, errlen, "%s: bad value '%s' (expected %s >= %g)", k->key, v,
-                     k->kind == TDM_SIM_TUNE_INT ? "an integer" : "a number", k->lo);
-            return -1;
-        }
-        if (k->kind == TDM_SIM_TUNE_INT) snprintf(out, TDM_SIM_TUNE_VLEN, "%.0f", x);
-        else snprintf(out, TDM_SIM_TUNE_VLEN, "%.10g", x);
-    }
-    return 0;
-}
-
-static int value_eq(const tdm_sim_tune_axis *a, const char *x, const char *y)
-{
-    if (a->kind == TDM_SIM_TUNE_INT || a->kind == TDM_SIM_TUNE_NUM)
-        return strtod(x, NULL) == strtod(y, NULL);
-    return !strcmp(x, y);
-}
-
-static int fill_axis(tdm_sim_tune_axis *a, const keydef *k, const char *list, char *err,
-                     size_t errlen)
-{
-    char buf[512];
-    if (strlen(list) >= sizeof buf) {
-        snprintf(err, errlen, "%s: list too long", k->key);
-        return -1;
-    }
-    snprintf(buf, sizeof buf, "%s", list);
-    tdm_sim_tune_axis t;
-    memset(&t, 0, sizeof t);
-    t.key = k->key;
-    t.kind = k->kind;
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char v[TDM_SIM_TUNE_VLEN];
-        if (norm_value(k, tok, v, err, errlen) != 0) return -1;
-        int dup = 0;
-        for (int i = 0; i < t.n; i++) dup |= value_eq(&t, t.vals[i], v);
-        if (dup) continue;
-        if (t.n == TDM_SIM_TUNE_MAXV - 1) { /* one slot is kept for the base's value */
-            snprintf(err, errlen, "%s: at most %d values", k->key, TDM_SIM_TUNE_MAXV - 1);
-            return -1;
-        }
-        memcpy(t.vals[t.n++], v, sizeof v);
-    }
-    if (t.n == 0) {
-        snprintf(err, errlen, "%s: no values", k->key);
-        return -1;
-    }
-    /* numeric axes are kept sorted: a neighbour is the next value up or down */
-    if (t.kind == TDM_SIM_TUNE_INT || t.kind == TDM_SIM_TUNE_NUM)
-        for (int i = 1; i < t.n; i++)
-            for (int j = i; j > 0 && strtod(t.vals[j], NULL) < strtod(t.vals[j - 1], NULL); j--) {
-                char tmp[TDM_SIM_TUNE_VLEN];
-                memcpy(tmp, t.vals[j], sizeof tmp);
-                memcpy(t.vals[j], t.vals[j - 1], sizeof tmp);
-                memcpy(t.vals[j - 1], tmp, sizeof tmp);
-            }
-    *a = t;
-    return 0;
-}
-
-void tdm_sim_tune_space_default(tdm_sim_tune_space *s)
-{
-    char err[128];
-    memset(s, 0, sizeof *s);
-    for (int i = 0; i < NKEYS; i++)
-        if (fill_axis(&s->ax[s->n], &KEYS[i], KEYS[i].defaults, err, sizeof err) == 0) s->n++;
-}
-
-int tdm_sim_tune_space_set(tdm_sim_tune_space *s, const char *spec, char *err, size_t errlen)
-{
-    const char *eq = spec ? strchr(spec, '=') : NULL;
-    if (!eq || eq == spec) {
-        snprintf(err, errlen, "--space: expected KEY=V1,V2,..., got '%s'", spec ? spec : "");
-        return -1;
-    }
-    char key[64];
-    size_t kl = (size_t)(eq - spec);
-    if (kl >= sizeof key) kl = sizeof key - 1;
-    memcpy(key, spec, kl);
-    key[kl] = '\0';
-    const keydef *k = keydef_of(key);
-    if (!k) {
-        int w = snprintf(err, errlen, "--space: unknown key '%s' (known:", key);
-        for (int i = 0; i < NKEYS && w > 0 && (size_t)w < errlen; i++)
-            w += snprintf(err + w, errlen - (size_t)w, " %s", KEYS[i].key);
-        if (w > 0 && (size_t)w < errlen) snprintf(err + w, errlen - (size_t)w, ")");
-        return -1;
-    }
-    char e2[256];
-    int a = axis_of(s, key);
-    tdm_sim_tune_axis ax;
-    if (fill_axis(&ax, k, eq + 1, e2, sizeof e2) != 0) {
-        snprintf(err, errlen, "--space: %s", e2);
-        return -1;
-    }
-    if (a < 0) {
-        if (s->n == TDM_SIM_TUNE_MAXAXES) {
-            snprintf(err, errlen, "--space: too many keys");
-            return -1;
-        }
-        a = s->n++;
-    }
-    s->ax[a] = ax;
-    return 0;
-}
-
-void tdm_sim_tune_space_print(FILE *f, const tdm_sim_tune_space *s)
-{
-    for (int a = 0; a < s->n; a++) {
-        fprintf(f, "%s%s=", a ? " " : "", s->ax[a].key);
-        for (int i = 0; i < s->ax[a].n; i++) fprintf(f, "%s%s", i ? "," : "", s->ax[a].vals[i]);
-    }
-}
-
-const char *tdm_sim_tune_objective_name(tdm_sim_tune_objective o)
-{
-    return o == TDM_SIM_TUNE_ATTAINMENT ? "attainment"
-           : o == TDM_SIM_TUNE_THROUGHPUT ? "throughput" : "goodput";
-}
-
-int tdm_sim_tune_objective_parse(const char *s, tdm_sim_tune_objective *o)
-{
-    if (!strcmp(s, "goodput")) *o = TDM_SIM_TUNE_GOODPUT;
-    else if (!strcmp(s, "attainment")) *o = TDM_SIM_TUNE_ATTAINMENT;
-    else if (!strcmp(s, "throughput")) *o = TDM_SIM_TUNE_THROUGHPUT;
-    else return -1;
-    return 0;
-}
-
-void tdm_sim_tune_opts_init(tdm_sim_tune_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->objective = TDM_SIM_TUNE_GOODPUT;
-    o->budget = 40;
-    o->jobs = 1;
-}
-
-void tdm_sim_tune_result_free(tdm_sim_tune_result *r)
-{
-    if (!r) return;
-    free(r->pts);
-    r->pts = NULL;
-    r->n = 0;
-}
-
 /* ---- config documents ------------------------------------------------------------------ */
 
 /* The base document as a wrapper {"name", "scheduler", ...} (a bare scheduler JSON is
@@ -300,7 +95,7 @@ static void point_label(const tdm_sim_tune_space *s, const tdm_sim_tune_point *p
     for (int a = 0; a < s->n && w >= 0 && (size_t)w < n; a++) {
         const tdm_sim_tune_axis *ax = &s->ax[a];
         if (p->idx[a] < 0 || ax->n < 2) continue;
-        const keydef *k = keydef_of(ax->key);
+        const tdm_sim__tune_keydef *k = tdm_sim__tune_key(ax->key);
         w += snprintf(out + w, n - (size_t)w, "%s%s%s", w ? " " : "", k ? k->tag : ax->key,
                       ax->vals[p->idx[a]]);
     }
@@ -345,7 +140,49 @@ typedef struct ctx {
     double w0;
     int base_df;                 /* the base's mode is decode_first */
     int base_equiv;              /* the base is the point of the axes' starts */
+    size_t cap;                  /* of res->pts */
+    int spent;                   /* evaluations that simulated (refused points do not count) */
+    uint32_t max_model_len;      /* what the engine sets when a config does not */
 } ctx;
+
+/* Would the library refuse this point's scheduler configs? Checked by configuring a real
+ * tdm_sched per pool as the engine does (max_model_len first), without simulating. */
+static int refused(const ctx *x, const tdm_sim_tune_point *p, char *msg, size_t n)
+{
+    char *txt = tdm_sim_tune_point_json(x->base_json, x->s, p, p->label, NULL);
+    if (!txt) {
+        snprintf(msg, n, "out of memory");
+        return 1;
+    }
+    tdm_sim_config cfg;
+    char err[TDM_SIM_ERRLEN];
+    int rc = tdm_sim_config_parse(txt, p->label, x->m, x->h, &cfg, err, sizeof err);
+    free(txt);
+    if (rc != 0) {
+        snprintf(msg, n, "%.150s", err);
+        return 1;
+    }
+    int bad = 0;
+    for (int i = 0; i < (cfg.disagg ? 2 : 1) && !bad; i++) {
+        const tdm_sim_pool *pl = &cfg.pools[i];
+        tdm_sched *sc = NULL;
+        if (tdm_sched_create(&sc) != TDM_OK) {
+            snprintf(msg, n, "out of memory");
+            bad = 1;
+            break;
+        }
+        uint32_t ml = pl->model.max_len > x->max_model_len ? pl->model.max_len : x->max_model_len;
+        if (!pl->sched_json || !strstr(pl->sched_json, "\"max_model_len\""))
+            tdm_sched_set_param(sc, TDM_SCHED_MAX_MODEL_LEN, ml);
+        if (pl->sched_json && (rc = tdm_sched_configure(sc, pl->sched_json)) != TDM_OK) {
+            snprintf(msg, n, "scheduler config: %.120s", tdm_sched_errmsg(sc));
+            bad = 1;
+        }
+        tdm_sched_destroy(sc);
+    }
+    tdm_sim_config_free(&cfg);
+    return bad;
+}
 
 /* Evaluate one point in this process: fills ok, value, scale, runs, err. */
 static void eval_point(const ctx *x, tdm_sim_tune_point *p)
@@ -404,12 +241,15 @@ static void report(const ctx *x, const tdm_sim_tune_point *p)
     const char *unit = x->o->objective == TDM_SIM_TUNE_GOODPUT ? " req/s"
                        : x->o->objective == TDM_SIM_TUNE_THROUGHPUT ? " tok/s" : "";
     static const char *const PH[] = {"base", "grid", "refine"};
-    if (p->ok)
-        fprintf(x->o->progress, "tune [%zu/%d %s %.0fs] %-52s %s %.4g%s (%d runs)\n", x->res->n,
+    if (p->refused)
+        fprintf(x->o->progress, "tune [-/%d %s] %-52s refused (not counted): %s\n", x->o->budget,
+                PH[p->phase], p->label, p->err);
+    else if (p->ok)
+        fprintf(x->o->progress, "tune [%d/%d %s %.0fs] %-52s %s %.4g%s (%d runs)\n", x->spent,
                 x->o->budget, PH[p->phase], tdm_sim_wall() - x->w0, p->label,
                 tdm_sim_tune_objective_name(x->o->objective), p->value, unit, p->runs);
     else
-        fprintf(x->o->progress, "tune [%zu/%d %s] %-52s skipped: %s\n", x->res->n, x->o->budget,
+        fprintf(x->o->progress, "tune [%d/%d %s] %-52s failed: %s\n", x->spent, x->o->budget,
                 PH[p->phase], p->label, p->err);
     fflush(x->o->progress);
 }
@@ -426,24 +266,38 @@ static int read_full(int fd, void *buf, size_t n)
     return 1;
 }
 
-/* Evaluate res->pts[first .. first + n) (res->n is first + n afterwards). */
-static int eval_batch(ctx *x, size_t first, size_t n, char *err, size_t errlen)
+static void stop_workers(int *fds, const pid_t *pids, int n)
 {
-    tdm_sim_tune_point *pts = x->res->pts + first;
-    int jobs = x->o->jobs < 1 ? 1 : x->o->jobs;
-    if ((size_t)jobs > n) jobs = (int)n;
+    for (int k = 0; k < n; k++) {
+        if (fds[k] >= 0) close(fds[k]);
+        kill(pids[k], SIGTERM);
+        waitpid(pids[k], NULL, 0);
+    }
+}
+
+/* Evaluate the points res->pts[first ..] that are not refused; with jobs > 1 in forked
+ * workers, worker w taking every jobs-th of them and sending back fixed-size records. */
+static int eval_batch(ctx *x, size_t first, char *err, size_t errlen)
+{
+    tdm_sim_tune_point *pts = x->res->pts;
+    size_t todo[256], m = 0;
+    for (size_t i = first; i < x->res->n && m < 256; i++)
+        if (!pts[i].refused) todo[m++] = i;
+    if (m == 0) return 0;
+    int jobs = x->o->jobs < 1 ? 1 : x->o->jobs > 64 ? 64 : x->o->jobs;
+    if ((size_t)jobs > m) jobs = (int)m;
     if (jobs <= 1) {
-        for (size_t i = 0; i < n; i++) {
-            eval_point(x, &pts[i]);
-            x->res->n = first + i + 1;
-            x->res->runs += (uint64_t)pts[i].runs;
-            report(x, &pts[i]);
+        for (size_t k = 0; k < m; k++) {
+            tdm_sim_tune_point *p = &pts[todo[k]];
+            eval_point(x, p);
+            x->spent++;
+            x->res->runs += (uint64_t)p->runs;
+            report(x, p);
         }
         return 0;
     }
     int fds[64];
     pid_t pids[64];
-    if (jobs > 64) jobs = 64;
     int started = 0;
     fflush(stdout);
     fflush(stderr);
@@ -460,12 +314,12 @@ static int eval_batch(ctx *x, size_t first, size_t n, char *err, size_t errlen)
         if (pid == 0) {
             close(pp[0]);
             for (int k = 0; k < started; k++) close(fds[k]);
-            for (size_t i = (size_t)w; i < n; i += (size_t)jobs) {
-                tdm_sim_tune_point p = pts[i];
+            for (size_t k = (size_t)w; k < m; k += (size_t)jobs) {
+                tdm_sim_tune_point p = pts[todo[k]];
                 eval_point(x, &p);
                 rec r;
                 memset(&r, 0, sizeof r);
-                r.i = (int)i;
+                r.i = (int)k;
                 r.ok = p.ok;
                 r.runs = p.runs;
                 r.value = p.value;
@@ -480,48 +334,36 @@ static int eval_batch(ctx *x, size_t first, size_t n, char *err, size_t errlen)
         pids[started++] = pid;
     }
     if (started < jobs) {
-        /* could not start every worker: the started ones are stopped and waited for */
-        for (int k = 0; k < started; k++) {
-            close(fds[k]);
-            kill(pids[k], SIGTERM);
-            waitpid(pids[k], NULL, 0);
-        }
         snprintf(err, errlen, "cannot start %d worker processes: %s", jobs, strerror(errno));
+        stop_workers(fds, pids, started);
         return -1;
     }
-    char *done = calloc(n, 1);
-    if (!done) {
-        for (int k = 0; k < started; k++) {
-            close(fds[k]);
-            kill(pids[k], SIGTERM);
-            waitpid(pids[k], NULL, 0);
-        }
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    char done[256] = {0};
     struct pollfd pf[64];
     int open_n = started;
     for (int k = 0; k < started; k++) {
         pf[k].fd = fds[k];
         pf[k].events = POLLIN;
     }
-    size_t reported = 0;
     while (open_n > 0) {
         if (poll(pf, (nfds_t)started, -1) < 0) {
             if (errno == EINTR) continue;
-            break;
+            snprintf(err, errlen, "poll: %s", strerror(errno));
+            for (int k = 0; k < started; k++) fds[k] = pf[k].fd;
+            stop_workers(fds, pids, started);
+            return -1;
         }
         for (int k = 0; k < started; k++) {
             if (pf[k].fd < 0 || !(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             rec r;
             int got = read_full(pf[k].fd, &r, sizeof r);
-            if (got <= 0 || r.i < 0 || (size_t)r.i >= n || done[r.i]) {
+            if (got <= 0 || r.i < 0 || (size_t)r.i >= m || done[r.i]) {
                 close(pf[k].fd);
                 pf[k].fd = -1;
                 open_n--;
                 continue;
             }
-            tdm_sim_tune_point *p = &pts[r.i];
+            tdm_sim_tune_point *p = &pts[todo[r.i]];
             p->ok = r.ok;
             p->runs = r.runs;
             p->value = r.value;
@@ -529,24 +371,20 @@ static int eval_batch(ctx *x, size_t first, size_t n, char *err, size_t errlen)
             r.err[sizeof r.err - 1] = '\0';
             memcpy(p->err, r.err, sizeof p->err);
             done[r.i] = 1;
+            x->spent++;
             x->res->runs += (uint64_t)r.runs;
-            reported++;
-            x->res->n = first + reported; /* the count in the progress line */
             report(x, p);
         }
     }
-    for (int k = 0; k < started; k++) {
-        if (pf[k].fd >= 0) close(pf[k].fd);
-        waitpid(pids[k], NULL, 0);
-    }
-    for (size_t i = 0; i < n; i++)
-        if (!done[i]) {
-            pts[i].ok = 0;
-            pts[i].value = -1;
-            snprintf(pts[i].err, sizeof pts[i].err, "the worker process failed");
+    for (int k = 0; k < started; k++) waitpid(pids[k], NULL, 0);
+    for (size_t k = 0; k < m; k++)
+        if (!done[k]) {
+            tdm_sim_tune_point *p = &pts[todo[k]];
+            p->ok = 0;
+            p->value = -1;
+            snprintf(p->err, sizeof p->err, "the worker process failed");
+            x->spent++;
         }
-    free(done);
-    x->res->n = first + n;
     return 0;
 }
 
@@ -554,7 +392,7 @@ static int eval_batch(ctx *x, size_t first, size_t n, char *err, size_t errlen)
 
 static int is_df(const ctx *x, const tdm_sim_tune_point *p)
 {
-    int m = axis_of(x->s, "mode");
+    int m = tdm_sim__tune_axis_of(x->s, "mode");
     if (m < 0 || p->idx[m] < 0) return x->base_df;
     return !strcmp(x->s->ax[m].vals[p->idx[m]], "decode_first");
 }
@@ -564,7 +402,7 @@ static void canon(const ctx *x, tdm_sim_tune_point *p)
 {
     int df = is_df(x, p);
     for (int a = 0; a < x->s->n; a++) {
-        const keydef *k = keydef_of(x->s->ax[a].key);
+        const tdm_sim__tune_keydef *k = tdm_sim__tune_key(x->s->ax[a].key);
         if (k && k->df_only && !df) p->idx[a] = -1;
         else if (p->idx[a] < 0) p->idx[a] = x->s->ax[a].start;
     }
@@ -578,23 +416,42 @@ static int same(const ctx *x, const tdm_sim_tune_point *p, const tdm_sim_tune_po
     return 1;
 }
 
-/* Append a candidate (canonicalised; skipped when already evaluated or queued). */
-static void push(ctx *x, size_t *n, tdm_sim_tune_point p, int phase)
+/* Queue a candidate (canonicalised; skipped when already evaluated or queued, or when the
+ * queue holds the rest of the budget). A config the library refuses is recorded, reported
+ * and not counted. Returns -1 when out of memory. */
+static int push(ctx *x, size_t first, tdm_sim_tune_point p, int phase)
 {
-    if (*n >= (size_t)x->o->budget) return;
+    tdm_sim_tune_result *r = x->res;
+    size_t queued = 0;
+    for (size_t i = first; i < r->n; i++) queued += !r->pts[i].refused;
+    if (x->spent + (int)queued >= x->o->budget || queued >= 256) return 0;
     canon(x, &p);
-    for (size_t i = 0; i < *n; i++)
-        if (same(x, &x->res->pts[i], &p)) return;
+    for (size_t i = 0; i < r->n; i++)
+        if (same(x, &r->pts[i], &p)) return 0;
     if (x->base_equiv) { /* the base already measured this point */
         tdm_sim_tune_point st = p;
         for (int a = 0; a < x->s->n; a++) st.idx[a] = -1;
         canon(x, &st);
-        if (same(x, &st, &p)) return;
+        if (same(x, &st, &p)) return 0;
+    }
+    if (r->n == x->cap) {
+        size_t nc = x->cap ? 2 * x->cap : 64;
+        tdm_sim_tune_point *np = realloc(r->pts, nc * sizeof *np);
+        if (!np) return -1;
+        r->pts = np;
+        x->cap = nc;
     }
     p.is_base = 0;
     p.phase = phase;
+    p.ok = 0;
+    p.value = -1;
+    p.runs = 0;
+    p.err[0] = '\0';
     point_label(x->s, &p, p.label, sizeof p.label);
-    x->res->pts[(*n)++] = p;
+    p.refused = refused(x, &p, p.err, sizeof p.err);
+    r->pts[r->n++] = p;
+    if (p.refused) report(x, &p);
+    return 0;
 }
 
 static size_t best_of(const tdm_sim_tune_result *r)
@@ -611,7 +468,7 @@ static int set_starts(ctx *x, tdm_sim_tune_space *s, json_t *doc, char *err, siz
     x->base_equiv = 1;
     for (int a = 0; a < s->n; a++) {
         tdm_sim_tune_axis *ax = &s->ax[a];
-        const keydef *k = keydef_of(ax->key);
+        const tdm_sim__tune_keydef *k = tdm_sim__tune_key(ax->key);
         json_t *v = base_value(doc, ax->key);
         char raw[64], val[TDM_SIM_TUNE_VLEN], e2[160];
         if (!v) snprintf(raw, sizeof raw, "%s", k->libdef);
@@ -620,14 +477,14 @@ static int set_starts(ctx *x, tdm_sim_tune_space *s, json_t *doc, char *err, siz
         else if (json_is_integer(v)) snprintf(raw, sizeof raw, "%lld", (long long)json_integer_value(v));
         else if (json_is_real(v)) snprintf(raw, sizeof raw, "%.10g", json_real_value(v));
         else raw[0] = '\0';
-        if (norm_value(k, raw, val, e2, sizeof e2) != 0) {
+        if (tdm_sim__tune_norm(k, raw, val, e2, sizeof e2) != 0) {
             snprintf(err, errlen, "base config: %s", e2);
             return -1;
         }
         if (!strcmp(ax->key, "mode")) x->base_df = !strcmp(val, "decode_first");
         ax->start = -1;
         for (int i = 0; i < ax->n; i++)
-            if (value_eq(ax, ax->vals[i], val)) ax->start = i;
+            if (tdm_sim__tune_value_eq(ax, ax->vals[i], val)) ax->start = i;
         if (ax->start >= 0) continue;
         if (v && ax->n > 1) { /* the base's own value joins the axis, in order */
             int pos = ax->n;
@@ -649,12 +506,77 @@ static int set_starts(ctx *x, tdm_sim_tune_space *s, json_t *doc, char *err, siz
 static int coarse(const tdm_sim_tune_axis *ax, int out[3])
 {
     if (ax->n <= 3 || ax->kind == TDM_SIM_TUNE_MODE || ax->kind == TDM_SIM_TUNE_BOOL) {
-        int n = ax->n < TDM_SIM_TUNE_MAXV ? ax->n : TDM_SIM_TUNE_MAXV;
-        for (int i = 0; i < n && i < 3; i++) out[i] = i;
-        return n < 3 ? n : 3;
+        int n = ax->n < 3 ? ax->n : 3;
+        for (int i = 0; i < n; i++) out[i] = i;
+        return n;
     }
     for (int k = 0; k < 3; k++) out[k] = (int)((k + 0.5) * ax->n / 3.0);
     return 3;
+}
+
+/* The coarse grid: mode x token budget x TBT target (decode_first only), the other
+ * parameters at their starts; spread evenly when larger than 2/3 of the budget. */
+static int grid_phase(ctx *x, char *err, size_t errlen)
+{
+    const tdm_sim_tune_space *s = x->s;
+    int am = tdm_sim__tune_axis_of(s, "mode"), ab = tdm_sim__tune_axis_of(s, "max_num_batched_tokens"),
+        at = tdm_sim__tune_axis_of(s, "tbt_target_ms");
+    int cm[3], cb[3], ct[3], nm = 1, nb = 1, nt = 1;
+    cm[0] = cb[0] = ct[0] = -1;
+    if (am >= 0) nm = coarse(&s->ax[am], cm);
+    if (ab >= 0) nb = coarse(&s->ax[ab], cb);
+    if (at >= 0) nt = coarse(&s->ax[at], ct);
+    tdm_sim_tune_point grid[27];
+    int ng = 0;
+    for (int i = 0; i < nm; i++)
+        for (int j = 0; j < nb; j++)
+            for (int k = 0; k < nt; k++) {
+                tdm_sim_tune_point q;
+                memset(&q, 0, sizeof q);
+                for (int a = 0; a < TDM_SIM_TUNE_MAXAXES; a++) q.idx[a] = -1;
+                if (am >= 0) q.idx[am] = cm[i];
+                if (ab >= 0) q.idx[ab] = cb[j];
+                if (at >= 0) q.idx[at] = ct[k];
+                if (at >= 0 && k > 0 && !is_df(x, &q)) continue;
+                grid[ng++] = q;
+            }
+    size_t first = x->res->n, slots = (size_t)(x->o->budget - 1) * 2 / 3;
+    if (slots < 1) slots = 1;
+    for (size_t i = 0; i < ((size_t)ng < slots ? (size_t)ng : slots); i++)
+        if (push(x, first, grid[(size_t)ng <= slots ? i : i * (size_t)ng / slots], 1) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    return eval_batch(x, first, err, errlen);
+}
+
+/* One poll of the neighbours of cur at this step: each ordered parameter's value step
+ * places up and down, each other mode or boolean value (step 1 only). Returns the number
+ * queued, -1 when out of memory. */
+static int poll_phase(ctx *x, tdm_sim_tune_point cur, int step)
+{
+    const tdm_sim_tune_space *s = x->s;
+    int am = tdm_sim__tune_axis_of(s, "mode");
+    size_t first = x->res->n;
+    canon(x, &cur);
+    for (int a = 0; a < s->n; a++) {
+        const tdm_sim_tune_axis *ax = &s->ax[a];
+        if (cur.idx[a] < 0 || ax->n < 2) continue;
+        int ordered = ax->kind == TDM_SIM_TUNE_INT || ax->kind == TDM_SIM_TUNE_NUM;
+        for (int v = 0; v < ax->n; v++) {
+            if (v == cur.idx[a] || (ordered && abs(v - cur.idx[a]) != step) || (!ordered && step > 1))
+                continue;
+            tdm_sim_tune_point q = cur;
+            q.idx[a] = v;
+            if (a == am) /* a new mode: its own parameters from their starts */
+                for (int c = 0; c < s->n; c++) {
+                    const tdm_sim__tune_keydef *k = tdm_sim__tune_key(s->ax[c].key);
+                    if (k && k->df_only) q.idx[c] = -1;
+                }
+            if (push(x, first, q, 2) != 0) return -1;
+        }
+    }
+    return (int)(x->res->n - first);
 }
 
 int tdm_sim_tune_run(const tdm_sim_trace *t, const char *base_json, const tdm_sim_model *m,
@@ -690,95 +612,58 @@ int tdm_sim_tune_run(const tdm_sim_trace *t, const char *base_json, const tdm_si
     x.o = o;
     x.res = res;
     x.w0 = tdm_sim_wall();
+    for (size_t i = 0; i < t->n; i++) {
+        uint32_t need = t->reqs[i].prompt_len + t->reqs[i].output_len;
+        if (need > x.max_model_len) x.max_model_len = need;
+    }
     json_t *doc = base_doc(base_json, err, errlen);
     if (!doc) return -1;
     int rc = set_starts(&x, s, doc, err, errlen);
     json_decref(doc);
     if (rc != 0) return -1;
-    res->pts = calloc((size_t)o->budget, sizeof *res->pts);
+    x.cap = 64;
+    res->pts = calloc(x.cap, sizeof *res->pts);
     if (!res->pts) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
     /* 1. the base config as given */
-    tdm_sim_tune_point p;
-    memset(&p, 0, sizeof p);
-    for (int a = 0; a < TDM_SIM_TUNE_MAXAXES; a++) p.idx[a] = -1;
-    p.is_base = 1;
-    snprintf(p.label, sizeof p.label, "base");
-    res->pts[0] = p;
-    if (eval_batch(&x, 0, 1, err, errlen) != 0) goto fail;
-    /* 2. the coarse grid: mode x token budget x TBT target (decode_first), the rest at the
-     * base's values; spread evenly over the grid when it is larger than 2/3 of the budget */
-    int am = axis_of(s, "mode"), ab = axis_of(s, "max_num_batched_tokens"),
-        at = axis_of(s, "tbt_target_ms");
-    int cm[3], cb[3], ct[3], nm = 1, nb = 1, nt = 1;
-    cm[0] = cb[0] = ct[0] = -1;
-    if (am >= 0) nm = coarse(&s->ax[am], cm);
-    if (ab >= 0) nb = coarse(&s->ax[ab], cb);
-    if (at >= 0) nt = coarse(&s->ax[at], ct);
-    tdm_sim_tune_point grid[27];
-    int ng = 0;
-    for (int i = 0; i < nm; i++)
-        for (int j = 0; j < nb; j++)
-            for (int k = 0; k < nt; k++) {
-                tdm_sim_tune_point q;
-                memset(&q, 0, sizeof q);
-                for (int a = 0; a < TDM_SIM_TUNE_MAXAXES; a++) q.idx[a] = -1;
-                if (am >= 0) q.idx[am] = cm[i];
-                if (ab >= 0) q.idx[ab] = cb[j];
-                if (at >= 0) q.idx[at] = ct[k];
-                if (at >= 0 && k > 0 && !is_df(&x, &q)) continue; /* TBT: decode_first only */
-                grid[ng++] = q;
-            }
-    size_t n = 1, slots = (size_t)(o->budget - 1) * 2 / 3;
-    if (slots < 1) slots = 1;
-    if ((size_t)ng <= slots)
-        for (int g = 0; g < ng; g++) push(&x, &n, grid[g], 1);
-    else
-        for (size_t i = 0; i < slots; i++) push(&x, &n, grid[i * (size_t)ng / slots], 1);
-    if (n > 1 && eval_batch(&x, 1, n - 1, err, errlen) != 0) goto fail;
+    tdm_sim_tune_point *b = &res->pts[0];
+    for (int a = 0; a < TDM_SIM_TUNE_MAXAXES; a++) b->idx[a] = -1;
+    b->is_base = 1;
+    snprintf(b->label, sizeof b->label, "base");
+    res->n = 1;
+    if (eval_batch(&x, 0, err, errlen) != 0) goto fail;
+    /* 2. the coarse grid */
+    if (x.spent < o->budget && grid_phase(&x, err, errlen) != 0) goto fail;
     /* 3. refinement: poll every parameter's neighbours around the best point; move while
      * one improves; when none does, widen the step to 2 once; then stop */
     int step = 1;
-    while (res->n < (size_t)o->budget) {
-        size_t b = best_of(res);
-        tdm_sim_tune_point cur = res->pts[b];
+    while (x.spent < o->budget) {
+        size_t bi = best_of(res);
+        tdm_sim_tune_point cur = res->pts[bi];
         if (cur.is_base || !cur.ok) {
             for (int a = 0; a < TDM_SIM_TUNE_MAXAXES; a++) cur.idx[a] = -1;
             cur.is_base = 0;
         }
-        canon(&x, &cur);
-        size_t n0 = res->n;
-        n = n0;
-        for (int a = 0; a < s->n; a++) {
-            const tdm_sim_tune_axis *ax = &s->ax[a];
-            if (cur.idx[a] < 0 || ax->n < 2) continue;
-            int ordered = ax->kind == TDM_SIM_TUNE_INT || ax->kind == TDM_SIM_TUNE_NUM;
-            for (int v = 0; v < ax->n; v++) {
-                if (v == cur.idx[a]) continue;
-                if (ordered && abs(v - cur.idx[a]) != step) continue;
-                if (!ordered && step > 1) continue;
-                tdm_sim_tune_point q = cur;
-                q.idx[a] = v;
-                if (a == am) /* a new mode: its own parameters from their starts */
-                    for (int c = 0; c < s->n; c++) {
-                        const keydef *k = keydef_of(s->ax[c].key);
-                        if (k && k->df_only) q.idx[c] = -1;
-                    }
-                push(&x, &n, q, 2);
-            }
+        size_t first = res->n;
+        int q = poll_phase(&x, cur, step);
+        if (q < 0) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
         }
-        if (n == n0) {
+        int sims = 0;
+        for (size_t i = first; i < res->n; i++) sims += !res->pts[i].refused;
+        if (sims == 0) {
             if (step == 1) {
                 step = 2;
                 continue;
             }
             break;
         }
-        if (eval_batch(&x, n0, n - n0, err, errlen) != 0) goto fail;
-        size_t nb2 = best_of(res);
-        if (nb2 != b && res->pts[nb2].ok && (!res->pts[b].ok || res->pts[nb2].value > res->pts[b].value))
+        if (eval_batch(&x, first, err, errlen) != 0) goto fail;
+        size_t nb = best_of(res);
+        if (nb != bi && res->pts[nb].ok && (!res->pts[bi].ok || res->pts[nb].value > res->pts[bi].value))
             step = 1;
         else if (step == 1)
             step = 2;
@@ -786,6 +671,7 @@ int tdm_sim_tune_run(const tdm_sim_trace *t, const char *base_json, const tdm_si
             break;
     }
     res->best = best_of(res);
+    res->evaluated = x.spent;
     res->wall_s = tdm_sim_wall() - x.w0;
     if (!res->pts[res->best].ok) {
         snprintf(err, errlen, "tune: no config could be evaluated (base: %s)", res->pts[0].err);

@@ -45,7 +45,8 @@ typedef struct tdm_sim_tune_space {
 typedef struct tdm_sim_tune_point {
     int idx[TDM_SIM_TUNE_MAXAXES];
     int is_base;                 /* the base config as given (all idx -1) */
-    int ok;                      /* 0: the scheduler refused it or the run failed (err) */
+    int ok;                      /* 0: refused, or the run failed (err says why) */
+    int refused;                 /* the library refuses the config: not simulated, not counted */
     double value;                /* the objective (-1 when !ok) */
     double scale;                /* goodput: the rate scale found */
     int runs;                    /* simulations this evaluation took */
@@ -56,7 +57,8 @@ typedef struct tdm_sim_tune_point {
 
 typedef struct tdm_sim_tune_opts {
     tdm_sim_tune_objective objective;
-    int budget;                  /* evaluations, base included (>= 1) */
+    int budget;                  /* evaluations, base included (>= 1); refused configs are
+                                    recorded but not counted */
     int jobs;                    /* worker processes (1 = in this process) */
     FILE *progress;              /* one line per evaluation (NULL = quiet) */
 } tdm_sim_tune_opts;
@@ -65,6 +67,7 @@ typedef struct tdm_sim_tune_result {
     tdm_sim_tune_point *pts;     /* in evaluation order; pts[0] is the base */
     size_t n;
     size_t best;                 /* index of the best ok point (the first among equals) */
+    int evaluated;               /* points simulated (the budget's count: refused excluded) */
     uint64_t runs;               /* simulations in all */
     double wall_s;
 } tdm_sim_tune_result;
@@ -96,5 +99,21 @@ void tdm_sim_tune_result_free(tdm_sim_tune_result *r);
 char *tdm_sim_tune_point_json(const char *base_json, const tdm_sim_tune_space *s,
                               const tdm_sim_tune_point *p, const char *name,
                               const char *description);
+
+/* Internal (tune.c and tune_space.c): the keys the space knows. */
+typedef struct tdm_sim__tune_keydef {
+    const char *key, *tag;       /* tag: the label's prefix */
+    int kind;
+    double lo;                   /* the smallest value */
+    const char *defaults;        /* the default values */
+    const char *libdef;          /* the library's default, the start when the base omits it */
+    int df_only;                 /* 1: only means something in decode_first mode */
+} tdm_sim__tune_keydef;
+const tdm_sim__tune_keydef *tdm_sim__tune_key(const char *key);
+int tdm_sim__tune_axis_of(const tdm_sim_tune_space *s, const char *key);
+/* Validate and normalise one value into out (TDM_SIM_TUNE_VLEN bytes). */
+int tdm_sim__tune_norm(const tdm_sim__tune_keydef *k, const char *v, char *out, char *err,
+                       size_t errlen);
+int tdm_sim__tune_value_eq(const tdm_sim_tune_axis *a, const char *x, const char *y);
 
 #endif

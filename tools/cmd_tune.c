@@ -85,9 +85,9 @@ static int write_points_json(const char *path, const char *base, const tdm_sim_t
 {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
-    fprintf(f, "{\"objective\": \"%s\", \"best\": %zu, \"evaluated\": %zu, \"runs\": %llu, "
+    fprintf(f, "{\"objective\": \"%s\", \"best\": %zu, \"evaluated\": %d, \"runs\": %llu, "
                "\"wall_s\": %.3f,\n\"points\": [\n",
-            tdm_sim_tune_objective_name(obj), r->best, r->n, (unsigned long long)r->runs,
+            tdm_sim_tune_objective_name(obj), r->best, r->evaluated, (unsigned long long)r->runs,
             r->wall_s);
     for (size_t i = 0; i < r->n; i++) {
         const tdm_sim_tune_point *p = &r->pts[i];
@@ -96,9 +96,9 @@ static int write_points_json(const char *path, const char *base, const tdm_sim_t
         char *ls = lab ? json_dumps(lab, JSON_ENCODE_ANY) : NULL;
         char *es = er ? json_dumps(er, JSON_ENCODE_ANY) : NULL;
         fprintf(f, "  {\"label\": %s, \"phase\": \"%s\", \"ok\": %s, \"value\": %.10g, "
-                   "\"scale\": %.10g, \"runs\": %d, \"error\": %s, \"scheduler\": %s}%s\n",
+                   "\"refused\": %s, \"scale\": %.10g, \"runs\": %d, \"error\": %s, \"scheduler\": %s}%s\n",
                 ls ? ls : "\"\"", p->phase == 0 ? "base" : p->phase == 1 ? "grid" : "refine",
-                p->ok ? "true" : "false", p->value, p->scale, p->runs, es ? es : "\"\"",
+                p->ok ? "true" : "false", p->value, p->refused ? "true" : "false", p->scale, p->runs, es ? es : "\"\"",
                 sc ? sc : "null", i + 1 < r->n ? "," : "");
         free(sc);
         free(ls);
@@ -248,7 +248,10 @@ int tdm_cmd_tune(int argc, char **argv)
         printf("  %4zu %14.4g %8s %5d  %-7s %s\n", k + 1, q->value, ratio, q->runs,
                q->phase == 0 ? "base" : q->phase == 1 ? "grid" : "refine", q->label);
     }
-    if (r.n > nok) printf("  (%zu configs refused or failed; see the progress log)\n", r.n - nok);
+    size_t nref = 0;
+    for (size_t i = 0; i < r.n; i++) nref += (size_t)r.pts[i].refused;
+    if (nref) printf("  (%zu configs refused by the scheduler, not simulated)\n", nref);
+    if (r.n - nref > nok) printf("  (%zu runs failed; see the progress log)\n", r.n - nref - nok);
     free(ord);
     char *sc = point_sched(base, &space, best);
     printf("best scheduler: %s\n", sc ? sc : "?");
@@ -274,8 +277,8 @@ int tdm_cmd_tune(int argc, char **argv)
         fprintf(stderr, "tandem tune: cannot write %s\n", c.json);
         rc = 1;
     }
-    printf("tune best=%.6g%s%s config=%s evaluated=%zu runs=%llu wall_s=%.1f\n", best->value,
-           *unit ? " " : "", unit, sc ? sc : "?", r.n, (unsigned long long)r.runs, r.wall_s);
+    printf("tune best=%.6g%s%s config=%s evaluated=%d runs=%llu wall_s=%.1f\n", best->value,
+           *unit ? " " : "", unit, sc ? sc : "?", r.evaluated, (unsigned long long)r.runs, r.wall_s);
     free(sc);
 done:
     tdm_sim_tune_result_free(&r);
