@@ -93,7 +93,7 @@ static int fill_axis(tdm_sim_tune_axis *a, const tdm_sim__tune_keydef *k, const 
     t.kind = k->kind;
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char v[TDM_SIM_TUNE_VLEN];
+        char v[TDM_SIM_TUNE_VLEN] = {0}; /* whole buffer copied: no stray bytes after the NUL */
         if (tdm_sim__tune_norm(k, tok, v, err, errlen) != 0) return -1;
         int dup = 0;
         for (int i = 0; i < t.n; i++) dup |= tdm_sim__tune_value_eq(&t, t.vals[i], v);
