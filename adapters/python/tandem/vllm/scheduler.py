@@ -183,6 +183,9 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         self._hash_size = _hash_size(vllm_config, block_size, hash_block_size)
         self._nhash: dict[int, int] = {}
         self._pcs = PrefixCacheStats() if log_stats else None
+        # Dynamo's forward-pass metrics, when Dynamo enables them (tandem/vllm/metrics.py)
+        from .metrics import ForwardPassMetricsPublisher
+        self._fpm = ForwardPassMetricsPublisher.from_env(vllm_config)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -533,6 +536,8 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         self.finished_req_ids = set()
         if n:
             self._pending.append((so, slots, rids, array("Q", tids)))
+        if self._fpm is not None:
+            self._fpm.scheduled(so)
         return so
 
     def _admitted(self, slot: _Slot, num_computed: int, ts: float) -> None:
@@ -674,6 +679,8 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
 
     def shutdown(self) -> None:
         self._kv_events.shutdown()
+        if self._fpm is not None:
+            self._fpm.close()
         if self.connector is not None:
             shut = getattr(self.connector, "shutdown", None)
             if shut is not None:
