@@ -8,10 +8,10 @@
 # installed vLLM environment on its path (DYNAMO_BASE_PYTHON, default $(VLLM_VENV)'s python,
 # which `make test-vllm`'s rule installs), and pip installs into it, without dependencies,
 # ai-dynamo and ai-dynamo-runtime (ai-dynamo's vllm extra would pull vllm[flashinfer,...]==0.31.0
-# with a CUDA torch, gigabytes) and $(DYNAMO_VLLM_PKG), the vLLM that ai-dynamo 1.6.1 pins
-# (empty: keep the base's vLLM, e.g. when the base already is 0.31). The base provides the rest
-# of what dynamo.vllm imports (msgspec, pyzmq, pydantic, uvloop, transformers, ...); a missing
-# one is named and fails the target. When PyPI cannot be reached the target is skipped with a
+# with a CUDA torch, gigabytes), $(DYNAMO_VLLM_PKG), the vLLM that ai-dynamo 1.6.1 pins
+# (empty: keep the base's vLLM, e.g. when the base already is 0.31), and $(DYNAMO_DEPS). The
+# base provides the rest of what dynamo.vllm imports (msgspec, pyzmq, pydantic, uvloop,
+# transformers, aiohttp, prometheus_client, ...); a missing one is named and fails the target. When PyPI cannot be reached the target is skipped with a
 # message (counts "0 0 1"); any other install failure fails it.
 #
 #   make test-dynamo                                   (vLLM 0.31 over build/venv-vllm)
@@ -22,10 +22,13 @@
 DYNAMO_VENV        ?= $(BUILD)/venv-dynamo
 DYNAMO_VERSION     ?= 1.6.1
 DYNAMO_PKGS        ?= ai-dynamo==$(DYNAMO_VERSION) ai-dynamo-runtime==$(DYNAMO_VERSION)
+# pure-Python requirements of ai-dynamo that dynamo.vllm imports and a vLLM environment lacks
+DYNAMO_DEPS        ?= redis>=6.2.0,<9.0.0
 DYNAMO_VLLM_PKG    ?= vllm==0.31.0
 DYNAMO_BASE_PYTHON ?= $(VLLM_VENV)/bin/python
 # what the tests import from the overlay (checked after the install)
-DYNAMO_IMPORTS     := dynamo._core, dynamo.vllm.args, dynamo.vllm.instrumented_scheduler, \
+DYNAMO_IMPORTS     := dynamo._core, dynamo.llm, dynamo.vllm.args, dynamo.vllm.main, \
+                      dynamo.vllm.handlers, dynamo.vllm.instrumented_scheduler, \
                       dynamo.vllm.kv_connector_protocols, dynamo.common.forward_pass_metrics, \
                       vllm, zmq, msgspec, pytest
 DYNAMO_NET_ERR     := NewConnectionError|Failed to establish|Temporary failure in name resolution|Network is unreachable|No route to host|ConnectTimeout|ReadTimeout|ProxyError
@@ -49,9 +52,9 @@ $(DYNAMO_VENV)/.deps-ok: $(DYNAMO_BASE_DEP)
 	if ! $$py -c 'import $(DYNAMO_IMPORT_LIST)' 2>/dev/null || \
 	    { [ -n "$(DYNAMO_VLLM_PKG)" ] && ! $$py -c 'import sys, vllm; \
 	      sys.exit(vllm.__version__ != "$(DYNAMO_VLLM_PKG)".split("==")[-1])' 2>/dev/null; }; then \
-	  echo "dynamo: pip install --no-deps $(DYNAMO_PKGS) $(DYNAMO_VLLM_PKG) into $(DYNAMO_VENV); log: $(DYNAMO_VENV)/pip-install.log"; \
+	  echo "dynamo: pip install --no-deps $(DYNAMO_PKGS) $(DYNAMO_VLLM_PKG) '$(DYNAMO_DEPS)' into $(DYNAMO_VENV); log: $(DYNAMO_VENV)/pip-install.log"; \
 	  if ! $(DYNAMO_VENV)/bin/pip install --disable-pip-version-check --no-deps $(DYNAMO_PKGS) \
-	       $(DYNAMO_VLLM_PKG) >$(DYNAMO_VENV)/pip-install.log 2>&1; then \
+	       $(DYNAMO_VLLM_PKG) $(foreach d,$(DYNAMO_DEPS),'$(d)') >$(DYNAMO_VENV)/pip-install.log 2>&1; then \
 	    if grep -Eq '$(DYNAMO_NET_ERR)' $(DYNAMO_VENV)/pip-install.log; then \
 	      echo "dynamo: PyPI unreachable ('pip install $(DYNAMO_PKGS)'); test-dynamo is skipped:" >&2; \
 	      tail -n 3 $(DYNAMO_VENV)/pip-install.log >&2; touch $(DYNAMO_VENV)/.skip; exit 0; fi; \

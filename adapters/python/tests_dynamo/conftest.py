@@ -22,3 +22,20 @@ if importlib.util.find_spec("vllm") is not None:
     _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
     globals().update({k: v for k, v in vars(_mod).items() if not k.startswith("__")})
+
+
+def free_port() -> int:
+    """A TCP port free on all interfaces now, inside Dynamo's accepted range (its envs.py takes
+    1024-49151 for DYN_FORWARDPASS_METRIC_PORT; the kernel's ephemeral ports lie above)."""
+    import random
+    import socket
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 49151)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-49151")

@@ -8,7 +8,6 @@ differs), worker_id and dp_rank as set, counter_id the message's sequence frame,
 idle heartbeats (all zero, wall_time 0) are ignored. The scenarios chunk prefills, hit the prefix
 cache, preempt and resume."""
 import os
-import socket
 import time
 
 import pytest
@@ -18,18 +17,13 @@ zmq = pytest.importorskip("zmq")
 fpm = pytest.importorskip("dynamo.common.forward_pass_metrics")
 instr = pytest.importorskip("dynamo.vllm.instrumented_scheduler")
 
-from conftest import make_configs, make_requests  # noqa: E402
+from conftest import free_port, make_configs, make_requests  # noqa: E402
 from test_vllm_compare import fake_output, default_token  # noqa: E402
 
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 WORKER = "tandem-fpm-test"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Sub:
