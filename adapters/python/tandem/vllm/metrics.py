@@ -170,6 +170,7 @@ class _Publisher:
             raise
         self.dropped = 0
         self._seq = 0
+        self._running = True
         self._thread = threading.Thread(target=self._run, name="tandem-fpm", daemon=True)
         self._thread.start()
 
@@ -199,7 +200,7 @@ class _Publisher:
                     continue
                 msg = self._fpm.ForwardPassMetrics(worker_id=self.worker_id,
                                                    dp_rank=self.dp_rank)
-            if msg is None:
+            if msg is None or not self._running:
                 break
             try:
                 self._send(msg)
@@ -208,11 +209,16 @@ class _Publisher:
             last = time.monotonic()
 
     def close(self) -> None:
+        """Stops the thread (what is still queued is sent first unless the queue is full)
+        and closes the socket once the thread is gone."""
         try:
             self._q.put(None, timeout=1.0)
         except queue.Full:
-            pass
-        self._thread.join(timeout=2.0)
+            self._running = False
+        self._thread.join(timeout=5.0)
+        if self._thread.is_alive():     # never close a socket another thread still uses
+            logger.warning("tandem: forward-pass metrics thread did not stop; socket left open")
+            return
         self._sock.close(linger=0)
 
 

@@ -13,7 +13,8 @@ once and builds vLLM's containers with C-level map/zip, not one Python call per 
 
 Metrics are vLLM's: request events (QUEUED at add, SCHEDULED at admission, PREEMPTED),
 Request.prefill_stats (vLLM 0.32+; EngineCoreOutput.num_cached_tokens before), and
-SchedulerStats / PrefixCacheStats filled as vLLM's Scheduler fills them.
+SchedulerStats / PrefixCacheStats filled as vLLM's Scheduler fills them; under NVIDIA Dynamo,
+its ForwardPassMetrics when Dynamo turns them on (metrics.py, dynamo.py).
 
 Requests of a kind Tandem does not schedule (structured output, multimodal inputs, prompt
 embeddings, pooling) are finished with FINISHED_ERROR and a RequestError on the next
