@@ -6,7 +6,8 @@ every message with Dynamo's decode(). Per forward pass, the scheduled and queued
 must be equal (variances to 1e-9 relative: the accumulation order of the queued requests
 differs), worker_id and dp_rank as set, counter_id the message's sequence frame, wall_time > 0;
 idle heartbeats (all zero, wall_time 0) are ignored. The scenarios chunk prefills, hit the prefix
-cache, preempt and resume."""
+cache, preempt and resume. Last, the metrics reach Dynamo's own FpmEventSubscriber (what the
+planner reads) through Dynamo's own FpmEventRelay."""
 import os
 import time
 
@@ -171,3 +172,61 @@ def test_fpm__bad_port_is_a_clear_error(tiny_model, monkeypatch):
     with pytest.raises(ValueError, match="DYN_FORWARDPASS_METRIC_PORT"):
         TandemScheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False, block_size=16,
                         structured_output_manager=StructuredOutputManager(vc))
+
+
+def test_fpm__through_dynamos_relay_to_its_subscriber(tiny_model, monkeypatch):
+    """Dynamo's own Rust FpmEventRelay (as dynamo.vllm.main sets it up: endpoint plus
+    tcp://127.0.0.1:port) carries TandemScheduler's metrics to Dynamo's FpmEventSubscriber,
+    the planner's consumer, over Dynamo's event plane: an in-process DistributedRuntime with
+    in-memory discovery and the ZMQ event plane advertised on 127.0.0.1."""
+    import asyncio
+    import queue
+    import threading
+    llm = pytest.importorskip("dynamo.llm")
+    runtime = pytest.importorskip("dynamo.runtime")
+    monkeypatch.setenv("DYN_EVENT_PLANE", "zmq")
+    monkeypatch.setenv("DYN_EVENT_PLANE_HOST", "127.0.0.1")
+    port = free_port()
+    s = build(tiny_model, "tandem", port, monkeypatch, block_size=16)
+    got: queue.Queue = queue.Queue()
+
+    async def main():
+        rt = runtime.DistributedRuntime(asyncio.get_running_loop(), "mem", "tcp")
+        ep = rt.endpoint("tandemtest.backend.generate")
+        relay = llm.FpmEventRelay(endpoint=ep, zmq_endpoint=f"tcp://127.0.0.1:{port}")
+        sub = llm.FpmEventSubscriber(ep)
+
+        def pull():
+            while True:
+                data = sub.recv()
+                got.put(data)
+                if data is None:
+                    return
+
+        threading.Thread(target=pull, daemon=True).start()
+        await asyncio.sleep(1.0)   # discovery, then the subscriber's connection
+        n = await asyncio.to_thread(run, s, make_requests(3, num_tokens=40, max_tokens=3))
+        seen = []
+        end = time.monotonic() + 15
+        while time.monotonic() < end and len(seen) < n:
+            try:
+                data = await asyncio.to_thread(got.get, True, 0.5)
+            except queue.Empty:
+                continue
+            m = fpm.decode(data) if data is not None else None
+            if m is not None and m.wall_time > 0:
+                seen.append(m)
+        sub.shutdown()
+        del relay
+        rt.shutdown()
+        return n, seen
+
+    try:
+        n, seen = asyncio.run(main())
+    finally:
+        s.shutdown()
+    assert n > 0 and len(seen) == n, (n, len(seen))
+    assert seen[0].worker_id == WORKER
+    assert seen[0].scheduled_requests.num_prefill_requests == 3
+    assert seen[0].scheduled_requests.sum_prefill_tokens == 120
+    assert sum(m.scheduled_requests.num_decode_requests for m in seen) == 3 * 2
