@@ -12,7 +12,8 @@
 # (empty: keep the base's vLLM, e.g. when the base already is 0.31), and $(DYNAMO_DEPS). The
 # base provides the rest of what dynamo.vllm imports (msgspec, pyzmq, pydantic, uvloop,
 # transformers, aiohttp, prometheus_client, ...); a missing one is named and fails the target. When PyPI cannot be reached the target is skipped with a
-# message (counts "0 0 1"); any other install failure fails it.
+# message (counts "0 0 1": pip reported a network error, or pip's index URL does not answer);
+# any other install failure fails it.
 #
 #   make test-dynamo                                   (vLLM 0.31 over build/venv-vllm)
 #   make test-dynamo DYNAMO_BASE_PYTHON=/path/venv-0.31/bin/python DYNAMO_VLLM_PKG=
@@ -55,7 +56,9 @@ $(DYNAMO_VENV)/.deps-ok: $(DYNAMO_BASE_DEP)
 	  echo "dynamo: pip install --no-deps $(DYNAMO_PKGS) $(DYNAMO_VLLM_PKG) '$(DYNAMO_DEPS)' into $(DYNAMO_VENV); log: $(DYNAMO_VENV)/pip-install.log"; \
 	  if ! $(DYNAMO_VENV)/bin/pip install --disable-pip-version-check --no-deps $(DYNAMO_PKGS) \
 	       $(DYNAMO_VLLM_PKG) $(foreach d,$(DYNAMO_DEPS),'$(d)') >$(DYNAMO_VENV)/pip-install.log 2>&1; then \
-	    if grep -Eq '$(DYNAMO_NET_ERR)' $(DYNAMO_VENV)/pip-install.log; then \
+	    idx=$${PIP_INDEX_URL:-$$($$py -c 'from pip._internal.models.index import PyPI; print(PyPI.simple_url)' 2>/dev/null)}; \
+	    if grep -Eq '$(DYNAMO_NET_ERR)' $(DYNAMO_VENV)/pip-install.log || \
+	       ! $$py -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=20)' "$$idx" 2>/dev/null; then \
 	      echo "dynamo: PyPI unreachable ('pip install $(DYNAMO_PKGS)'); test-dynamo is skipped:" >&2; \
 	      tail -n 3 $(DYNAMO_VENV)/pip-install.log >&2; touch $(DYNAMO_VENV)/.skip; exit 0; fi; \
 	    echo "dynamo: 'pip install $(DYNAMO_PKGS) $(DYNAMO_VLLM_PKG)' failed:" >&2; \
