@@ -138,6 +138,8 @@ class OutputsMixin:
             if e is None:
                 e = eco[0] = EngineCoreOutputs()
             e.scheduler_stats = stats
+        if self._fpm is not None:
+            self._fpm.updated(scheduler_output, self.requests)
         return eco
 
     def _apply_outputs(self, ent, so, mro, outputs) -> None:

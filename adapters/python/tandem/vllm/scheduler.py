@@ -13,7 +13,8 @@ once and builds vLLM's containers with C-level map/zip, not one Python call per 
 
 Metrics are vLLM's: request events (QUEUED at add, SCHEDULED at admission, PREEMPTED),
 Request.prefill_stats (vLLM 0.32+; EngineCoreOutput.num_cached_tokens before), and
-SchedulerStats / PrefixCacheStats filled as vLLM's Scheduler fills them.
+SchedulerStats / PrefixCacheStats filled as vLLM's Scheduler fills them; under NVIDIA Dynamo,
+its ForwardPassMetrics when Dynamo turns them on (metrics.py, dynamo.py).
 
 Requests of a kind Tandem does not schedule (structured output, multimodal inputs, prompt
 embeddings, pooling) are finished with FINISHED_ERROR and a RequestError on the next
@@ -195,6 +196,9 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         self._hash_size = _hash_size(vllm_config, block_size, hash_block_size)
         self._nhash: dict[int, int] = {}
         self._pcs = PrefixCacheStats() if log_stats else None
+        # Dynamo's forward-pass metrics, when Dynamo enables them (tandem/vllm/metrics.py)
+        from .metrics import ForwardPassMetricsPublisher
+        self._fpm = ForwardPassMetricsPublisher.from_env(vllm_config)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -557,6 +561,8 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         self.finished_req_ids = set()
         if n:
             self._pending.append((so, slots, rids, array("Q", tids)))
+        if self._fpm is not None:
+            self._fpm.scheduled(so)
         return so
 
     @staticmethod
@@ -713,6 +719,8 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
 
     def shutdown(self) -> None:
         self._kv_events.shutdown()
+        if self._fpm is not None:
+            self._fpm.close()
         if self.connector is not None:
             shut = getattr(self.connector, "shutdown", None)
             if shut is not None:
