@@ -187,7 +187,11 @@ $(VLLM_E2E_VENV)/.tandem-installed: $(VLLM_E2E_VENV)/.deps-ok $(PY_SRCS)
 	  { cat $(VLLM_E2E_VENV)/pip-tandem.log >&2; exit 1; }
 	@touch $@
 
-.PHONY: test-vllm-e2e
+# test-vllm-e2e-async: the same with async scheduling on in both runs (vLLM's AsyncScheduler).
+.PHONY: test-vllm-e2e test-vllm-e2e-async
+test-vllm-e2e-async:
+	@TANDEM_E2E_ASYNC=1 $(MAKE) --no-print-directory test-vllm-e2e
+
 test-vllm-e2e: lib $(VLLM_E2E_VENV)/.tandem-installed
 	@mkdir -p $(BUILD)/vllm-e2e
 	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \

@@ -7,7 +7,8 @@ word list: long ones (far over --max-num-batched-tokens, so chunked prefill), gr
 shared prefix (prefix cache), prompts with stop strings, varied max_tokens; a KV cache of
 num_gpu_blocks_override blocks of 32 tokens, too small for the batch, so requests are
 preempted. Greedy (temperature 0): seeded sampling with chunked prefill crashes in vLLM 0.32
-itself. Async scheduling is off in both runs (TandemScheduler refuses it today).
+itself. Async scheduling is off in both runs, or on in both with TANDEM_E2E_ASYNC=1 (vLLM then
+runs its AsyncScheduler and TandemScheduler its async mode; make test-vllm-e2e-async).
 
     python run_e2e.py MODEL_DIR           # both runs (one subprocess each), then compare
     python run_e2e.py MODEL_DIR --one vllm|tandem OUT.json   # one run (used by the above)
@@ -27,7 +28,7 @@ import time
 BLOCKS = 40          # 40 x 32 = 1280 tokens of KV for 16 sequences: preemption
 ENGINE = dict(dtype="float32", block_size=32, max_model_len=1024, max_num_batched_tokens=128,
               max_num_seqs=16, num_gpu_blocks_override=BLOCKS, enforce_eager=True,
-              async_scheduling=False, enable_prefix_caching=True, disable_log_stats=False,
+              async_scheduling=os.environ.get("TANDEM_E2E_ASYNC") == "1", enable_prefix_caching=True, disable_log_stats=False,
               gpu_memory_utilization=0.3,   # on CPU: the share of RAM reserved (the server passes it too)
               seed=0)
 

@@ -7,6 +7,7 @@ show no request left running or waiting.
     python serve_load.py MODEL_DIR vllm|tandem
 """
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -66,7 +67,8 @@ def main():
            "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--block-size", "32", "--max-model-len", "1024",
            "--max-num-batched-tokens", "128", "--max-num-seqs", "16",
-           "--num-gpu-blocks-override", str(BLOCKS), "--enforce-eager", "--no-async-scheduling",
+           "--num-gpu-blocks-override", str(BLOCKS), "--enforce-eager",
+           "--async-scheduling" if os.environ.get("TANDEM_E2E_ASYNC") == "1" else "--no-async-scheduling",
            "--gpu-memory-utilization", "0.3"]   # on CPU: the share of RAM it reserves
     if which == "tandem":
         cmd += ["--scheduler-cls", "tandem.vllm.TandemScheduler"]
