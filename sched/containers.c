@@ -202,6 +202,7 @@ static int heap_push(tdm_sched *s, tdm__req *r)
 {
     int rc = tdm__waiting_reserve(s, s->heap_len + 1);
     if (rc) return rc;
+    if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE && !r->ad_late) tdm__ad_set_key(s, r);
     s->heap[s->heap_len] = r;
     r->heap_index = s->heap_len++;
     heap_up(s, r->heap_index);
