@@ -104,6 +104,7 @@ struct tdm__req {
     double deadline;           /* remote-KV wait or held-block deadline */
     double ad_key;             /* SLO_ADAPTIVE: least-laxity key while waiting */
     bool ad_late;              /* SLO_ADAPTIVE: demoted, its TTFT can no longer be met */
+    uint32_t ad_qtok;          /* SLO_ADAPTIVE: prefill tokens it adds to ad_wait_tokens */
     void *run_mem;             /* the allocation holding tokens, blocks, hashes, spec */
 };
 
@@ -195,6 +196,7 @@ struct tdm_sched {
     double ad_out_sum;         /* outputs of finished requests, for the mean output length */
     uint64_t ad_out_n;
     double ad_soft;            /* this step's soft target (what decodes can recover) */
+    uint64_t ad_wait_tokens;   /* prefill tokens of the waiting requests not demoted */
 
     /* step outputs (valid until the next step) */
     tdm__entry *entries;
@@ -271,6 +273,7 @@ int tdm__policy_load(tdm_sched *s, const char *path, const char *symbol, tdm_pol
 double tdm__ad_ttft(const tdm_sched *s, const tdm__req *r);
 double tdm__ad_tpot(const tdm_sched *s, const tdm__req *r);
 void tdm__ad_set_key(tdm_sched *s, tdm__req *r);
+void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in);
 int tdm__ad_compare(const tdm__req *a, const tdm__req *b);
 uint32_t tdm__ad_victim(tdm_sched *s);
 void tdm__ad_demote(tdm_sched *s, double now);

@@ -21,9 +21,11 @@
 
 #include "sched_internal.h"
 
-/* Safety margin on the TPOT target, the fraction of the predicted recovery a longer step may
+/* Safety margin on the TPOT target, the step cap without decodes (in TTFT targets: a step
+ * delays every arrival behind it), the fraction of the predicted recovery a longer step may
  * spend, and the starvation bound (in TTFT targets; seconds without one). */
-#define AD_TPOT_MARGIN 0.9
+#define AD_TPOT_MARGIN 0.95
+#define AD_CAP 0.5
 #define AD_RECOVER_SHARE 0.5
 #define AD_STARVE_TTFTS 8.0
 #define AD_STARVE_DEFAULT_S 10.0
@@ -68,6 +70,20 @@ void tdm__ad_set_key(tdm_sched *s, tdm__req *r)
     uint32_t rem = r->num_tokens > r->num_computed ? r->num_tokens - r->num_computed : 1;
     double key = r->arrival + ttft - prefill_time(s, NULL, r->num_computed, rem);
     r->ad_key = key < bound ? key : bound;
+}
+
+/* r enters (in) or leaves the waiting heap: its key, and the queued prefill work. */
+void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in)
+{
+    if (!in) {
+        s->ad_wait_tokens -= r->ad_qtok;
+        r->ad_qtok = 0;
+        return;
+    }
+    if (r->ad_late) return;
+    tdm__ad_set_key(s, r);
+    r->ad_qtok = r->num_tokens > r->num_computed ? r->num_tokens - r->num_computed : 0;
+    s->ad_wait_tokens += r->ad_qtok;
 }
 
 int tdm__ad_compare(const tdm__req *a, const tdm__req *b)
@@ -173,13 +189,18 @@ double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec)
         double g = tpot * AD_TPOT_MARGIN;
         double k = (double)(r->num_tokens - r->num_prompt); /* outputs so far, >= 1 */
         double allow = r->first_token + k * g - now;          /* due time of the next token */
-        double rem = TDM_MIN(mout, (double)r->max_tokens) - k; /* expected outputs left */
+        /* expected outputs left: the mean output seen (at most max_tokens) less those out */
+        double rem = TDM_MIN(mout, (double)r->max_tokens) - k;
         double rec = rem > 0 && g > dstep ? rem * (g - dstep) * AD_RECOVER_SHARE : 0;
         if (allow < hard) hard = allow;
         if (allow + rec < soft) soft = allow + rec;
         if (0.5 * g < floor) floor = 0.5 * g;
     }
-    if (!isfinite(hard)) return INFINITY;
+    if (!isfinite(hard)) { /* no decode to protect: a step still delays the next arrivals */
+        double cap = (double)s->prm.slo_ttft_us * 1e-6 * AD_CAP;
+        s->ad_soft = INFINITY;
+        return cap > 0 ? cap : INFINITY;
+    }
     if (hard < floor) hard = floor;
     if (soft < hard) soft = hard;
     s->ad_soft = soft;
@@ -194,26 +215,35 @@ double tdm__ad_widen(tdm_sched *s, double now, double target, const tdm_step_sha
     if (!isfinite(target) || s->ad_soft <= target) return target;
     tdm__req *u = NULL;
     double best = INFINITY;
+    uint64_t queued = s->ad_wait_tokens; /* prefill work that wants a TTFT */
     for (uint32_t i = 0; i < s->num_running; i++) {
         tdm__req *r = s->running[i];
         if (r->first_token >= 0 || r->num_computed + 1 >= r->num_tokens) continue;
+        if (slo_lost(s, r, now)) continue;
+        queued += r->num_tokens - r->num_computed;
         double d = ttft_deadline(s, r);
-        if (d < best && !slo_lost(s, r, now)) best = d, u = r;
+        if (d < best) best = d, u = r;
     }
-    if (s->heap_len && s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) {
+    if (s->heap_len) {
         tdm__req *w = s->heap[0];
         double d = ttft_deadline(s, w);
         if (!w->ad_late && w->first_token < 0 && d < best) best = d, u = w;
     }
     if (!u || !isfinite(best)) return target;
     uint32_t rem = u->num_tokens > u->num_computed ? u->num_tokens - u->num_computed : 1;
-    rem = TDM_MIN(rem, (uint32_t)s->prm.max_num_batched_tokens);
-    double one = prefill_time(s, sh, u->num_computed, rem); /* the rest in this step */
-    if (one <= target) return target;                        /* fits the pace anyway */
-    if (now + one > best || one > s->ad_soft) return target;  /* cannot be saved this way */
+    uint32_t chunk = TDM_MIN(rem, (uint32_t)s->prm.max_num_batched_tokens);
+    double one = prefill_time(s, sh, u->num_computed, chunk); /* the largest step it can use */
+    if (one <= target) return target;                           /* fits the pace anyway */
     double dstep = tdm__cost_estimate(s, sh) * s->ad_ratio;
-    double per = target - dstep;                              /* prefill time per paced step */
-    double steps = per > 0 ? ceil((one - dstep) / per) : INFINITY;
-    if (now + steps * target <= best) return target;          /* the pace meets it */
-    return one;
+    double per = target - dstep;                                /* prefill time per paced step */
+    if (per <= 0) return one < s->ad_soft ? one : s->ad_soft;
+    /* Paced, u's own prefill ends in ceil(need / per) steps, and the queued work (u's and
+     * everyone's behind it) in ceil(all / per): widen when u would miss its deadline, or the
+     * queue would not clear within u's TTFT target (the queue would grow). */
+    double need = prefill_time(s, sh, u->num_computed, rem) - dstep;
+    double per_tok = (prefill_time(s, sh, 0, 1024) - dstep) / 1024.0;
+    double all = per_tok * (double)queued;
+    if (now + ceil(need / per) * target <= best && ceil(all / per) * target <= tdm__ad_ttft(s, u))
+        return target;
+    return one < s->ad_soft ? one : s->ad_soft; /* as much as the decodes allow */
 }

@@ -17,11 +17,18 @@
 #include "tandem.h"
 
 /* 2 ms per step, 10 us per prefill token, 0.1 ms per decode. */
+#define BASE 0.002
+#define PER_TOKEN 1e-5
+#define PER_DECODE 1e-4
+/* The policy's step target for a 25 ms TPOT: the 0.95 margin (sched/slo_adaptive.c). */
+#define G (0.025 * 0.95)
+/* The largest chunk next to one decode within a step of t seconds. */
+#define FIT(t) ((uint32_t)(((t) - BASE - PER_DECODE) / PER_TOKEN))
 static double linear_cost(void *ctx, const tdm_step_shape *sh)
 {
     (void)ctx;
     if (!sh->num_prefill_tokens && !sh->num_decode_tokens) return 0.0;
-    return 0.002 + 1e-5 * sh->num_prefill_tokens + 1e-4 * sh->num_decode_reqs;
+    return BASE + PER_TOKEN * sh->num_prefill_tokens + PER_DECODE * sh->num_decode_reqs;
 }
 
 static tdm_sched *make(const char *json)
@@ -152,10 +159,10 @@ static void slo_adaptive__admits_least_laxity_first(void **state)
     tdm_sched_destroy(s);
 }
 
-/* A decoding request (TPOT 25 ms, so a 22.5 ms step target with the 0.9 margin) and a long
- * prompt without a TTFT SLO: the chunk fills the target. Returns the chunk of request 2 in
- * the step at `now_off` after the decode's last token, with every step before reported
- * `slow` times its predicted length. */
+/* A decoding request (TPOT 25 ms, so a 23.75 ms step target with the 0.95 margin) and a
+ * long prompt without a TTFT SLO: the chunk fills the target. Returns the chunk of request 2
+ * in the step `lag` after the decode's next token is due less one target, with every step
+ * before reported `slow` times its predicted length. */
 static uint32_t chunk_after(double slow, double lag)
 {
     tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_batched_tokens\": 8192, \"num_blocks\": 2000,"
@@ -174,9 +181,9 @@ static uint32_t chunk_after(double slow, double lag)
         t += 0.0021 * slow;
         update(s, &b, t);
     }
-    /* 11 tokens out: the 12th is due at first + 11 * 22.5 ms; step one target before that
-     * (plus a lag: the host was late by that much). */
-    double now = first + 10 * 0.0225 + lag;
+    /* 11 tokens out: the 12th is due at first + 11 * G; step one target before that (plus a
+     * lag: the host was late by that much). */
+    double now = first + 10 * G + lag;
     add(s, 2, 8000, now, 0, 0, 1, 0);
     assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
     assert_int_equal(tokens_of(&b, 1), 1);
@@ -188,19 +195,72 @@ static uint32_t chunk_after(double slow, double lag)
 static void slo_adaptive__budget_shrinks_on_tpot_overrun_and_slow_steps(void **state)
 {
     (void)state;
-    /* on track: 2 ms + 0.1 ms + 10 us * n <= 22.5 ms -> n = 2040 */
+    /* on track: 2 ms + 0.1 ms + 10 us * n <= 23.75 ms -> n = 2165 */
     uint32_t on_track = chunk_after(1.0, 0.0);
-    assert_in_range(on_track, 2030, 2041);
-    /* 10 ms late: the next token is due in 12.5 ms -> n = 1040 */
+    assert_in_range(on_track, FIT(G) - 10, FIT(G) + 1);
+    /* 10 ms late: the next token is due in 13.75 ms -> n = 1165 */
     uint32_t late = chunk_after(1.0, 0.010);
-    assert_in_range(late, 1030, 1041);
-    /* far behind (TPOT overrun): the floor, half the target (11.25 ms) -> n = 915 */
+    assert_in_range(late, FIT(G - 0.010) - 10, FIT(G - 0.010) + 1);
+    /* far behind (TPOT overrun): the floor, half the target -> n = 977 */
     uint32_t overrun = chunk_after(1.0, 0.5);
-    assert_in_range(overrun, 905, 916);
+    assert_in_range(overrun, FIT(G / 2) - 10, FIT(G / 2) + 1);
     /* steps measured 2x their prediction: the target in cost-model time shrinks by the
-     * smoothed ratio (about 1.82 after eleven reports), n = (22.5 / 1.82 - 2.1) / 0.01 */
+     * smoothed ratio, 1 + (1 - 0.8^11) = 1.91 after eleven reports -> n = 1031 */
     uint32_t slow = chunk_after(2.0, 0.0);
-    assert_in_range(slow, 900, 1100);
+    double ratio = 2.0 - 0.0859; /* 0.8^11 = 0.0859 */
+    assert_in_range(slow, FIT(G / ratio) - 10, FIT(G / ratio) + 1);
+    assert_true(overrun < late && late < on_track && slow < on_track);
+}
+
+/* A 3000-token prompt with a TTFT of `ttft` arrives next to a decode on track: at the paced
+ * target (2165 tokens a step) it needs two steps, 47.5 ms. Returns its first chunk. */
+static uint32_t urgent_chunk(double ttft)
+{
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_batched_tokens\": 8192, \"num_blocks\": 2000,"
+                        " \"enable_prefix_caching\": false}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    add(s, 1, 16, 1.0, 0, 0.025, 500, 0);
+    assert_int_equal(tdm_sched_step(s, 1.0, &b), TDM_OK);
+    double t = 1.0 + 0.00216;
+    update(s, &b, t);
+    double first = t;
+    for (int k = 0; k < 10; k++) {
+        assert_int_equal(tdm_sched_step(s, t, &b), TDM_OK);
+        t += 0.0021;
+        update(s, &b, t);
+    }
+    double now = first + 10 * G;
+    add(s, 2, 3000, now, ttft, 0, 1, 0);
+    assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
+    assert_int_equal(tokens_of(&b, 1), 1);
+    uint32_t n = tokens_of(&b, 2);
+    tdm_sched_destroy(s);
+    return n;
+}
+
+/* The step widens past the TPOT pace only when that saves a TTFT the pace would miss, and
+ * the decode can recover the extra time over its expected output. */
+static void slo_adaptive__step_widens_to_save_an_urgent_ttft(void **state)
+{
+    (void)state;
+    assert_in_range(urgent_chunk(1.0), FIT(G) - 10, FIT(G) + 1); /* the pace meets 1 s */
+    assert_int_equal(urgent_chunk(0.040), 3000);                   /* 40 ms: all of it now */
+}
+
+/* With no decode to protect, a step is still capped at half the TTFT target (it delays
+ * every request arriving behind it): 50 ms for 100 ms -> (50 - 2) / 0.01 = 4800 tokens. */
+static void slo_adaptive__step_without_decodes_is_capped_by_ttft(void **state)
+{
+    (void)state;
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"slo_ttft_ms\": 100, \"max_num_batched_tokens\": 8192,"
+                        " \"num_blocks\": 2000}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    add(s, 1, 8000, 0.0, 0, 0, 1, 0);
+    assert_int_equal(tdm_sched_step(s, 0.0, &b), TDM_OK);
+    assert_in_range(tokens_of(&b, 1), 4790, 4800);
+    tdm_sched_destroy(s);
 }
 
 /* A request without an SLO waits behind a stream of requests with one, but its key is
@@ -299,7 +359,7 @@ static void slo_adaptive__lost_flagged_decode_does_not_limit_steps(void **state)
         got[f] = tokens_of(&b, 2);
         tdm_sched_destroy(s);
     }
-    assert_in_range(got[0], 905, 916); /* the floor */
+    assert_in_range(got[0], FIT(G / 2) - 10, FIT(G / 2) + 1); /* the floor */
     assert_int_equal(got[1], 8000);    /* the whole budget (8192 less the decode) */
 }
 
@@ -309,6 +369,8 @@ int main(void)
         cmocka_unit_test(slo_adaptive__config_keys_round_trip),
         cmocka_unit_test(slo_adaptive__admits_least_laxity_first),
         cmocka_unit_test(slo_adaptive__budget_shrinks_on_tpot_overrun_and_slow_steps),
+        cmocka_unit_test(slo_adaptive__step_widens_to_save_an_urgent_ttft),
+        cmocka_unit_test(slo_adaptive__step_without_decodes_is_capped_by_ttft),
         cmocka_unit_test(slo_adaptive__starvation_is_bounded),
         cmocka_unit_test(slo_adaptive__preemption_spares_requests_on_track),
         cmocka_unit_test(slo_adaptive__deprioritize_flag_demotes_hopeless_requests),
