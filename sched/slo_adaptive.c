@@ -55,6 +55,7 @@ static double prefill_time(const tdm_sched *s, const tdm_step_shape *sh, uint32_
 
 static double ttft_deadline(const tdm_sched *s, const tdm__req *r)
 {
+    if (r->flags & TDM_REQ_REMOTE_PREFILL) return INFINITY; /* the prefill peer's business */
     double t = tdm__ad_ttft(s, r);
     return t > 0 ? r->arrival + t : INFINITY;
 }
@@ -99,6 +100,8 @@ int tdm__ad_compare(const tdm__req *a, const tdm__req *b)
 static bool slo_lost(const tdm_sched *s, const tdm__req *r, double now)
 {
     if (r->ad_late) return true;
+    /* A decode engine's request (its prompt's KV came from a prefill peer): the peer produced
+     * the first token, so its TTFT is not this engine's to judge. */
     double d = ttft_deadline(s, r);
     if (r->first_token < 0) return now > d;
     if (r->first_token > d) return true;
