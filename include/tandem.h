@@ -186,11 +186,17 @@ typedef enum tdm_sched_param {
                                               tdm_sched_kv_events(); default 0 */
     TDM_SCHED_KV_EVENTS_CAPACITY = 23,     /* ["kv_events_capacity"] events (and block digests) the
                                               queue holds between drains; default 4096 */
-    TDM_SCHED_ASYNC_SCHEDULING = 24        /* ["async_scheduling"] 0/1: a request scheduled to
+    TDM_SCHED_ASYNC_SCHEDULING = 24,       /* ["async_scheduling"] 0/1: a request scheduled to
                                               sample holds an output placeholder, so the next step
                                               schedules it again before that step's update comes
                                               (vLLM's AsyncScheduler); default 0. Only while the
                                               scheduler holds no request */
+    TDM_SCHED_SLO_TTFT_US = 25,            /* ["slo_ttft_ms" in JSON, float] SLO_ADAPTIVE: the TTFT
+                                              target of requests without their own ttft_slo;
+                                              0 = none (default) */
+    TDM_SCHED_SLO_TPOT_US = 26             /* ["slo_tpot_ms" in JSON, float] SLO_ADAPTIVE: the TPOT
+                                              target of requests without their own tpot_slo;
+                                              0 = none (default) */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */
@@ -204,9 +210,16 @@ typedef enum tdm_policy_kind {
     TDM_POLICY_FCFS = 0,      /* arrival order; preempt the most recently admitted running request */
     TDM_POLICY_PRIORITY = 1,  /* lowest priority value first, then arrival; preempt the worst */
     TDM_POLICY_CUSTOM = 2,    /* set by tdm_sched_set_policy() / tdm_sched_load_policy() */
-    TDM_POLICY_SLO = 3        /* earliest TTFT deadline (arrival_time + ttft_slo) first, then
+    TDM_POLICY_SLO = 3,       /* earliest TTFT deadline (arrival_time + ttft_slo) first, then
                                  requests without a TTFT SLO by arrival; preempt the request
                                  with the latest deadline */
+    TDM_POLICY_SLO_ADAPTIVE = 4 /* configured by SLOs (ttft_slo/tpot_slo per request, else
+                                 SLO_TTFT_US/SLO_TPOT_US), whatever the mode: decode-first
+                                 steps sized online so running decodes keep their TPOT (cost
+                                 model x measured step time), longer only when that saves an
+                                 urgent TTFT; least laxity first with bounded starvation;
+                                 preempts a request that lost its SLO first, else the latest
+                                 admitted; see docs/scheduler.md */
 } tdm_policy_kind;
 
 typedef enum tdm_sched_mode {
@@ -267,6 +280,10 @@ TDM_API int tdm_sched_get_param(const tdm_sched *s, tdm_sched_param key, int64_t
 #define TDM_REQ_REMOTE_DECODE (1u << 2)  /* prefill side: when finished, keep the blocks ("delayed
                                             free") until tdm_sched_release() or the timeout */
 #define TDM_REQ_SKIP_PREFIX_CACHE (1u << 3) /* do not read the prefix cache (e.g. prompt logprobs) */
+#define TDM_REQ_SLO_DEPRIORITIZE (1u << 4) /* SLO_ADAPTIVE: once the request can no longer meet its
+                                            TTFT it waits behind every request that still can,
+                                            and its TPOT no longer limits step size (it is still
+                                            served, never dropped); other policies ignore it */
 
 /* A request to add. Pointers are read during the call only (the library copies). */
 typedef struct tdm_request_desc {

@@ -24,7 +24,7 @@ typedef struct param_desc {
     bool shapes;                  /* changes only while the scheduler holds no request */
 } param_desc;
 
-static const char *const policy_names[] = { "fcfs", "priority", "custom", "slo", NULL };
+static const char *const policy_names[] = { "fcfs", "priority", "custom", "slo", "slo_adaptive", NULL };
 static const char *const mode_names[] = { "vllm", "decode_first", "prefill_first", NULL };
 static const char *const role_names[] = { "both", "prefill", "decode", NULL };
 static const char *const failure_names[] = { "recompute", "fail", NULL };
@@ -43,7 +43,7 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_BLOCK_SIZE, "block_size", K_INT, 1, 1 << 16, OFF(block_size), NULL, true },
     { TDM_SCHED_ENABLE_PREFIX_CACHING, "enable_prefix_caching", K_BOOL, 0, 1, OFF(enable_prefix_caching), NULL, true },
     { TDM_SCHED_WATERMARK_PPM, "watermark", K_FRACTION_PPM, 0, 999999, OFF(watermark_ppm), NULL, false },
-    { TDM_SCHED_POLICY, "policy", K_ENUM, 0, 3, OFF(policy), policy_names, false },
+    { TDM_SCHED_POLICY, "policy", K_ENUM, 0, 4, OFF(policy), policy_names, false },
     { TDM_SCHED_MODE, "mode", K_ENUM, 0, 2, OFF(mode), mode_names, false },
     { TDM_SCHED_TBT_TARGET_US, "tbt_target_ms", K_MS_TO_US, 0, 3600000000LL, OFF(tbt_target_us), NULL, false },
     { TDM_SCHED_NUM_LOOKAHEAD_TOKENS, "num_lookahead_tokens", K_INT, 0, 1024, OFF(num_lookahead_tokens), NULL, true },
@@ -58,6 +58,8 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_ENABLE_KV_EVENTS, "enable_kv_events", K_BOOL, 0, 1, OFF(enable_kv_events), NULL, false },
     { TDM_SCHED_KV_EVENTS_CAPACITY, "kv_events_capacity", K_INT, 1, 1 << 24, OFF(kv_events_capacity), NULL, false },
     { TDM_SCHED_ASYNC_SCHEDULING, "async_scheduling", K_BOOL, 0, 1, OFF(async_scheduling), NULL, true },
+    { TDM_SCHED_SLO_TTFT_US, "slo_ttft_ms", K_MS_TO_US, 0, 3600000000LL, OFF(slo_ttft_us), NULL, false },
+    { TDM_SCHED_SLO_TPOT_US, "slo_tpot_ms", K_MS_TO_US, 0, 3600000000LL, OFF(slo_tpot_us), NULL, false },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {

@@ -202,6 +202,7 @@ static int heap_push(tdm_sched *s, tdm__req *r)
 {
     int rc = tdm__waiting_reserve(s, s->heap_len + 1);
     if (rc) return rc;
+    if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_queued(s, r, true);
     s->heap[s->heap_len] = r;
     r->heap_index = s->heap_len++;
     heap_up(s, r->heap_index);
@@ -211,6 +212,7 @@ static int heap_push(tdm_sched *s, tdm__req *r)
 static void heap_remove(tdm_sched *s, tdm__req *r)
 {
     uint32_t i = r->heap_index;
+    if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_queued(s, r, false);
     tdm__req *last = s->heap[--s->heap_len];
     if (i == s->heap_len) return;
     heap_set(s, i, last);

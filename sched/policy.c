@@ -1,7 +1,8 @@
 /*
  * policy.c -- scheduling policies: the order of the waiting queue and the choice of the
  * preemption victim. FCFS and PRIORITY are built in (and match vLLM v1), and SLO (earliest
- * TTFT deadline first, as SLO-aware schedulers order admission); a custom policy is
+ * TTFT deadline first, as SLO-aware schedulers order admission), and SLO_ADAPTIVE (its
+ * order and victim live in slo_adaptive.c); a custom policy is
  * a versioned function table installed from C or loaded from a shared object.
  */
 #include <dlfcn.h>
@@ -58,17 +59,19 @@ int tdm__policy_compare(const tdm_sched *s, const tdm__req *a, const tdm__req *b
         return s->policy.compare(s->policy.ctx, &va, &vb);
     }
     if (s->prm.policy == TDM_POLICY_SLO) return cmp_slo(a, b);
+    if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) return tdm__ad_compare(a, b);
     return cmp_key(a->priority, a->arrival, b->priority, b->arrival);
 }
 
 /* The running index of the request to preempt. FCFS: the most recently admitted (the tail
  * of running, as vLLM pops it). PRIORITY: the largest (priority, arrival). SLO: the latest
- * TTFT deadline. CUSTOM: the
+ * TTFT deadline. SLO_ADAPTIVE: a request that lost its SLO, else the latest admitted. CUSTOM: the
  * policy's pick_victim, or the request its compare ranks last (ties: latest admitted). */
 uint32_t tdm__policy_victim(tdm_sched *s)
 {
     uint32_t n = s->num_running;
     if (s->prm.policy == TDM_POLICY_FCFS) return n - 1;
+    if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) return tdm__ad_victim(s);
     if (s->prm.policy == TDM_POLICY_CUSTOM && s->policy.pick_victim) {
         for (uint32_t i = 0; i < n; i++) {
             tdm__policy_view(s->running[i], &s->victim_views[i]);

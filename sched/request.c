@@ -192,6 +192,7 @@ void tdm__finish(tdm_sched *s, tdm__req *r, uint32_t reason, double now)
     r->finish_time = now;
     r->num_spec = 0;
     s->num_finished++;
+    if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_observe_finish(s, r);
     TDM_VEC_AT(&s->finished, tdm__req *, s->finished.len++) = r;
     if (r->state == TDM_STATE_WAITING_REMOTE_KV) {
         /* Stays in the remote list, in deadline order, until the receive ends or times out. */

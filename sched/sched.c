@@ -114,6 +114,7 @@ int tdm_sched_create(tdm_sched **out)
     tdm_sched *s = tdm__calloc(1, sizeof(*s));
     if (!s) return TDM_E_NOMEM;
     tdm__params_default(&s->prm);
+    s->ad_ratio = 1.0;
     tdm__params p = s->prm;
     int rc = tdm__hasher_init(&s->hasher);
     if (!rc && (tdm__sched_apply_shape(s, &p) || size_step_arrays(s, (uint32_t)s->prm.max_num_seqs)))
@@ -175,7 +176,8 @@ const char *tdm_sched_errmsg(const tdm_sched *s)
 static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
 
 #define ALL_REQ_FLAGS \
-    (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE)
+    (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE | \
+     TDM_REQ_SLO_DEPRIORITIZE)
 #define MAX_STOP_IDS 4096u
 #define MAX_SALT 4096u
 

@@ -104,6 +104,9 @@ struct tdm__req {
     tdm__link link;            /* waiting deque, remote list or held list */
     double finish_time;
     double deadline;           /* remote-KV wait or held-block deadline */
+    double ad_key;             /* SLO_ADAPTIVE: least-laxity key while waiting */
+    bool ad_late;              /* SLO_ADAPTIVE: demoted, its TTFT can no longer be met */
+    uint32_t ad_qtok;          /* SLO_ADAPTIVE: prefill tokens it adds to ad_wait_tokens */
     void *run_mem;             /* the allocation holding tokens, blocks, hashes, spec */
 };
 
@@ -132,6 +135,8 @@ typedef struct tdm__params {
     int64_t enable_kv_events;
     int64_t kv_events_capacity;
     int64_t async_scheduling;
+    int64_t slo_ttft_us;       /* SLO_ADAPTIVE targets of requests without their own */
+    int64_t slo_tpot_us;
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;
@@ -186,6 +191,15 @@ struct tdm_sched {
     const tdm_request_view **victim_ptrs;
 
     tdm_cost_model cost;  /* installed callback, or version 0 for the built-in model */
+
+    /* SLO_ADAPTIVE observations (slo_adaptive.c) */
+    double ad_ratio;           /* measured / predicted step time, smoothed; 1 until measured */
+    double ad_pred, ad_pred_start; /* prediction and start of the last step */
+    uint64_t ad_pred_step;     /* its step number (0: nothing to measure) */
+    double ad_out_sum;         /* outputs of finished requests, for the mean output length */
+    uint64_t ad_out_n;
+    double ad_soft;            /* this step's soft target (what decodes can recover) */
+    uint64_t ad_wait_tokens;   /* prefill tokens of the waiting requests not demoted */
 
     /* step outputs (valid until the next step) */
     tdm__entry *entries;
@@ -257,6 +271,20 @@ void tdm__policy_install(tdm_sched *s, const tdm_policy *p, void *plugin);
 void tdm__policy_unload(tdm_policy *p, void *plugin);
 int tdm__policy_load(tdm_sched *s, const char *path, const char *symbol, tdm_policy *out,
                      void **handle);
+
+/* the SLO-adaptive policy (slo_adaptive.c) */
+double tdm__ad_ttft(const tdm_sched *s, const tdm__req *r);
+double tdm__ad_tpot(const tdm_sched *s, const tdm__req *r);
+void tdm__ad_set_key(tdm_sched *s, tdm__req *r);
+void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in);
+int tdm__ad_compare(const tdm__req *a, const tdm__req *b);
+uint32_t tdm__ad_victim(tdm_sched *s);
+void tdm__ad_demote(tdm_sched *s, double now);
+void tdm__ad_observe_finish(tdm_sched *s, const tdm__req *r);
+void tdm__ad_observe_step(tdm_sched *s, double now);
+void tdm__ad_record_step(tdm_sched *s, const tdm_step_shape *sh, double now);
+double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec);
+double tdm__ad_widen(tdm_sched *s, double now, double target, const tdm_step_shape *sh);
 
 /* requests */
 void tdm__req_destroy(tdm_sched *s, tdm__req *r);

@@ -55,9 +55,9 @@ static void shape_add(tdm_step_shape *sh, const tdm__req *r, uint32_t computed, 
  * `computed` that keeps the predicted step time within the target. The first request of an
  * otherwise empty step always gets at least one block's worth, so that progress is certain. */
 static uint32_t tbt_fit(const tdm_sched *s, const tdm_step_shape *sh, uint32_t computed, uint32_t n_max,
-                        bool step_empty)
+                        bool step_empty, double target)
 {
-    double target = (double)s->prm.tbt_target_us * 1e-6;
+    if (!isfinite(target)) return n_max;
     uint32_t lo = 0, hi = n_max;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo + 1) / 2;
@@ -157,7 +157,9 @@ typedef struct step_ctx {
     bool preempted;
     tdm_step_shape shape;      /* tracked only in decode-first mode */
     bool tbt;
+    double target;             /* step-time target of the TBT fit (seconds, cost-model time) */
     bool decode_first;
+    bool adaptive;             /* TDM_POLICY_SLO_ADAPTIVE: decode-first with an SLO-derived target */
     uint32_t partial_prefills; /* prefills in this step (decode-first limit) */
     uint64_t out_blocks_bound; /* upper bound of the block ids the batch will list */
     uint32_t threshold;        /* long_prefill_token_threshold, 0 when one request is eligible */
@@ -258,8 +260,8 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
     uint64_t room = (uint64_t)s->prm.max_model_len - 1;
     n = r->num_computed >= room ? 0 : TDM_MIN(n, room - r->num_computed);
     if (!decode && c->tbt)
-        n = tbt_fit(s, &c->shape, r->num_computed, (uint32_t)n, s->num_entries == 0);
-    if (!decode && s->prm.mode == TDM_MODE_DECODE_FIRST && s->prm.max_num_partial_prefills &&
+        n = tbt_fit(s, &c->shape, r->num_computed, (uint32_t)n, s->num_entries == 0, c->target);
+    if (!decode && c->decode_first && s->prm.max_num_partial_prefills &&
         c->partial_prefills >= (uint64_t)s->prm.max_num_partial_prefills)
         n = 0;
     if (n == 0) { /* vLLM: continue, not break */
@@ -304,8 +306,9 @@ static void run_waiting(step_ctx *c)
     uint32_t bs = (uint32_t)s->prm.block_size;
     tdm__list skipped = { NULL, NULL, 0 };
     while (tdm__waiting_len(s) && c->budget > 0) {
+        if (c->adaptive) tdm__ad_demote(s, c->now);
         if (s->num_running >= (uint64_t)s->prm.max_num_seqs) break;
-        if (s->prm.mode == TDM_MODE_DECODE_FIRST && s->prm.max_num_partial_prefills &&
+        if (c->decode_first && s->prm.max_num_partial_prefills &&
             c->partial_prefills >= (uint64_t)s->prm.max_num_partial_prefills)
             break;
         tdm__req *r = tdm__waiting_peek(s);
@@ -347,7 +350,7 @@ static void run_waiting(step_ctx *c)
         if (c->threshold && n > c->threshold) n = c->threshold;
         if (!s->prm.enable_chunked_prefill && n > c->budget) break; /* head-of-line blocking */
         n = TDM_MIN(n, (uint64_t)c->budget);
-        if (c->tbt) n = tbt_fit(s, &c->shape, computed, (uint32_t)n, s->num_entries == 0);
+        if (c->tbt) n = tbt_fit(s, &c->shape, computed, (uint32_t)n, s->num_entries == 0, c->target);
         if (n == 0) break;
         /* vLLM: no lookahead while nothing is computed yet (new or preempted), which keeps the
          * block count of a P/D pair equal; a request whose remote KV arrived gets it. */
@@ -493,8 +496,10 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     c.s = s;
     c.now = s->now;
     c.budget = (uint32_t)s->prm.max_num_batched_tokens;
-    c.decode_first = s->prm.mode == TDM_MODE_DECODE_FIRST;
-    c.tbt = c.decode_first && s->prm.tbt_target_us > 0;
+    c.adaptive = s->prm.policy == TDM_POLICY_SLO_ADAPTIVE;
+    c.decode_first = s->prm.mode == TDM_MODE_DECODE_FIRST || c.adaptive;
+    c.tbt = c.decode_first && (s->prm.tbt_target_us > 0 || c.adaptive);
+    c.target = (double)s->prm.tbt_target_us * 1e-6;
     /* The threshold keeps a long prefill from starving the others: with one eligible request
      * (running, waiting or receiving its KV) there is nobody to starve (vLLM 0.33). */
     if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) > 1)
@@ -503,10 +508,16 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     s->out_preempted.len = 0;
     s->out_recv_ready.len = 0;
 
-    if (s->prm.mode == TDM_MODE_PREFILL_FIRST) {
+    if (s->prm.mode == TDM_MODE_PREFILL_FIRST && !c.adaptive) {
         run_prefill_first(&c);
     } else {
-        if (s->prm.mode == TDM_MODE_DECODE_FIRST) {
+        if (c.adaptive) {
+            run_running(&c, 1); /* decodes, then the target they allow (slo_adaptive.c) */
+            double t = tdm__ad_target(s, c.now, &c.shape);
+            t = tdm__ad_widen(s, c.now, t, &c.shape);
+            c.target = t / s->ad_ratio; /* the fit compares uncorrected cost-model time */
+            run_running(&c, 2);
+        } else if (s->prm.mode == TDM_MODE_DECODE_FIRST) {
             run_running(&c, 1); /* decodes */
             run_running(&c, 2); /* partial prefills */
         } else {
@@ -514,6 +525,7 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
         }
         if (!c.preempted) run_waiting(&c);
     }
+    if (c.adaptive) tdm__ad_record_step(s, &c.shape, c.now);
     finalize(s, &c, out);
     return TDM_OK;
 }

@@ -218,6 +218,7 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
         }
     }
     compact_running(s);
+    if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_observe_step(s, now);
     s->upd_ids.len = m;
     if (res) {
         tdm_update_result out;

@@ -255,6 +255,7 @@ static int flush_pending(eng *e, tdm_sim_inst *in, double t)
         d.arrival_time = e->res->reqs[id].arrival;
         d.ttft_slo = e->res->reqs[id].slo_ttft_s;
         d.tpot_slo = e->res->reqs[id].slo_tpot_s;
+        d.flags = TDM_REQ_SLO_DEPRIORITIZE; /* a late request counts as a miss anyway */
         if (in->role == TDM_ROLE_PREFILL) {
             d.flags |= TDM_REQ_REMOTE_DECODE;
             d.max_tokens = 1;

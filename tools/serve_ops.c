@@ -247,7 +247,7 @@ static const char *const param_names[] = {
     "num_lookahead_tokens", "role", "remote_kv_failure", "remote_kv_timeout_ms",
     "delay_free_timeout_ms", "max_num_partial_prefills", "prefix_hash", "reserve_full_prompt",
     "continue_after_self_preemption", "enable_kv_events", "kv_events_capacity",
-    "async_scheduling",
+    "async_scheduling", "slo_ttft_us", "slo_tpot_us",
 };
 #define NUM_PARAMS ((int)(sizeof param_names / sizeof param_names[0]))
 
@@ -261,6 +261,7 @@ static int get_param_key(const msgpack_object *m, int *out, tdm__serve_err *e)
     }
     if (k->type == MSGPACK_OBJECT_STR) {
         for (int i = 1; i < NUM_PARAMS; i++) {
+            if (!param_names[i]) continue;
             size_t n = strlen(param_names[i]);
             if (k->via.str.size == n && !memcmp(k->via.str.ptr, param_names[i], n)) {
                 *out = i;
@@ -309,7 +310,7 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
     uint64_t id = 0, max_tokens = 16, min_tokens = 0, flags = 0, remote = 0, tenant = 0;
     int64_t eos = -1, prio = 0;
     double arrival = now_s(), ttft = 0, tpot = 0;
-    int b_ie = 0, b_rp = 0, b_rd = 0, b_sp = 0;
+    int b_ie = 0, b_rp = 0, b_rd = 0, b_sp = 0, b_sd = 0;
     int32_t *prompt = NULL, *stops = NULL;
     uint32_t np = 0, ns = 0;
     char salt[4097];
@@ -331,7 +332,8 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
         (rc = tdm__serve_get_bool(m, "ignore_eos", &b_ie, e)) ||
         (rc = tdm__serve_get_bool(m, "remote_prefill", &b_rp, e)) ||
         (rc = tdm__serve_get_bool(m, "remote_decode", &b_rd, e)) ||
-        (rc = tdm__serve_get_bool(m, "skip_prefix_cache", &b_sp, e)))
+        (rc = tdm__serve_get_bool(m, "skip_prefix_cache", &b_sp, e)) ||
+        (rc = tdm__serve_get_bool(m, "slo_deprioritize", &b_sd, e)))
         return rc;
     const msgpack_object *so = tdm__serve_field(m, "cache_salt");
     if (so && so->type != MSGPACK_OBJECT_NIL) {
@@ -349,7 +351,7 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
     }
     d.flags = (uint32_t)flags | (b_ie ? TDM_REQ_IGNORE_EOS : 0) |
               (b_rp ? TDM_REQ_REMOTE_PREFILL : 0) | (b_rd ? TDM_REQ_REMOTE_DECODE : 0) |
-              (b_sp ? TDM_REQ_SKIP_PREFIX_CACHE : 0);
+              (b_sp ? TDM_REQ_SKIP_PREFIX_CACHE : 0) | (b_sd ? TDM_REQ_SLO_DEPRIORITIZE : 0);
     d.id = id;
     d.prompt = prompt;
     d.num_prompt_tokens = np;

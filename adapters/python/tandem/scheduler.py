@@ -44,6 +44,8 @@ class Param(IntEnum):
     ENABLE_KV_EVENTS = 22
     KV_EVENTS_CAPACITY = 23
     ASYNC_SCHEDULING = 24
+    SLO_TTFT_US = 25
+    SLO_TPOT_US = 26
 
 
 class PrefixHash(IntEnum):
@@ -56,6 +58,8 @@ class Policy(IntEnum):
     FCFS = 0
     PRIORITY = 1
     CUSTOM = 2
+    SLO = 3
+    SLO_ADAPTIVE = 4
 
 
 class Mode(IntEnum):
@@ -105,6 +109,7 @@ FLAG_IGNORE_EOS = 1 << 0
 FLAG_REMOTE_PREFILL = 1 << 1
 FLAG_REMOTE_DECODE = 1 << 2
 FLAG_SKIP_PREFIX_CACHE = 1 << 3
+FLAG_SLO_DEPRIORITIZE = 1 << 4
 
 
 def _enum_value(enum, v):
@@ -137,6 +142,7 @@ class Request:
     remote_prefill: bool = False
     remote_decode: bool = False
     skip_prefix_cache: bool = False
+    slo_deprioritize: bool = False   # SLO_ADAPTIVE may put it last once its TTFT is lost
     # The host's own digests of the full prompt blocks (e.g. vLLM's Request.block_hashes):
     # given (even empty), the prefix cache uses them instead of computing its own; later
     # blocks' digests go through Scheduler.append_block_hashes. block_hash_size: bytes per
@@ -149,7 +155,8 @@ class Request:
         return ((FLAG_IGNORE_EOS if self.ignore_eos else 0)
                 | (FLAG_REMOTE_PREFILL if self.remote_prefill else 0)
                 | (FLAG_REMOTE_DECODE if self.remote_decode else 0)
-                | (FLAG_SKIP_PREFIX_CACHE if self.skip_prefix_cache else 0))
+                | (FLAG_SKIP_PREFIX_CACHE if self.skip_prefix_cache else 0)
+                | (FLAG_SLO_DEPRIORITIZE if self.slo_deprioritize else 0))
 
 
 @dataclass

@@ -119,6 +119,8 @@ pub enum Param {
     EnableKvEvents = 22,
     KvEventsCapacity = 23,
     AsyncScheduling = 24,
+    SloTtftUs = 25,
+    SloTpotUs = 26,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +165,8 @@ pub const FLAG_IGNORE_EOS: u32 = 1 << 0;
 pub const FLAG_REMOTE_PREFILL: u32 = 1 << 1;
 pub const FLAG_REMOTE_DECODE: u32 = 1 << 2;
 pub const FLAG_SKIP_PREFIX_CACHE: u32 = 1 << 3;
+/// SLO_ADAPTIVE may put the request last once it can no longer meet its TTFT.
+pub const FLAG_SLO_DEPRIORITIZE: u32 = 1 << 4;
 
 /// The parameters of one request to add (borrowed; the library copies them).
 #[derive(Clone, Debug)]

@@ -157,7 +157,9 @@ static void random_config(world *w)
         TDM_SCHED_ENABLE_CHUNKED_PREFILL, chunked,
         TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, (int64_t[]){ 0, 0, 16, 64 }[below(r, 4)],
         TDM_SCHED_ENABLE_PREFIX_CACHING, chance(r, 80),
-        TDM_SCHED_POLICY, chance(r, 30) ? TDM_POLICY_PRIORITY : TDM_POLICY_FCFS,
+        TDM_SCHED_POLICY, chance(r, 30) ? TDM_POLICY_PRIORITY : chance(r, 30) ? TDM_POLICY_SLO_ADAPTIVE : TDM_POLICY_FCFS,
+        TDM_SCHED_SLO_TTFT_US, chance(r, 50) ? 200000 : 0, /* SLO_ADAPTIVE defaults (or none) */
+        TDM_SCHED_SLO_TPOT_US, chance(r, 50) ? 25000 : 0,
         TDM_SCHED_MODE, chance(r, 30) ? TDM_MODE_DECODE_FIRST : chance(r, 20) ? TDM_MODE_PREFILL_FIRST : TDM_MODE_VLLM,
         TDM_SCHED_MAX_NUM_PARTIAL_PREFILLS, below(r, 3),
         TDM_SCHED_NUM_LOOKAHEAD_TOKENS, chance(r, 30) ? 2 : 0,
@@ -218,6 +220,9 @@ static void op_add(world *w)
     if (chance(r, 6)) d.flags |= TDM_REQ_REMOTE_PREFILL;
     else if (chance(r, 6)) d.flags |= TDM_REQ_REMOTE_DECODE;
     if (chance(r, 5)) d.flags |= TDM_REQ_SKIP_PREFIX_CACHE;
+    if (chance(r, 40)) d.flags |= TDM_REQ_SLO_DEPRIORITIZE;
+    if (chance(r, 50)) d.ttft_slo = 0.05 * (double)(1 + below(r, 10));
+    if (chance(r, 50)) d.tpot_slo = 0.005 * (double)(1 + below(r, 10));
     if ((d.flags & TDM_REQ_REMOTE_PREFILL) && chance(r, 30)) d.num_remote_tokens = below(r, np + 1);
     d.priority = (int32_t)below(r, 4);
     d.arrival_time = w->now;

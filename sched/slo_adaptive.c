@@ -1,0 +1,252 @@
+/*
+ * slo_adaptive.c -- the SLO-adaptive policy (TDM_POLICY_SLO_ADAPTIVE): configured by the
+ * TTFT and TPOT targets instead of token budgets, it decides from what it observes:
+ *   - order: least laxity first. A waiting request's key is its TTFT deadline minus the
+ *     predicted time of its remaining prefill (a time-invariant form of slack, so it can key
+ *     a heap), capped at arrival + a starvation bound so no request waits forever;
+ *   - step budget: each step gets a time target, the smallest next-token allowance among
+ *     the running decodes (the TPOT they have banked plus one TPOT), and chunks are sized to
+ *     fit it with the cost model corrected by the measured/predicted step-time ratio; when
+ *     the most urgent prefill would miss its TTFT at that pace but can meet it with a longer
+ *     step, the step may grow up to what the decodes can recover over their expected output;
+ *   - preemption: a request that can no longer meet its SLO goes first, then the latest
+ *     admitted, so requests on track are spared;
+ *   - TDM_REQ_SLO_DEPRIORITIZE: a waiting request that can no longer meet its TTFT is moved
+ *     behind every request that still can.
+ * Cost: O(running) per step for the target (the running array is walked by the step anyway),
+ * O(log waiting) per queue operation, each request demoted at most once.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "sched_internal.h"
+
+/* Safety margin on the TPOT target, the step cap without decodes (in TTFT targets: a step
+ * delays every arrival behind it), the fraction of the predicted recovery a longer step may
+ * spend, and the starvation bound (in TTFT targets; seconds without one). */
+#define AD_TPOT_MARGIN 0.95
+#define AD_CAP 0.5
+#define AD_RECOVER_SHARE 0.5
+#define AD_STARVE_TTFTS 8.0
+#define AD_STARVE_DEFAULT_S 10.0
+
+double tdm__ad_ttft(const tdm_sched *s, const tdm__req *r)
+{
+    return r->ttft_slo > 0 ? r->ttft_slo : (double)s->prm.slo_ttft_us * 1e-6;
+}
+
+double tdm__ad_tpot(const tdm_sched *s, const tdm__req *r)
+{
+    return r->tpot_slo > 0 ? r->tpot_slo : (double)s->prm.slo_tpot_us * 1e-6;
+}
+
+/* Predicted time, with the measured correction, of a prefill of n tokens at context `computed`
+ * added to the step shape sh (NULL: alone). */
+static double prefill_time(const tdm_sched *s, const tdm_step_shape *sh, uint32_t computed, uint32_t n)
+{
+    tdm_step_shape t;
+    if (sh) t = *sh;
+    else memset(&t, 0, sizeof(t)), t.struct_size = sizeof(t);
+    t.num_prefill_reqs++;
+    t.num_prefill_tokens += n;
+    t.prefill_attn_work += (uint64_t)n * computed + (uint64_t)n * n / 2;
+    return tdm__cost_estimate(s, &t) * s->ad_ratio;
+}
+
+static double ttft_deadline(const tdm_sched *s, const tdm__req *r)
+{
+    if (r->flags & TDM_REQ_REMOTE_PREFILL) return INFINITY; /* the prefill peer's business */
+    double t = tdm__ad_ttft(s, r);
+    return t > 0 ? r->arrival + t : INFINITY;
+}
+
+void tdm__ad_set_key(tdm_sched *s, tdm__req *r)
+{
+    double ttft = tdm__ad_ttft(s, r);
+    double bound = r->arrival + (ttft > 0 ? AD_STARVE_TTFTS * ttft : AD_STARVE_DEFAULT_S);
+    if (r->first_token >= 0 || ttft <= 0) { /* TTFT met or none: the starvation bound orders it */
+        r->ad_key = bound;
+        return;
+    }
+    uint32_t rem = r->num_tokens > r->num_computed ? r->num_tokens - r->num_computed : 1;
+    double key = r->arrival + ttft - prefill_time(s, NULL, r->num_computed, rem);
+    r->ad_key = key < bound ? key : bound;
+}
+
+/* r enters (in) or leaves the waiting heap: its key, and the queued prefill work. */
+void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in)
+{
+    if (!in) {
+        s->ad_wait_tokens -= r->ad_qtok;
+        r->ad_qtok = 0;
+        return;
+    }
+    if (r->ad_late) return;
+    tdm__ad_set_key(s, r);
+    r->ad_qtok = r->num_tokens > r->num_computed ? r->num_tokens - r->num_computed : 0;
+    s->ad_wait_tokens += r->ad_qtok;
+}
+
+int tdm__ad_compare(const tdm__req *a, const tdm__req *b)
+{
+    if (a->ad_late != b->ad_late) return a->ad_late ? 1 : -1;
+    if (a->ad_late) return a->arrival < b->arrival ? -1 : a->arrival > b->arrival;
+    if (a->ad_key != b->ad_key) return a->ad_key < b->ad_key ? -1 : 1;
+    return 0;
+}
+
+/* r cannot meet its SLO any more: TTFT passed (or certain to pass) before its first token,
+ * or its time since the first token already exceeds the TPOT target over its whole output. */
+static bool slo_lost(const tdm_sched *s, const tdm__req *r, double now)
+{
+    if (r->ad_late) return true;
+    /* A decode engine's request (its prompt's KV came from a prefill peer): the peer produced
+     * the first token, so its TTFT is not this engine's to judge. */
+    double d = ttft_deadline(s, r);
+    if (r->first_token < 0) return now > d;
+    if (r->first_token > d) return true;
+    double tpot = tdm__ad_tpot(s, r);
+    if (tpot <= 0 || r->max_tokens < 2) return false;
+    return now - r->first_token > tpot * (double)(r->max_tokens - 1);
+}
+
+uint32_t tdm__ad_victim(tdm_sched *s)
+{
+    uint32_t best = s->num_running - 1;
+    bool best_lost = slo_lost(s, s->running[best], s->now);
+    for (uint32_t i = s->num_running - 1; i-- > 0;) {
+        if (best_lost) break;
+        if (slo_lost(s, s->running[i], s->now)) {
+            best = i;
+            best_lost = true;
+        }
+    }
+    /* Among lost requests, or else among all: the latest admitted (least work lost). The
+     * running array is in admission order, so the scan from the tail finds it first. */
+    return best;
+}
+
+/* Demote the head of the waiting heap while it is a flagged request that cannot meet its
+ * TTFT even if its prefill started now. Each request is demoted at most once. */
+void tdm__ad_demote(tdm_sched *s, double now)
+{
+    while (s->heap_len) {
+        tdm__req *r = s->heap[0];
+        if (r->ad_late || !(r->flags & TDM_REQ_SLO_DEPRIORITIZE) || r->first_token >= 0) return;
+        double d = ttft_deadline(s, r);
+        if (!isfinite(d)) return;
+        uint32_t rem = r->num_tokens > r->num_computed ? r->num_tokens - r->num_computed : 1;
+        if (now + prefill_time(s, NULL, r->num_computed, rem) <= d) return;
+        tdm__waiting_pop(s);
+        r->ad_late = true;
+        (void)tdm__waiting_requeue(s, r); /* room: it was in the heap */
+    }
+}
+
+/* The mean output length seen so far (finished requests), or 256 before any finished. */
+static double mean_output(const tdm_sched *s)
+{
+    return s->ad_out_n ? s->ad_out_sum / (double)s->ad_out_n : 256.0;
+}
+
+void tdm__ad_observe_finish(tdm_sched *s, const tdm__req *r)
+{
+    if (r->first_token < 0) return;
+    s->ad_out_sum += (double)(r->num_tokens - r->num_prompt);
+    s->ad_out_n++;
+}
+
+void tdm__ad_observe_step(tdm_sched *s, double now)
+{
+    if (s->ad_pred_step != s->step_no || s->ad_pred <= 0) return; /* pipelined or empty */
+    double measured = now - s->ad_pred_start;
+    s->ad_pred_step = 0;
+    if (!(measured > 0)) return;
+    double r = measured / s->ad_pred;
+    if (r < 0.25) r = 0.25;
+    if (r > 4.0) r = 4.0;
+    s->ad_ratio = 0.8 * s->ad_ratio + 0.2 * r;
+}
+
+void tdm__ad_record_step(tdm_sched *s, const tdm_step_shape *sh, double now)
+{
+    double p = tdm__cost_estimate(s, sh);
+    s->ad_pred = p;
+    s->ad_pred_start = now;
+    s->ad_pred_step = p > 0 ? s->step_no : 0;
+}
+
+/* The time target of this step (seconds, before the measured correction is divided out by
+ * the caller; INFINITY: no decode to protect). dec is the shape of the running decodes. */
+double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec)
+{
+    double hard = INFINITY, soft = INFINITY, floor = INFINITY;
+    double dstep = tdm__cost_estimate(s, dec) * s->ad_ratio; /* a decode-only step */
+    double mout = mean_output(s);
+    for (uint32_t i = 0; i < s->num_running; i++) {
+        tdm__req *r = s->running[i];
+        if (r->first_token < 0 || r->num_computed + 1 < r->num_tokens) continue;
+        double tpot = tdm__ad_tpot(s, r);
+        if (tpot <= 0) continue;
+        if ((r->flags & TDM_REQ_SLO_DEPRIORITIZE) && slo_lost(s, r, now)) continue;
+        double g = tpot * AD_TPOT_MARGIN;
+        double k = (double)(r->num_tokens - r->num_prompt); /* outputs so far, >= 1 */
+        double allow = r->first_token + k * g - now;          /* due time of the next token */
+        /* expected outputs left: the mean output seen (at most max_tokens) less those out */
+        double rem = TDM_MIN(mout, (double)r->max_tokens) - k;
+        double rec = rem > 0 && g > dstep ? rem * (g - dstep) * AD_RECOVER_SHARE : 0;
+        if (allow < hard) hard = allow;
+        if (allow + rec < soft) soft = allow + rec;
+        if (0.5 * g < floor) floor = 0.5 * g;
+    }
+    if (!isfinite(hard)) { /* no decode to protect: a step still delays the next arrivals */
+        double cap = (double)s->prm.slo_ttft_us * 1e-6 * AD_CAP;
+        s->ad_soft = INFINITY;
+        return cap > 0 ? cap : INFINITY;
+    }
+    if (hard < floor) hard = floor;
+    if (soft < hard) soft = hard;
+    s->ad_soft = soft;
+    return hard;
+}
+
+/* Called before the first prefill of the step: when the most urgent prefill (the least-
+ * slack running partial prefill, or the waiting head) would miss its TTFT at the pace the
+ * target allows but can meet it within the soft target, raise the target to what it needs. */
+double tdm__ad_widen(tdm_sched *s, double now, double target, const tdm_step_shape *sh)
+{
+    if (!isfinite(target) || s->ad_soft <= target) return target;
+    tdm__req *u = NULL;
+    double best = INFINITY;
+    uint64_t queued = s->ad_wait_tokens; /* prefill work that wants a TTFT */
+    for (uint32_t i = 0; i < s->num_running; i++) {
+        tdm__req *r = s->running[i];
+        if (r->first_token >= 0 || r->num_computed + 1 >= r->num_tokens) continue;
+        if (slo_lost(s, r, now)) continue;
+        queued += r->num_tokens - r->num_computed;
+        double d = ttft_deadline(s, r);
+        if (d < best) best = d, u = r;
+    }
+    if (s->heap_len) {
+        tdm__req *w = s->heap[0];
+        double d = ttft_deadline(s, w);
+        if (!w->ad_late && w->first_token < 0 && d < best) best = d, u = w;
+    }
+    if (!u || !isfinite(best)) return target;
+    uint32_t rem = u->num_tokens > u->num_computed ? u->num_tokens - u->num_computed : 1;
+    uint32_t chunk = TDM_MIN(rem, (uint32_t)s->prm.max_num_batched_tokens);
+    double one = prefill_time(s, sh, u->num_computed, chunk); /* the largest step it can use */
+    if (one <= target) return target;                           /* fits the pace anyway */
+    double dstep = tdm__cost_estimate(s, sh) * s->ad_ratio;
+    double per = target - dstep;                                /* prefill time per paced step */
+    if (per <= 0) return one < s->ad_soft ? one : s->ad_soft;
+    /* Paced, u's own prefill ends in ceil(need / per) steps, and the queued work (u's and
+     * everyone's behind it) in ceil(all / per): widen when u would miss its deadline, or the
+     * queue would not clear within u's TTFT target (the queue would grow). */
+    double need = prefill_time(s, sh, u->num_computed, rem) - dstep;
+    double per_tok = (prefill_time(s, sh, 0, 1024) - dstep) / 1024.0;
+    double all = per_tok * (double)queued;
+    if (now + ceil(need / per) * target <= best && ceil(all / per) * target <= tdm__ad_ttft(s, u))
+        return target;
+    return one < s->ad_soft ? one : s->ad_soft; /* as much as the decodes allow */
+}

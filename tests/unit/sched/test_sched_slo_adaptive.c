@@ -1,0 +1,380 @@
+/*
+ * test_sched_slo_adaptive.c -- the SLO-adaptive policy's decisions on small hand-built
+ * scenarios, with a linear cost model installed so the expected chunks can be computed by
+ * hand: least-laxity order, the step budget's response to a TPOT overrun and to steps that
+ * take longer than predicted, the starvation bound, preemption that spares requests on
+ * track, TDM_REQ_SLO_DEPRIORITIZE, and its configuration keys.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../../../sched/sched_debug.h"
+#include "tandem.h"
+
+/* 2 ms per step, 10 us per prefill token, 0.1 ms per decode. */
+#define BASE 0.002
+#define PER_TOKEN 1e-5
+#define PER_DECODE 1e-4
+/* The policy's step target for a 25 ms TPOT: the 0.95 margin (sched/slo_adaptive.c). */
+#define G (0.025 * 0.95)
+/* The largest chunk next to one decode within a step of t seconds. */
+#define FIT(t) ((uint32_t)(((t) - BASE - PER_DECODE) / PER_TOKEN))
+static double linear_cost(void *ctx, const tdm_step_shape *sh)
+{
+    (void)ctx;
+    if (!sh->num_prefill_tokens && !sh->num_decode_tokens) return 0.0;
+    return BASE + PER_TOKEN * sh->num_prefill_tokens + PER_DECODE * sh->num_decode_reqs;
+}
+
+static tdm_sched *make(const char *json)
+{
+    tdm_sched *s;
+    assert_int_equal(tdm_sched_create(&s), TDM_OK);
+    if (tdm_sched_configure(s, json) != TDM_OK) fail_msg("configure: %s", tdm_sched_errmsg(s));
+    tdm_cost_model cm = { TDM_COST_MODEL_VERSION, NULL, linear_cost };
+    assert_int_equal(tdm_sched_set_cost_model(s, &cm), TDM_OK);
+    return s;
+}
+
+static void add(tdm_sched *s, uint64_t id, uint32_t n, double arrival, double ttft, double tpot,
+                uint32_t max_tokens, uint32_t flags)
+{
+    static tdm_token p[8192];
+    for (uint32_t i = 0; i < n; i++) p[i] = (tdm_token)(100000 * (id % 1000) + i);
+    tdm_request_desc d;
+    tdm_request_desc_init(&d);
+    d.id = id;
+    d.prompt = p;
+    d.num_prompt_tokens = n;
+    d.max_tokens = max_tokens;
+    d.arrival_time = arrival;
+    d.ttft_slo = ttft;
+    d.tpot_slo = tpot;
+    d.flags = flags;
+    if (tdm_sched_add(s, &d) != TDM_OK) fail_msg("add %llu: %s", (unsigned long long)id, tdm_sched_errmsg(s));
+}
+
+static void check(const tdm_sched *s)
+{
+    char msg[256];
+    if (tdm__sched_check(s, msg, sizeof msg) != TDM_OK) fail_msg("%s", msg);
+}
+
+/* Report one token for every entry that reached the end of its tokens. */
+static void update(tdm_sched *s, const tdm_batch *b, double now)
+{
+    uint32_t off[65];
+    tdm_token toks[64];
+    uint64_t ids[64];
+    uint32_t n = 0, nt = 0;
+    off[0] = 0;
+    for (uint32_t i = 0; i < b->num_reqs && i < 64; i++) {
+        ids[n] = b->req_ids[i];
+        tdm_request_info info;
+        tdm_request_info_init(&info);
+        assert_int_equal(tdm_sched_request_info(s, b->req_ids[i], &info), TDM_OK);
+        if (info.num_computed_tokens >= info.num_prompt_tokens + info.num_output_tokens) toks[nt++] = 7;
+        off[++n] = nt;
+    }
+    tdm_step_output o;
+    tdm_step_output_init(&o);
+    o.num_reqs = n;
+    o.req_ids = ids;
+    o.token_offsets = off;
+    o.tokens = toks;
+    o.now = now;
+    assert_int_equal(tdm_sched_update(s, &o, NULL), TDM_OK);
+    check(s);
+}
+
+static uint32_t tokens_of(const tdm_batch *b, uint64_t id)
+{
+    for (uint32_t i = 0; i < b->num_reqs; i++)
+        if (b->req_ids[i] == id) return b->num_tokens[i];
+    return 0;
+}
+
+static void slo_adaptive__config_keys_round_trip(void **state)
+{
+    (void)state;
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"slo_ttft_ms\": 300, \"slo_tpot_ms\": 25.5}");
+    int64_t v = -1;
+    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_POLICY, &v), TDM_OK);
+    assert_int_equal(v, TDM_POLICY_SLO_ADAPTIVE);
+    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_SLO_TTFT_US, &v), TDM_OK);
+    assert_int_equal(v, 300000);
+    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_SLO_TPOT_US, &v), TDM_OK);
+    assert_int_equal(v, 25500);
+    assert_int_equal(tdm_sched_set_param(s, TDM_SCHED_SLO_TPOT_US, -1), TDM_E_CONFIG);
+    assert_int_equal(tdm_sched_configure(s, "{\"slo_ttft_ms\": \"fast\"}"), TDM_E_CONFIG);
+    assert_non_null(strstr(tdm_sched_errmsg(s), "slo_ttft_ms"));
+    assert_int_equal(tdm_sched_configure(s, "{\"policy\": \"adaptive\"}"), TDM_E_CONFIG);
+    assert_non_null(strstr(tdm_sched_errmsg(s), "slo_adaptive"));
+    char buf[4096];
+    size_t len = 0;
+    assert_int_equal(tdm_sched_get_config(s, buf, sizeof buf, &len), TDM_OK);
+    assert_non_null(strstr(buf, "\"slo_adaptive\""));
+    assert_non_null(strstr(buf, "\"slo_tpot_ms\""));
+    tdm_request_desc d; /* the flag is accepted */
+    tdm_token p[4] = { 1, 2, 3, 4 };
+    tdm_request_desc_init(&d);
+    d.id = 9;
+    d.prompt = p;
+    d.num_prompt_tokens = 4;
+    d.flags = TDM_REQ_SLO_DEPRIORITIZE;
+    assert_int_equal(tdm_sched_add(s, &d), TDM_OK);
+    d.id = 10;
+    d.flags = 1u << 30;
+    assert_int_equal(tdm_sched_add(s, &d), TDM_E_INVAL);
+    tdm_sched_destroy(s);
+}
+
+/* One request runs at a time, so admission order is the policy's order. Least laxity: of
+ * two requests with the same deadline the one with the longer prefill goes first (EDF would
+ * keep arrival order); an earlier deadline beats both. */
+static void slo_adaptive__admits_least_laxity_first(void **state)
+{
+    (void)state;
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_seqs\": 1, \"max_num_batched_tokens\": 8192,"
+                        " \"num_blocks\": 2000}");
+    add(s, 1, 16, 0.0, 1.0, 0, 1, 0);   /* deadline 1.0, 2.2 ms of prefill */
+    add(s, 2, 4000, 0.0, 1.0, 0, 1, 0); /* deadline 1.0, 42 ms of prefill: less slack */
+    add(s, 3, 16, 0.1, 0.5, 0, 1, 0);   /* deadline 0.6: first */
+    add(s, 4, 16, 0.0, 0, 0, 1, 0);     /* no SLO: last (starvation bound 10 s) */
+    const uint64_t want[] = { 3, 2, 1, 4 };
+    tdm_batch b;
+    tdm_batch_init(&b);
+    for (size_t k = 0; k < 4; k++) {
+        double now = 0.2 + 0.1 * (double)k;
+        assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
+        assert_int_equal(b.num_reqs, 1);
+        assert_int_equal(b.req_ids[0], want[k]);
+        update(s, &b, now + 0.05); /* max_tokens 1: finished */
+    }
+    tdm_sched_destroy(s);
+}
+
+/* A decoding request (TPOT 25 ms, so a 23.75 ms step target with the 0.95 margin) and a
+ * long prompt without a TTFT SLO: the chunk fills the target. Returns the chunk of request 2
+ * in the step `lag` after the decode's next token is due less one target, with every step
+ * before reported `slow` times its predicted length. */
+static uint32_t chunk_after(double slow, double lag)
+{
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_batched_tokens\": 8192, \"num_blocks\": 2000,"
+                        " \"enable_prefix_caching\": false}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    add(s, 1, 16, 1.0, 0, 0.025, 200, 0);
+    double t = 1.0;
+    assert_int_equal(tdm_sched_step(s, t, &b), TDM_OK); /* its prompt: 2.16 ms */
+    t += 0.00216 * slow;
+    update(s, &b, t);
+    double first = t;
+    for (int k = 0; k < 10; k++) { /* ten decodes of 2.1 ms each */
+        assert_int_equal(tdm_sched_step(s, t, &b), TDM_OK);
+        assert_int_equal(b.num_reqs, 1);
+        t += 0.0021 * slow;
+        update(s, &b, t);
+    }
+    /* 11 tokens out: the 12th is due at first + 11 * G; step one target before that (plus a
+     * lag: the host was late by that much). */
+    double now = first + 10 * G + lag;
+    add(s, 2, 8000, now, 0, 0, 1, 0);
+    assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
+    assert_int_equal(tokens_of(&b, 1), 1);
+    uint32_t n = tokens_of(&b, 2);
+    tdm_sched_destroy(s);
+    return n;
+}
+
+static void slo_adaptive__budget_shrinks_on_tpot_overrun_and_slow_steps(void **state)
+{
+    (void)state;
+    /* on track: 2 ms + 0.1 ms + 10 us * n <= 23.75 ms -> n = 2165 */
+    uint32_t on_track = chunk_after(1.0, 0.0);
+    assert_in_range(on_track, FIT(G) - 10, FIT(G) + 1);
+    /* 10 ms late: the next token is due in 13.75 ms -> n = 1165 */
+    uint32_t late = chunk_after(1.0, 0.010);
+    assert_in_range(late, FIT(G - 0.010) - 10, FIT(G - 0.010) + 1);
+    /* far behind (TPOT overrun): the floor, half the target -> n = 977 */
+    uint32_t overrun = chunk_after(1.0, 0.5);
+    assert_in_range(overrun, FIT(G / 2) - 10, FIT(G / 2) + 1);
+    /* steps measured 2x their prediction: the target in cost-model time shrinks by the
+     * smoothed ratio, 1 + (1 - 0.8^11) = 1.91 after eleven reports -> n = 1031 */
+    uint32_t slow = chunk_after(2.0, 0.0);
+    double ratio = 2.0 - 0.0859; /* 0.8^11 = 0.0859 */
+    assert_in_range(slow, FIT(G / ratio) - 10, FIT(G / ratio) + 1);
+    assert_true(overrun < late && late < on_track && slow < on_track);
+}
+
+/* A 3000-token prompt with a TTFT of `ttft` arrives next to a decode on track: at the paced
+ * target (2165 tokens a step) it needs two steps, 47.5 ms. Returns its first chunk. */
+static uint32_t urgent_chunk(double ttft)
+{
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_batched_tokens\": 8192, \"num_blocks\": 2000,"
+                        " \"enable_prefix_caching\": false}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    add(s, 1, 16, 1.0, 0, 0.025, 500, 0);
+    assert_int_equal(tdm_sched_step(s, 1.0, &b), TDM_OK);
+    double t = 1.0 + 0.00216;
+    update(s, &b, t);
+    double first = t;
+    for (int k = 0; k < 10; k++) {
+        assert_int_equal(tdm_sched_step(s, t, &b), TDM_OK);
+        t += 0.0021;
+        update(s, &b, t);
+    }
+    double now = first + 10 * G;
+    add(s, 2, 3000, now, ttft, 0, 1, 0);
+    assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
+    assert_int_equal(tokens_of(&b, 1), 1);
+    uint32_t n = tokens_of(&b, 2);
+    tdm_sched_destroy(s);
+    return n;
+}
+
+/* The step widens past the TPOT pace only when that saves a TTFT the pace would miss, and
+ * the decode can recover the extra time over its expected output. */
+static void slo_adaptive__step_widens_to_save_an_urgent_ttft(void **state)
+{
+    (void)state;
+    assert_in_range(urgent_chunk(1.0), FIT(G) - 10, FIT(G) + 1); /* the pace meets 1 s */
+    assert_int_equal(urgent_chunk(0.040), 3000);                   /* 40 ms: all of it now */
+}
+
+/* With no decode to protect, a step is still capped at half the TTFT target (it delays
+ * every request arriving behind it): 50 ms for 100 ms -> (50 - 2) / 0.01 = 4800 tokens. */
+static void slo_adaptive__step_without_decodes_is_capped_by_ttft(void **state)
+{
+    (void)state;
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"slo_ttft_ms\": 100, \"max_num_batched_tokens\": 8192,"
+                        " \"num_blocks\": 2000}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    add(s, 1, 8000, 0.0, 0, 0, 1, 0);
+    assert_int_equal(tdm_sched_step(s, 0.0, &b), TDM_OK);
+    assert_in_range(tokens_of(&b, 1), 4790, 4800);
+    tdm_sched_destroy(s);
+}
+
+/* A request without an SLO waits behind a stream of requests with one, but its key is
+ * capped at arrival + 10 s: it is admitted once the newcomers' deadlines pass that point. */
+static void slo_adaptive__starvation_is_bounded(void **state)
+{
+    (void)state;
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_seqs\": 1, \"num_blocks\": 500}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    add(s, 1, 16, 0.0, 0, 0, 1, 0);
+    double served = -1;
+    for (int k = 0; k < 60 && served < 0; k++) {
+        double now = 0.5 * k;
+        add(s, 100 + (uint64_t)k, 16, now, 0.3, 0, 1, 0);
+        assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
+        assert_int_equal(b.num_reqs, 1);
+        if (b.req_ids[0] == 1) served = now;
+        update(s, &b, now + 0.01);
+    }
+    /* newcomers' keys are about arrival + 0.3: they stop beating 10.0 after 9.7 s */
+    assert_true(served >= 9.5 && served <= 10.5);
+    tdm_sched_destroy(s);
+}
+
+/* Out of blocks: FCFS and the adaptive policy alike take the latest admitted running
+ * request, unless an earlier one already lost its SLO (here: its first token came after its
+ * TTFT deadline), which is then preempted instead, sparing the one on track. */
+static uint64_t victim(double ttft_first)
+{
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"num_blocks\": 6, \"block_size\": 16,"
+                        " \"enable_prefix_caching\": false, \"max_model_len\": 512}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    add(s, 1, 32, 0.0, ttft_first, 0, 50, 0);
+    assert_int_equal(tdm_sched_step(s, 0.1, &b), TDM_OK);
+    update(s, &b, 0.15); /* its first token at 0.15 */
+    add(s, 2, 32, 0.2, 0.5, 0, 50, 0);
+    assert_int_equal(tdm_sched_step(s, 0.2, &b), TDM_OK);
+    assert_int_equal(b.num_reqs, 2); /* all 5 blocks taken */
+    update(s, &b, 0.25);
+    assert_int_equal(tdm_sched_step(s, 0.3, &b), TDM_OK);
+    assert_int_equal(b.num_preempted, 1);
+    uint64_t v = b.preempted_ids[0];
+    check(s);
+    tdm_sched_destroy(s);
+    return v;
+}
+
+static void slo_adaptive__preemption_spares_requests_on_track(void **state)
+{
+    (void)state;
+    assert_int_equal(victim(1.0), 2);  /* both on track: the latest admitted */
+    assert_int_equal(victim(0.05), 1); /* 1 missed its TTFT: it goes, 2 is spared */
+}
+
+/* At t = 1 two requests have missed their 0.1 s TTFT: the flagged one waits behind a
+ * request that can still meet its deadline; the unflagged one keeps its (earliest) place. */
+static void slo_adaptive__deprioritize_flag_demotes_hopeless_requests(void **state)
+{
+    (void)state;
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_seqs\": 1, \"num_blocks\": 500}");
+    add(s, 1, 16, 0.0, 0.1, 0, 1, TDM_REQ_SLO_DEPRIORITIZE);
+    add(s, 2, 16, 0.01, 0.1, 0, 1, 0);
+    add(s, 3, 16, 0.9, 1.0, 0, 1, TDM_REQ_SLO_DEPRIORITIZE);
+    const uint64_t want[] = { 2, 3, 1 };
+    tdm_batch b;
+    tdm_batch_init(&b);
+    for (size_t k = 0; k < 3; k++) {
+        double now = 1.0 + 0.1 * (double)k;
+        assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
+        assert_int_equal(b.num_reqs, 1);
+        assert_int_equal(b.req_ids[0], want[k]);
+        update(s, &b, now + 0.01);
+    }
+    tdm_sched_destroy(s);
+}
+
+/* A flagged request past its TPOT for good no longer limits the step; an unflagged one does. */
+static void slo_adaptive__lost_flagged_decode_does_not_limit_steps(void **state)
+{
+    (void)state;
+    uint32_t got[2];
+    for (int f = 0; f < 2; f++) {
+        tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_batched_tokens\": 8192,"
+                            " \"num_blocks\": 2000, \"enable_prefix_caching\": false}");
+        tdm_batch b;
+        tdm_batch_init(&b);
+        add(s, 1, 16, 0.0, 0, 0.025, 3, f ? TDM_REQ_SLO_DEPRIORITIZE : 0);
+        assert_int_equal(tdm_sched_step(s, 0.0, &b), TDM_OK);
+        update(s, &b, 0.00216);
+        /* 3 outputs at most: after 1 s without its second token its TPOT is lost */
+        add(s, 2, 8000, 1.0, 0, 0, 1, 0);
+        assert_int_equal(tdm_sched_step(s, 1.0, &b), TDM_OK);
+        assert_int_equal(tokens_of(&b, 1), 1);
+        got[f] = tokens_of(&b, 2);
+        tdm_sched_destroy(s);
+    }
+    assert_in_range(got[0], FIT(G / 2) - 10, FIT(G / 2) + 1); /* the floor */
+    assert_int_equal(got[1], 8000);    /* the whole budget (8192 less the decode) */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(slo_adaptive__config_keys_round_trip),
+        cmocka_unit_test(slo_adaptive__admits_least_laxity_first),
+        cmocka_unit_test(slo_adaptive__budget_shrinks_on_tpot_overrun_and_slow_steps),
+        cmocka_unit_test(slo_adaptive__step_widens_to_save_an_urgent_ttft),
+        cmocka_unit_test(slo_adaptive__step_without_decodes_is_capped_by_ttft),
+        cmocka_unit_test(slo_adaptive__starvation_is_bounded),
+        cmocka_unit_test(slo_adaptive__preemption_spares_requests_on_track),
+        cmocka_unit_test(slo_adaptive__deprioritize_flag_demotes_hopeless_requests),
+        cmocka_unit_test(slo_adaptive__lost_flagged_decode_does_not_limit_steps),
+    };
+    return cmocka_run_group_tests_name("sched_slo_adaptive", tests, NULL, NULL);
+}
