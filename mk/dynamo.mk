@@ -11,9 +11,10 @@
 # with a CUDA torch, gigabytes), $(DYNAMO_VLLM_PKG), the vLLM that ai-dynamo 1.6.1 pins
 # (empty: keep the base's vLLM, e.g. when the base already is 0.31), and $(DYNAMO_DEPS). The
 # base provides the rest of what dynamo.vllm imports (msgspec, pyzmq, pydantic, uvloop,
-# transformers, aiohttp, prometheus_client, ...); a missing one is named and fails the target. When PyPI cannot be reached the target is skipped with a
-# message (counts "0 0 1": pip reported a network error, or pip's index URL does not answer);
-# any other install failure fails it.
+# transformers, aiohttp, prometheus_client, ...); a missing one is named and fails the
+# target. When PyPI cannot be reached the target is skipped with a message (counts "0 0 1":
+# pip reported a network error, or pip's index URL does not answer); any other install
+# failure fails it.
 #
 #   make test-dynamo                                   (vLLM 0.31 over build/venv-vllm)
 #   make test-dynamo DYNAMO_BASE_PYTHON=/path/venv-0.31/bin/python DYNAMO_VLLM_PKG=
