@@ -18,41 +18,8 @@
 
 #include "sim.h"
 #include "sim_test_util.h"
+#include "tool_test_util.h"
 
-static char g_tool[512];
-
-static int find_tool(void)
-{
-    const char *bd = getenv("TANDEM_BUILD");
-    snprintf(g_tool, sizeof g_tool, "%s/tandem", bd ? bd : "build");
-    if (access(g_tool, X_OK) != 0) {
-        printf("[ SKIP     ] %s not built\n", g_tool);
-        return 0;
-    }
-    return 1;
-}
-
-#define NEED_TOOL()          \
-    do {                     \
-        if (!find_tool()) {  \
-            skip();          \
-            return;          \
-        }                    \
-    } while (0)
-
-static int run_cmd(const char *cmd)
-{
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-/* Format a command (the tool's path first) and run it; returns its exit status. */
-#define SH(...)                                                                  \
-    ({                                                                           \
-        char cmd_[2048];                                                         \
-        snprintf(cmd_, sizeof cmd_, __VA_ARGS__);                                \
-        run_cmd(cmd_);                                                           \
-    })
 
 static void cost_command__json_terms_and_bound(void **state)
 {

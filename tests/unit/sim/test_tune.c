@@ -21,6 +21,7 @@
 
 #include "sim.h"
 #include "sim_test_util.h"
+#include "tool_test_util.h"
 #include "tune.h"
 
 /* ---- the library ----------------------------------------------------------------------- */
@@ -309,39 +310,6 @@ static void point_json__keeps_the_base_keys_and_deployment(void **state)
 
 /* ---- the command ----------------------------------------------------------------------- */
 
-static char g_tool[512];
-
-static int find_tool(void)
-{
-    const char *bd = getenv("TANDEM_BUILD");
-    snprintf(g_tool, sizeof g_tool, "%s/tandem", bd ? bd : "build");
-    if (access(g_tool, X_OK) != 0) {
-        printf("[ SKIP     ] %s not built\n", g_tool);
-        return 0;
-    }
-    return 1;
-}
-
-#define NEED_TOOL()          \
-    do {                     \
-        if (!find_tool()) {  \
-            skip();          \
-            return;          \
-        }                    \
-    } while (0)
-
-static int run_cmd(const char *cmd)
-{
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-#define SH(...)                                   \
-    ({                                            \
-        char cmd_[4096];                          \
-        snprintf(cmd_, sizeof cmd_, __VA_ARGS__); \
-        run_cmd(cmd_);                            \
-    })
 
 static int file_has(const char *path, const char *needle)
 {
