@@ -36,7 +36,9 @@ static int push_key(tdm__serve_keys *l, const char *k)
 
 int tdm__serve_keys_add(tdm__serve_keys *l, const char *arg, char *err, size_t err_size)
 {
-    if (arg[0] != '@') {
+    /* '@' is a Z85 character: a 40-character Z85 key that starts with it is a key, not a
+     * file name. */
+    if (arg[0] != '@' || z85_key(arg)) {
         int rc = push_key(l, arg);
         if (rc == -1) snprintf(err, err_size, "not a Z85 key of 40 characters: \"%.60s\"", arg);
         else if (rc) snprintf(err, err_size, "more than %d keys", TDM_SERVE_MAX_KEYS);

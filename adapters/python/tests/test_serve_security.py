@@ -250,6 +250,26 @@ def curve_client(ep, server_pub, keypair):
     return c
 
 
+def test_curve_keys_starting_with_at_are_keys_not_files(serve):
+    """'@' is a Z85 character: a key that starts with it is a key (not '@FILE')."""
+    if not zmq.has("curve"):
+        pytest.skip("libzmq without CURVE")
+
+    def keypair(want):  # public key (want 0) or secret key (want 1) starting with '@'
+        for _ in range(20000):
+            k = zmq.curve_keypair()
+            if k[want].startswith(b"@"):
+                return k
+        pytest.fail("no Z85 key starting with '@' in 20000 tries")
+
+    spub, ssec = keypair(1)
+    ka = keypair(0)
+    ep = serve("--curve-secret", ssec.decode(), "--curve-allow", ka[0].decode())
+    a = curve_client(ep, spub, ka)
+    a.ok("create", name="mine", config={"num_blocks": 64, "block_size": 4})
+    assert a.ok("list")["names"] == ["mine"]
+
+
 def test_curve_owners_admin_and_unknown_keys(serve):
     if not zmq.has("curve"):
         pytest.skip("libzmq without CURVE")
