@@ -25,7 +25,7 @@
  * delays every arrival behind it), the fraction of the predicted recovery a longer step may
  * spend, and the starvation bound (in TTFT targets; seconds without one). */
 #define AD_TPOT_MARGIN 0.95
-#define AD_CAP 0.5
+#define AD_CAP (1.0 / 6.0)
 #define AD_RECOVER_SHARE 0.5
 #define AD_STARVE_TTFTS 8.0
 #define AD_STARVE_DEFAULT_S 10.0

@@ -248,8 +248,9 @@ static void slo_adaptive__step_widens_to_save_an_urgent_ttft(void **state)
     assert_int_equal(urgent_chunk(0.040), 3000);                   /* 40 ms: all of it now */
 }
 
-/* With no decode to protect, a step is still capped at half the TTFT target (it delays
- * every request arriving behind it): 50 ms for 100 ms -> (50 - 2) / 0.01 = 4800 tokens. */
+/* With no decode to protect, a step is still capped at a sixth of the TTFT target (it
+ * delays every request arriving behind it): 16.7 ms for 100 ms -> (16.67 - 2) / 0.01 = 1466
+ * tokens. */
 static void slo_adaptive__step_without_decodes_is_capped_by_ttft(void **state)
 {
     (void)state;
@@ -259,7 +260,7 @@ static void slo_adaptive__step_without_decodes_is_capped_by_ttft(void **state)
     tdm_batch_init(&b);
     add(s, 1, 8000, 0.0, 0, 0, 1, 0);
     assert_int_equal(tdm_sched_step(s, 0.0, &b), TDM_OK);
-    assert_in_range(tokens_of(&b, 1), 4790, 4800);
+    assert_in_range(tokens_of(&b, 1), 1456, 1467);
     tdm_sched_destroy(s);
 }
 
