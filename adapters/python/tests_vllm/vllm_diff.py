@@ -268,6 +268,24 @@ def make_sched(kind: str, model: str, cfg: dict):
     return TandemScheduler(**kw, tandem_config=dict(TANDEM_OVERRIDES) or None)
 
 
+def collect(outputs: dict, streams: dict, reasons: dict) -> None:
+    """Append one update's tokens to the streams and record the finish reasons."""
+    for rid, (toks, fin, _) in outputs.items():
+        streams[rid].extend(toks)
+        if fin is not None:
+            reasons[rid] = fin
+
+
+def run_result(kind, sched, runner, trace, streams, reasons, error, preemptions, **extra) -> dict:
+    """The end of a drive: Tandem must have finished every request; shut it down."""
+    if kind != "vllm" and error is None and sched.get_num_unfinished_requests():
+        error = "requests left unfinished"
+    if hasattr(sched, "shutdown") and kind != "vllm":
+        sched.shutdown()
+    return dict(trace=trace, streams=dict(streams), reasons=reasons, error=error,
+                preemptions=preemptions, checked=runner.checked_positions, **extra)
+
+
 def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool = False) -> dict:
     if async_:
         return drive_async(kind, model, work, max_steps)
@@ -293,10 +311,7 @@ def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool
             eco = sched.update_from_output(so, runner.run(sched, so))
             s = norm_step(so, eco)
             preemptions += len(s["preempted"])
-            for rid, (toks, fin, _) in s["outputs"].items():
-                streams[rid].extend(toks)
-                if fin is not None:
-                    reasons[rid] = fin
+            collect(s["outputs"], streams, reasons)
             trace.append(s)
             if step in aborts:
                 sched.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
@@ -307,12 +322,7 @@ def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool
             error = f"did not finish in {max_steps} steps"
     except KVError as e:
         error = f"KV check: {e}"
-    if kind != "vllm" and error is None and sched.get_num_unfinished_requests():
-        error = "requests left unfinished"
-    if hasattr(sched, "shutdown") and kind != "vllm":
-        sched.shutdown()
-    return dict(trace=trace, streams=dict(streams), reasons=reasons, error=error,
-                preemptions=preemptions, checked=runner.checked_positions)
+    return run_result(kind, sched, runner, trace, streams, reasons, error, preemptions)
 
 
 def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dict:
@@ -361,21 +371,14 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
                 continue
             so, out, entry = queue.pop()
             entry["outputs"] = norm_outputs(sched.update_from_output(so, out))
-            for rid, (toks, fin, _) in entry["outputs"].items():
-                streams[rid].extend(toks)
-                if fin is not None:
-                    reasons[rid] = fin
+            collect(entry["outputs"], streams, reasons)
             it += 1
         else:
             error = f"did not finish in {max_steps} iterations"
     except KVError as e:
         error = f"KV check: {e}"
-    if kind != "vllm" and error is None and sched.get_num_unfinished_requests():
-        error = "requests left unfinished"
-    if hasattr(sched, "shutdown") and kind != "vllm":
-        sched.shutdown()
-    return dict(trace=trace, streams=dict(streams), reasons=reasons, error=error,
-                preemptions=preemptions, checked=runner.checked_positions, overlapped=overlapped)
+    return run_result(kind, sched, runner, trace, streams, reasons, error, preemptions,
+                      overlapped=overlapped)
 
 
 # ---- comparison ------------------------------------------------------------------------------
