@@ -49,6 +49,26 @@ static uint32_t upd1(tdm_sched *s, uint64_t id, tdm_token tok, double now)
     return r.num_reqs;
 }
 
+/* Report one token each for two requests (one update); fails the test on an error. */
+static void upd2(tdm_sched *s, uint64_t id0, tdm_token t0, uint64_t id1, tdm_token t1, double now,
+                 tdm_update_result *r)
+{
+    uint64_t ids[2] = { id0, id1 };
+    uint32_t offs[3] = { 0, 1, 2 };
+    tdm_token toks[2] = { t0, t1 };
+    tdm_step_output o;
+    assert_int_equal(tdm_step_output_init(&o), TDM_OK);
+    o.num_reqs = 2;
+    o.req_ids = ids;
+    o.token_offsets = offs;
+    o.tokens = toks;
+    o.now = now;
+    assert_int_equal(tdm_update_result_init(r), TDM_OK);
+    int rc = tdm_sched_update(s, &o, r);
+    if (rc != TDM_OK) fail_msg("update(%llu, %llu) -> %d: %s", (unsigned long long)id0,
+                               (unsigned long long)id1, rc, tdm_sched_errmsg(s));
+}
+
 static uint32_t blocks_of(const tdm_batch *b, int i)
 {
     return b->block_offsets[i + 1] - b->block_offsets[i];
@@ -199,26 +219,14 @@ static void async__abort_with_two_steps_in_flight(void **state)
     assert_int_equal(b.num_reqs, 2);
     assert_int_equal(tdm_sched_abort(s, 1), TDM_OK);
     tdm_update_result r;
-    tdm_step_output o;
-    uint64_t ids[2] = { 1, 2 };
-    uint32_t offs[3] = { 0, 1, 2 };
-    tdm_token toks[2] = { 500, 501 };
-    assert_int_equal(tdm_step_output_init(&o), TDM_OK);
-    o.num_reqs = 2;
-    o.req_ids = ids;
-    o.token_offsets = offs;
-    o.tokens = toks;
-    o.now = 1.15;
-    assert_int_equal(tdm_update_result_init(&r), TDM_OK);
-    assert_int_equal(tdm_sched_update(s, &o, &r), TDM_OK);
+    upd2(s, 1, 500, 2, 501, 1.15, &r);
     assert_int_equal(r.num_reqs, 1); /* request 1's output is skipped */
     assert_int_equal(r.req_ids[0], 2);
     tsd_step(s, 1.2, &b);
     assert_int_equal(b.num_finished, 1);
     assert_int_equal(b.finished_ids[0], 1);
     assert_int_equal(tsd_find(&b, 2), 0);
-    o.now = 1.25;
-    assert_int_equal(tdm_sched_update(s, &o, &r), TDM_OK); /* step 2: 1 still known */
+    upd2(s, 1, 500, 2, 501, 1.25, &r); /* step 2: 1 still known */
     assert_int_equal(r.num_reqs, 1);
     tdm_request_info i;
     assert_int_equal(tdm_request_info_init(&i), TDM_OK);
@@ -284,24 +292,10 @@ static void async__preempted_with_output_in_flight_waits_keeping_its_place(void 
     assert_int_equal(tsd_find(&b, 2), -1);
     assert_int_equal(tsd_state(s, 2), TDM_STATE_PREEMPTED);
     /* step 1's output, then steps 2 and 3 */
-    tdm_step_output o;
     tdm_update_result r;
-    uint64_t ids[2] = { 1, 2 };
-    uint32_t offs[3] = { 0, 1, 2 };
-    tdm_token toks[2] = { 500, 501 };
-    assert_int_equal(tdm_step_output_init(&o), TDM_OK);
-    o.num_reqs = 2;
-    o.req_ids = ids;
-    o.token_offsets = offs;
-    o.tokens = toks;
-    o.now = 1.25;
-    assert_int_equal(tdm_update_result_init(&r), TDM_OK);
-    assert_int_equal(tdm_sched_update(s, &o, &r), TDM_OK);
+    upd2(s, 1, 500, 2, 501, 1.25, &r);
     assert_int_equal(upd1(s, 1, 502, 1.26), 1);
-    ids[1] = 3;
-    toks[0] = 503;
-    toks[1] = 600;
-    assert_int_equal(tdm_sched_update(s, &o, &r), TDM_OK);
+    upd2(s, 1, 503, 3, 600, 1.25, &r);
     assert_int_equal(r.num_reqs, 2);
     assert_int_equal(r.finish_reasons[1], TDM_FINISH_LENGTH);
     tdm_request_info i;
