@@ -189,6 +189,11 @@ int tdm__heap_reserve(tdm_sched *s, uint32_t n)
     tdm__req **h = tdm__realloc(s->heap, (size_t)cap * sizeof(*h));
     if (!h) return TDM_E_NOMEM;
     s->heap = h;
+    /* SLO_ADAPTIVE's second heap (the longest waiting prefill) holds a subset of the waiting
+     * heap: the same capacity. A failure here leaves heap_cap, so the next call retries. */
+    tdm__req **l = tdm__realloc(s->ad_long, (size_t)cap * sizeof(*l));
+    if (!l) return TDM_E_NOMEM;
+    s->ad_long = l;
     s->heap_cap = cap;
     return TDM_OK;
 }

@@ -140,6 +140,7 @@ void tdm_sched_destroy(tdm_sched *s)
     tdm__hasher_free(&s->hasher);
     tdm__free(s->map);
     tdm__free(s->heap);
+    tdm__free(s->ad_long);
     tdm__free(s->running);
     tdm__vec_free(&s->finished);
     tdm__policy_drop(s);
@@ -343,6 +344,7 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
         return tdm__fail(&s->err, rc, "add %llu: out of memory", (unsigned long long)d->id);
     }
     (void)tdm__waiting_push(s, r); /* cannot fail: reserved above */
+    if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_arrived(s, r);
     return TDM_OK;
 }
 

@@ -107,6 +107,8 @@ struct tdm__req {
     double ad_key;             /* SLO_ADAPTIVE: least-laxity key while waiting */
     bool ad_late;              /* SLO_ADAPTIVE: demoted, its TTFT can no longer be met */
     uint32_t ad_qtok;          /* SLO_ADAPTIVE: prefill tokens it adds to ad_wait_tokens */
+    uint32_t ad_long_index;    /* SLO_ADAPTIVE: position in the longest-prefill heap */
+    bool ad_in_long;           /* SLO_ADAPTIVE: in that heap (flagged, on time, no token yet) */
     void *run_mem;             /* the allocation holding tokens, blocks, hashes, spec */
 };
 
@@ -200,6 +202,12 @@ struct tdm_sched {
     uint64_t ad_out_n;
     double ad_soft;            /* this step's soft target (what decodes can recover) */
     uint64_t ad_wait_tokens;   /* prefill tokens of the waiting requests not demoted */
+    uint64_t ad_run_tokens;    /* prefill tokens left of the running partial prefills */
+    double ad_rate;            /* prefill tokens per second of the backlogged steps, smoothed */
+    double ad_free_at;         /* predicted end of the last step */
+    tdm__req **ad_long;        /* max-heap by ad_qtok of the flagged on-time waiting requests
+                                  without a first token (capacity heap_cap) */
+    uint32_t ad_long_len;
 
     /* step outputs (valid until the next step) */
     tdm__entry *entries;
@@ -280,6 +288,8 @@ void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in);
 int tdm__ad_compare(const tdm__req *a, const tdm__req *b);
 uint32_t tdm__ad_victim(tdm_sched *s);
 void tdm__ad_demote(tdm_sched *s, double now);
+void tdm__ad_arrived(tdm_sched *s, tdm__req *r);
+void tdm__ad_after_step(tdm_sched *s, const tdm_step_shape *sh);
 void tdm__ad_observe_finish(tdm_sched *s, const tdm__req *r);
 void tdm__ad_observe_step(tdm_sched *s, double now);
 void tdm__ad_record_step(tdm_sched *s, const tdm_step_shape *sh, double now);

@@ -29,6 +29,8 @@
 #define AD_RECOVER_SHARE 0.5
 #define AD_STARVE_TTFTS 8.0
 #define AD_STARVE_DEFAULT_S 10.0
+#define AD_RATE_PROBE 512.0
+#define AD_RATE_EWMA 0.05
 
 double tdm__ad_ttft(const tdm_sched *s, const tdm__req *r)
 {
@@ -73,11 +75,57 @@ void tdm__ad_set_key(tdm_sched *s, tdm__req *r)
     r->ad_key = key < bound ? key : bound;
 }
 
-/* r enters (in) or leaves the waiting heap: its key, and the queued prefill work. */
+/* The longest-prefill heap (a max-heap by ad_qtok): the flagged waiting requests that are on
+ * time and have no first token, the candidates of tdm__ad_arrived. */
+static void long_set(tdm_sched *s, uint32_t i, tdm__req *r)
+{
+    s->ad_long[i] = r;
+    r->ad_long_index = i;
+}
+
+static void long_up(tdm_sched *s, uint32_t i)
+{
+    tdm__req *r = s->ad_long[i];
+    while (i > 0) {
+        uint32_t p = (i - 1) / 2;
+        if (s->ad_long[p]->ad_qtok >= r->ad_qtok) break;
+        long_set(s, i, s->ad_long[p]);
+        i = p;
+    }
+    long_set(s, i, r);
+}
+
+static void long_down(tdm_sched *s, uint32_t i)
+{
+    tdm__req *r = s->ad_long[i];
+    for (;;) {
+        uint32_t l = 2 * i + 1, m = l + 1, best = i;
+        uint32_t bq = r->ad_qtok;
+        if (l < s->ad_long_len && s->ad_long[l]->ad_qtok > bq) best = l, bq = s->ad_long[l]->ad_qtok;
+        if (m < s->ad_long_len && s->ad_long[m]->ad_qtok > bq) best = m;
+        if (best == i) break;
+        long_set(s, i, s->ad_long[best]);
+        i = best;
+    }
+    long_set(s, i, r);
+}
+
+/* r enters (in) or leaves the waiting heap: its key, and the queued prefill work. The caller
+ * has reserved heap room, which is also the longest-prefill heap's. */
 void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in)
 {
     if (!in) {
         s->ad_wait_tokens -= r->ad_qtok;
+        if (r->ad_in_long) {
+            uint32_t i = r->ad_long_index;
+            tdm__req *last = s->ad_long[--s->ad_long_len];
+            r->ad_in_long = false;
+            if (i < s->ad_long_len) {
+                long_set(s, i, last);
+                long_up(s, i);
+                long_down(s, last->ad_long_index);
+            }
+        }
         r->ad_qtok = 0;
         return;
     }
@@ -85,6 +133,11 @@ void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in)
     tdm__ad_set_key(s, r);
     r->ad_qtok = r->num_tokens > r->num_computed ? r->num_tokens - r->num_computed : 0;
     s->ad_wait_tokens += r->ad_qtok;
+    if ((r->flags & TDM_REQ_SLO_DEPRIORITIZE) && r->first_token < 0 && isfinite(ttft_deadline(s, r))) {
+        r->ad_in_long = true;
+        long_set(s, s->ad_long_len++, r);
+        long_up(s, r->ad_long_index);
+    }
 }
 
 int tdm__ad_compare(const tdm__req *a, const tdm__req *b)
@@ -174,6 +227,46 @@ void tdm__ad_record_step(tdm_sched *s, const tdm_step_shape *sh, double now)
     s->ad_pred = p;
     s->ad_pred_start = now;
     s->ad_pred_step = p > 0 ? s->step_no : 0;
+}
+
+/* The prefill rate a step of `target` seconds allows next to the decodes dec (whose step
+ * takes dstep): the tokens that fit in what is left, per second; smoothed over steps. */
+void tdm__ad_after_step(tdm_sched *s, const tdm_step_shape *sh)
+{
+    uint64_t run = 0;
+    for (uint32_t i = 0; i < s->num_running; i++) {
+        const tdm__req *r = s->running[i];
+        if (r->first_token < 0 && !r->ad_late && r->num_computed < r->num_tokens)
+            run += r->num_tokens - r->num_computed;
+    }
+    s->ad_run_tokens = run;
+    double t = tdm__cost_estimate(s, sh) * s->ad_ratio;
+    s->ad_free_at = s->now + t;
+    if (!s->ad_wait_tokens || !sh->num_prefill_tokens || !(t > 0)) return; /* not backlogged */
+    double rate = (double)sh->num_prefill_tokens / t;
+    s->ad_rate = s->ad_rate > 0 ? (1 - AD_RATE_EWMA) * s->ad_rate + AD_RATE_EWMA * rate : rate;
+}
+
+/* A flagged request just arrived: when the on-time prefill work queued ahead of it (waiting
+ * and running) cannot be done by its TTFT deadline at the observed prefill rate, one request
+ * among those with the most prefill work goes behind every on-time one (Moore-Hodgson: in
+ * deadline order, when a job would be late, drop the longest so far; with one TTFT target the
+ * newest arrival has the latest deadline, so this check is that algorithm's step). */
+void tdm__ad_arrived(tdm_sched *s, tdm__req *r)
+{
+    if (!(r->flags & TDM_REQ_SLO_DEPRIORITIZE) || r->ad_late || r->first_token >= 0) return;
+    double d = ttft_deadline(s, r);
+    if (!isfinite(d) || !(s->ad_rate > 0)) return;
+    uint64_t queued = s->ad_wait_tokens + s->ad_run_tokens; /* r's own included */
+    if (queued <= r->ad_qtok) return; /* alone: nobody to spare (tdm__ad_demote judges it) */
+    double w = (double)queued / s->ad_rate;
+    double now = s->ad_free_at > r->arrival ? s->ad_free_at : r->arrival;
+    if (now + w <= d) return;
+    if (!s->ad_long_len) return;
+    tdm__req *v = s->ad_long[0]; /* the longest (r itself, often) */
+    tdm__waiting_remove(s, v);
+    v->ad_late = true;
+    (void)tdm__waiting_requeue(s, v); /* room: it was in the heap */
 }
 
 /* The time target of this step (seconds, before the measured correction is divided out by

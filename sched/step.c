@@ -527,5 +527,6 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     }
     if (c.adaptive) tdm__ad_record_step(s, &c.shape, c.now);
     finalize(s, &c, out);
+    if (c.adaptive) tdm__ad_after_step(s, &c.shape);
     return TDM_OK;
 }
