@@ -47,7 +47,7 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
     if (msg && msg_len) msg[0] = '\0';
 
     /* Every live request: state, container, block table. */
-    uint32_t live = 0, n_wait = 0, n_run = 0, n_remote = 0, n_held = 0, n_fin = 0;
+    uint32_t live = 0, n_wait = 0, n_run = 0, n_remote = 0, n_held = 0, n_fin = 0, n_long = 0;
     for (uint32_t i = 0; s->map && i <= s->map_mask; i++) {
         const tdm__req *r = s->map[i];
         if (!r) continue;
@@ -73,6 +73,15 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
                       "waiting request %llu is not in the heap", (unsigned long long)r->id);
             else
                 CHECK(in_list(&s->waiting, r), "waiting request %llu is not in the deque", (unsigned long long)r->id);
+            if (r->ad_in_long) {
+                n_long++;
+                CHECK(r->ad_long_index < s->ad_long_len && s->ad_long[r->ad_long_index] == r,
+                      "waiting request %llu is not at its place in the longest-prefill heap",
+                      (unsigned long long)r->id);
+                CHECK(r->ad_long_index == 0 || s->ad_long[(r->ad_long_index - 1) / 2]->ad_qtok >= r->ad_qtok,
+                      "longest-prefill heap out of order at request %llu", (unsigned long long)r->id);
+                CHECK(!r->ad_late, "demoted request %llu is in the longest-prefill heap", (unsigned long long)r->id);
+            }
             CHECK(r->num_blocks == 0 || r->remote_done, "waiting request %llu holds %u blocks",
                   (unsigned long long)r->id, r->num_blocks);
             CHECK(!r->num_placeholders, "waiting request %llu holds %u output placeholders",
@@ -118,6 +127,7 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
     }
     CHECK(live == s->map_len, "id map counts %u requests, %u found", s->map_len, live);
     CHECK(n_wait == tdm__waiting_len(s), "%u waiting requests, queue length %u", n_wait, tdm__waiting_len(s));
+    CHECK(n_long == s->ad_long_len, "%u requests in the longest-prefill heap, its length %u", n_long, s->ad_long_len);
     CHECK(n_run == s->num_running, "%u running requests, running array %u", n_run, s->num_running);
     CHECK(s->num_running <= (uint64_t)s->prm.max_num_seqs || s->num_running <= s->cap_running,
           "running %u exceeds capacity", s->num_running);

@@ -44,7 +44,7 @@ static tdm_sched *make(const char *json)
 static void add(tdm_sched *s, uint64_t id, uint32_t n, double arrival, double ttft, double tpot,
                 uint32_t max_tokens, uint32_t flags)
 {
-    static tdm_token p[8192];
+    static tdm_token p[16384];
     for (uint32_t i = 0; i < n; i++) p[i] = (tdm_token)(100000 * (id % 1000) + i);
     tdm_request_desc d;
     tdm_request_desc_init(&d);
@@ -364,6 +364,90 @@ static void slo_adaptive__lost_flagged_decode_does_not_limit_steps(void **state)
     assert_int_equal(got[1], 8000);    /* the whole budget (8192 less the decode) */
 }
 
+/* Overload, with a 100 ms TTFT target (1000 tokens a step, 12 ms: 83k tokens/s observed):
+ * A (3000 tokens) runs its first chunk and B (500) waits; then C (500), D (3000) and E (2900)
+ * arrive. With E, the queued prefill work (A's 2000 left, 500 + 500 + 3000 + 2900) cannot
+ * finish by E's deadline, so the longest waiting request, D, goes behind the others
+ * (Moore-Hodgson): A, B, C and E get their first token in time, only D misses. Without the
+ * flag the least-laxity order serves D and E (the longer prefills) first, and B and C miss.
+ * Writes each request's time to first token (ids 1..5). */
+static void ttfts(uint32_t flags, double ttft[6])
+{
+    static const uint32_t len[6] = { 0, 3000, 500, 500, 3000, 2900 };
+    static const double arrival[6] = { 0, 0.0, 0.0, 0.005, 0.005, 0.005 };
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"slo_ttft_ms\": 100, \"max_num_batched_tokens\": 1000,"
+                        " \"num_blocks\": 2000, \"enable_prefix_caching\": false}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    for (int id = 0; id < 6; id++) ttft[id] = -1;
+    add(s, 1, len[1], arrival[1], 0, 0, 1, flags);
+    add(s, 2, len[2], arrival[2], 0, 0, 1, flags);
+    double t = 0.0;
+    for (int k = 1; k <= 20; k++) {
+        assert_int_equal(tdm_sched_step(s, t, &b), TDM_OK);
+        if (k == 1) /* during the first step */
+            for (uint64_t id = 3; id <= 5; id++) add(s, id, len[id], arrival[id], 0, 0, 1, flags);
+        t += linear_cost(NULL, &(tdm_step_shape){ .num_prefill_tokens = b.total_tokens });
+        for (uint32_t i = 0; i < b.num_reqs; i++) {
+            uint64_t id = b.req_ids[i];
+            if (b.num_computed[i] + b.num_tokens[i] >= len[id]) ttft[id] = t - arrival[id];
+        }
+        update(s, &b, t);
+    }
+    tdm_sched_destroy(s);
+}
+
+static void slo_adaptive__overload_demotes_the_longest_waiting_prefill(void **state)
+{
+    (void)state;
+    double on[6], off[6];
+    ttfts(TDM_REQ_SLO_DEPRIORITIZE, on);
+    ttfts(0, off);
+    for (int id = 1; id <= 5; id++) assert_true(on[id] > 0 && off[id] > 0); /* nobody is lost */
+    /* flagged: only D misses 100 ms */
+    assert_true(on[1] <= 0.1 && on[2] <= 0.1 && on[3] <= 0.1 && on[5] <= 0.1);
+    assert_true(on[4] > 0.1);
+    /* not flagged: D and E first, B and C miss */
+    assert_true(off[4] <= 0.1 && off[2] > 0.1 && off[3] > 0.1);
+}
+
+/* The overload rule spares a request with nobody queued ahead of it: demoting it would only
+ * let later arrivals overtake it. X runs a 1000-token chunk while Y waits (83k tokens/s
+ * observed), Y finishes, then R (8300 tokens, flagged) arrives alone: at the observed rate
+ * its own prefill passes its 100 ms deadline (99.6 ms after the 2.1 ms step in flight), but
+ * alone in one step (85 ms) it can make it, so it keeps its place; S (16 tokens, a 1 s TTFT)
+ * arriving with it waits behind it. Returns the id admitted next to the decode X. */
+static uint64_t admitted_after_lone_arrival(void)
+{
+    tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"slo_ttft_ms\": 100, \"max_num_batched_tokens\": 1000,"
+                        " \"max_num_seqs\": 2, \"num_blocks\": 2000, \"enable_prefix_caching\": false,"
+                        " \"max_model_len\": 16384}");
+    tdm_batch b;
+    tdm_batch_init(&b);
+    add(s, 1, 1000, 0.0, 0, 0, 50, 0); /* X */
+    add(s, 2, 16, 0.0, 0, 0, 1, 0);    /* Y */
+    double t = 0.0;
+    for (int k = 0; k < 3; k++) { /* X's prompt (Y waits), X decodes + Y, X decodes */
+        assert_int_equal(tdm_sched_step(s, t, &b), TDM_OK);
+        uint32_t dec = b.num_reqs - b.num_prefill_reqs; /* steps take their predicted time */
+        t += linear_cost(NULL, &(tdm_step_shape){ .num_prefill_tokens = b.total_tokens - dec, .num_decode_reqs = dec });
+        update(s, &b, t);
+    }
+    add(s, 3, 8300, t, 0, 0, 1, TDM_REQ_SLO_DEPRIORITIZE); /* R */
+    add(s, 4, 16, t, 1.0, 0, 1, TDM_REQ_SLO_DEPRIORITIZE); /* S */
+    assert_int_equal(tdm_sched_step(s, t, &b), TDM_OK);
+    assert_int_equal(tokens_of(&b, 1), 1);
+    uint64_t got = tokens_of(&b, 3) ? 3 : tokens_of(&b, 4) ? 4 : 0;
+    tdm_sched_destroy(s);
+    return got;
+}
+
+static void slo_adaptive__overload_rule_spares_a_request_alone(void **state)
+{
+    (void)state;
+    assert_int_equal(admitted_after_lone_arrival(), 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -376,6 +460,8 @@ int main(void)
         cmocka_unit_test(slo_adaptive__preemption_spares_requests_on_track),
         cmocka_unit_test(slo_adaptive__deprioritize_flag_demotes_hopeless_requests),
         cmocka_unit_test(slo_adaptive__lost_flagged_decode_does_not_limit_steps),
+        cmocka_unit_test(slo_adaptive__overload_demotes_the_longest_waiting_prefill),
+        cmocka_unit_test(slo_adaptive__overload_rule_spares_a_request_alone),
     };
     return cmocka_run_group_tests_name("sched_slo_adaptive", tests, NULL, NULL);
 }
