@@ -12,9 +12,13 @@
  *   - preemption: a request that can no longer meet its SLO goes first, then the latest
  *     admitted, so requests on track are spared;
  *   - TDM_REQ_SLO_DEPRIORITIZE: a waiting request that can no longer meet its TTFT is moved
- *     behind every request that still can.
- * Cost: O(running) per step for the target (the running array is walked by the step anyway),
- * O(log waiting) per queue operation, each request demoted at most once.
+ *     behind every request that still can; and when an arrival finds more on-time prefill
+ *     work queued than the observed prefill rate can do by its deadline, the flagged waiting
+ *     request with the most prefill left goes behind instead (Moore-Hodgson's rule).
+ * Cost: O(running) per step for the target and the work left (the running array is walked
+ * by the step anyway), O(log waiting) per queue operation (the waiting heap and the
+ * longest-prefill heap), O(1) plus at most one demotion per arrival, each request demoted at
+ * most once.
  */
 #include <math.h>
 #include <string.h>
@@ -29,7 +33,8 @@
 #define AD_RECOVER_SHARE 0.5
 #define AD_STARVE_TTFTS 8.0
 #define AD_STARVE_DEFAULT_S 10.0
-#define AD_RATE_PROBE 512.0
+/* The weight of one backlogged step in the smoothed prefill rate (about the last 20 steps:
+ * long enough to smooth chunk sizes, short enough to follow a change of decode load). */
 #define AD_RATE_EWMA 0.05
 
 double tdm__ad_ttft(const tdm_sched *s, const tdm__req *r)

@@ -3,7 +3,8 @@
  * scenarios, with a linear cost model installed so the expected chunks can be computed by
  * hand: least-laxity order, the step budget's response to a TPOT overrun and to steps that
  * take longer than predicted, the starvation bound, preemption that spares requests on
- * track, TDM_REQ_SLO_DEPRIORITIZE, and its configuration keys.
+ * track, TDM_REQ_SLO_DEPRIORITIZE (the hopeless head and the overload rule that demotes the
+ * longest waiting prefill), and its configuration keys.
  */
 #include <setjmp.h>
 #include <stdarg.h>
