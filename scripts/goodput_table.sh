@@ -4,6 +4,7 @@
 # 20 and 50 ms TBT targets; all 256 sequences) on the three real traces, with
 # `tandem ab --goodput` at TTFT <= 300 ms, TPOT <= 25 ms, 90% attainment.
 #   scripts/goodput_table.sh [colocated|disagg|70b] [TRACE...]
+# SLO_TTFT_MS / SLO_TPOT_MS (default 300 / 25) change the SLO pair, e.g. for a larger model.
 # colocated: llama-3-8b on one h100-sxm; disagg: the configs/disagg-1p1d.json deployment (a
 # prefill h100-sxm, a decode h200) with each config's scheduler in both pools; 70b: llama-3-70b at TP4 on h100-sxm. The hardware is
 # the table cost model (build/tables/h100-sxm.json, `make tables`) when it exists, else the
@@ -24,6 +25,7 @@ HW=h100-sxm HW_DEC=h200
 [ -f build/tables/h100-sxm.json ] && HW=build/tables/h100-sxm.json
 [ -f build/tables/h200.json ] && HW_DEC=build/tables/h200.json
 EXTRA=""
+TTFT=${SLO_TTFT_MS:-300} TPOT=${SLO_TPOT_MS:-25}
 [ "$SET" = 70b ] && EXTRA="--model llama-3-70b --tp 4"
 
 # name|scheduler JSON
@@ -51,8 +53,8 @@ done
 for n in vllm-default vllm-512 vllm-2048 df-tbt20 df-tbt50 slo-adaptive; do CONFIGS="$CONFIGS $OUT/$n.json"; done
 
 for t in "$@"; do
-    echo "== $(basename "$t") ($SET)"
+    echo "== $(basename "$t") ($SET, TTFT <= $TTFT ms, TPOT <= $TPOT ms)"
     # shellcheck disable=SC2086
-    $TOOL ab $CONFIGS --trace "$t" --hw "$HW" $EXTRA --slo-ttft-ms 300 --slo-tpot-ms 25 \
-        --goodput --goodput-target 0.9 --quiet | grep -E '^  (metric|goodput|SLO attainment)'
+    $TOOL ab $CONFIGS --trace "$t" --hw "$HW" $EXTRA --slo-ttft-ms "$TTFT" --slo-tpot-ms "$TPOT" \
+        --goodput --goodput-target 0.9 --quiet | grep -E '^  (metric|goodput|best attainment|SLO attainment)'
 done

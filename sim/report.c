@@ -102,9 +102,13 @@ void tdm_sim_print_table(FILE *f, const tdm_sim_result *r)
         else
             fprintf(f, "  class %-9s best effort (no SLO): %zu requests\n", c->name, s->class_n[k]);
     }
-    if (s->goodput_req_s >= 0)
+    if (s->goodput_req_s > 0)
         fprintf(f, "  goodput         %.3f req/s (%.3f per GPU; rate scale %.3f)\n",
                 s->goodput_req_s, s->goodput_req_s / (s->gpus ? s->gpus : 1), s->goodput_scale);
+    else if (s->goodput_req_s == 0)
+        fprintf(f, "  goodput         0 req/s: no rate down to 1/2048 of the trace's meets the target; "
+                   "best attainment %.1f%% (rate scale %.4g): the SLOs are out of reach here\n",
+                100 * s->goodput_best_attainment, s->goodput_best_scale);
     fprintf(f, "  preemptions     %llu\n", (unsigned long long)s->preemptions);
     fprintf(f, "  prefix hits     %.1f%% of prompt tokens looked up\n", 100 * s->prefix_hit_rate);
     fprintf(f, "  KV usage        mean %.1f%%, max %.1f%%\n", 100 * s->kv_usage_mean,
@@ -212,6 +216,8 @@ static void write_body(FILE *f, const tdm_sim_result *r, const char *extra)
         jkey(f, "goodput_req_s", s->goodput_req_s);
         jkey(f, "goodput_req_s_per_gpu", s->goodput_req_s / (s->gpus ? s->gpus : 1));
         jkey(f, "goodput_rate_scale", s->goodput_scale);
+        jkey(f, "goodput_best_attainment", s->goodput_best_attainment);
+        jkey(f, "goodput_best_rate_scale", s->goodput_best_scale);
     }
     fprintf(f, "  \"preemptions\": %llu,\n", (unsigned long long)s->preemptions);
     jkey(f, "prefix_hit_rate", s->prefix_hit_rate);
@@ -269,6 +275,23 @@ int tdm_sim_write_requests_csv(const char *path, const tdm_sim_result *r)
     return fclose(f) == 0 ? 0 : -1;
 }
 
+/* When some config's goodput is 0: every config's highest attainment in its search (the
+ * SLOs are out of reach for that one at any load), so a row of zeros says how far off. */
+static void print_goodput_ceiling(FILE *f, const tdm_sim_result *const *rs, size_t n)
+{
+    size_t zeros = 0;
+    for (size_t j = 0; j < n; j++) zeros += rs[j]->sum.goodput_req_s == 0;
+    if (!zeros) return;
+    fprintf(f, "  %-24s", "best attainment (%)");
+    for (size_t j = 0; j < n; j++) {
+        char cell[64];
+        snprintf(cell, sizeof cell, "%.1f @%.3g", 100 * rs[j]->sum.goodput_best_attainment,
+                 rs[j]->sum.goodput_best_scale);
+        fprintf(f, " %22s", cell);
+    }
+    fputc('\n', f);
+}
+
 void tdm_sim_print_ab(FILE *f, const tdm_sim_result *const *rs, size_t n)
 {
     fprintf(f, "  %-24s", "metric");
@@ -290,6 +313,7 @@ void tdm_sim_print_ab(FILE *f, const tdm_sim_result *const *rs, size_t n)
             fprintf(f, " %22s", cell);
         }
         fputc('\n', f);
+        if (!strcmp(m->key, "goodput_req_s")) print_goodput_ceiling(f, rs, n);
     }
     fprintf(f, "  %-24s", "wall time (s)");
     for (size_t j = 0; j < n; j++) fprintf(f, " %22.2f", rs[j]->sum.wall_s);

@@ -410,6 +410,8 @@ typedef struct tdm_sim_summary {
     double attain_ttft, attain_tpot, attainment;
     double goodput_req_s;            /* < 0 when not searched */
     double goodput_scale;
+    double goodput_best_attainment;  /* the search's highest attainment (why goodput is 0) */
+    double goodput_best_scale;       /* ... and the rate scale it came at */
     uint64_t preemptions;
     double prefix_hit_rate;
     double kv_usage_mean, kv_usage_max;
@@ -445,10 +447,20 @@ void tdm_sim_result_free(tdm_sim_result *r);
 /* Run the trace through the deployment. The result owns its arrays. */
 int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_run_opts *o,
                 tdm_sim_result *res, char *err, size_t errlen);
-/* Goodput: search the arrival-rate scale for the highest one with attainment >= target.
- * Fills res->sum.goodput_req_s and goodput_scale of the base run. */
+/* What a goodput search found: the rate (req/s) and its scale of the trace's rate; the
+ * highest attainment of any run and its scale (below the target at every scale tried when
+ * req_s is 0: the SLOs are out of reach of the model and hardware on this trace, even
+ * nearly unloaded); the simulations run. */
+typedef struct tdm_sim_goodput_out {
+    double req_s, scale;
+    double best_attainment, best_scale;
+    int runs;
+} tdm_sim_goodput_out;
+/* Goodput: search the arrival-rate scale for the highest one with attainment >= target. */
 int tdm_sim_goodput(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_run_opts *o,
-                    double *goodput_req_s, double *scale, int *runs, char *err, size_t errlen);
+                    tdm_sim_goodput_out *out, char *err, size_t errlen);
+/* Copies a search's findings into a summary (goodput_req_s, _scale, _best_*). */
+void tdm_sim_goodput_to_summary(const tdm_sim_goodput_out *g, tdm_sim_summary *s);
 /* Scale a trace's arrival times by 1/scale into dst (allocates). */
 int tdm_sim_trace_scaled(const tdm_sim_trace *src, double scale, tdm_sim_trace *dst);
 

@@ -206,14 +206,13 @@ static void eval_point(const ctx *x, tdm_sim_tune_point *p)
         return;
     }
     if (x->o->objective == TDM_SIM_TUNE_GOODPUT) {
-        double g, sc;
-        int runs = 0;
-        rc = tdm_sim_goodput(x->t, &cfg, &x->ro, &g, &sc, &runs, err, sizeof err);
+        tdm_sim_goodput_out g = {0};
+        rc = tdm_sim_goodput(x->t, &cfg, &x->ro, &g, err, sizeof err);
         if (rc == 0) {
-            p->value = g;
-            p->scale = sc;
+            p->value = g.req_s;
+            p->scale = g.scale;
         }
-        p->runs = runs ? runs : 1;
+        p->runs = g.runs ? g.runs : 1;
     } else {
         tdm_sim_result r;
         rc = tdm_sim_run(x->t, &cfg, &x->ro, &r, err, sizeof err);

@@ -87,14 +87,13 @@ int tdm_cmd_ab(int argc, char **argv)
             goto out;
         }
         if (c.goodput) {
-            double g, s;
-            if (tdm_sim_goodput(&c.t, &cfg[i], &c.ropts, &g, &s, NULL, err, sizeof err) != 0) {
+            tdm_sim_goodput_out g;
+            if (tdm_sim_goodput(&c.t, &cfg[i], &c.ropts, &g, err, sizeof err) != 0) {
                 fprintf(stderr, "tandem ab: %s: goodput: %s\n", cfg[i].name, err);
                 nres++;
                 goto out;
             }
-            res[i].sum.goodput_req_s = g;
-            res[i].sum.goodput_scale = s;
+            tdm_sim_goodput_to_summary(&g, &res[i].sum);
         }
         rp[i] = &res[i];
         char hw[160];

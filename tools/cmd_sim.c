@@ -63,15 +63,13 @@ int tdm_cmd_sim(int argc, char **argv)
         goto out;
     }
     if (c.goodput) {
-        double g, s;
-        int runs;
-        if (tdm_sim_goodput(&c.t, &cfg, &c.ropts, &g, &s, &runs, err, sizeof err) != 0) {
+        tdm_sim_goodput_out g;
+        if (tdm_sim_goodput(&c.t, &cfg, &c.ropts, &g, err, sizeof err) != 0) {
             fprintf(stderr, "tandem sim: goodput: %s\n", err);
             tdm_sim_result_free(&r);
             goto out;
         }
-        r.sum.goodput_req_s = g;
-        r.sum.goodput_scale = s;
+        tdm_sim_goodput_to_summary(&g, &r.sum);
     }
     tdm_sim_cli_describe(stdout, &c, &cfg);
     printf("config: %s (%u GPU%s%s)\n", cfg.name, r.sum.gpus, r.sum.gpus == 1 ? "" : "s",

@@ -261,10 +261,13 @@ static void goodput__converges(void **state)
     o.slo_ttft_s = 0.3;
     o.slo_tpot_s = 0.03;
     char err[TDM_SIM_ERRLEN];
-    double g, s;
-    int runs;
-    assert_int_equal(tdm_sim_goodput(&t, &c, &o, &g, &s, &runs, err, sizeof err), 0);
-    assert_true(runs <= 16);
+    tdm_sim_goodput_out go;
+    assert_int_equal(tdm_sim_goodput(&t, &c, &o, &go, err, sizeof err), 0);
+    double g = go.req_s, s = go.scale;
+    int runs = go.runs;
+    assert_true(runs >= 2 && runs <= 16);
+    /* the best attainment seen is at least the target (the found scale met it) */
+    assert_true(go.best_attainment >= 0.9 && go.best_scale > 0);
     assert_true(g > 0 && s > 0);
     double base = (double)t.n / tdm_sim_trace_span(&t);
     assert_float_equal(g, s * base, 1e-9);
@@ -279,6 +282,41 @@ static void goodput__converges(void **state)
         tdm_sim_result_free(&r);
         tdm_sim_trace_free(&u);
     }
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+}
+
+/* SLOs no load can meet (a TTFT shorter than most prompts' prefill alone): goodput 0 after
+ * every halving down to 2^-11, and the best attainment reported is what a run at its scale
+ * gives, below the target. */
+static void goodput__unreachable_reports_best_attainment(void **state)
+{
+    (void)state;
+    tdm_sim_trace t;
+    builtin(&t, 200, 10, 8);
+    tdm_sim_config c;
+    config("{\"mode\": \"vllm\"}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    o.slo_ttft_s = 0.015;
+    o.slo_tpot_s = 0.05;
+    char err[TDM_SIM_ERRLEN];
+    tdm_sim_goodput_out go;
+    assert_int_equal(tdm_sim_goodput(&t, &c, &o, &go, err, sizeof err), 0);
+    assert_true(go.req_s == 0 && go.scale == 0);
+    assert_int_equal(go.runs, 12);
+    assert_true(go.best_attainment < 0.9);
+    assert_true(go.best_scale > 0 && go.best_scale <= 1);
+    tdm_sim_trace u;
+    assert_int_equal(tdm_sim_trace_scaled(&t, go.best_scale, &u), 0);
+    tdm_sim_result r;
+    assert_int_equal(tdm_sim_run(&u, &c, &o, &r, err, sizeof err), 0);
+    assert_float_equal(r.sum.attainment, go.best_attainment, 1e-12);
+    tdm_sim_summary sum = r.sum;
+    tdm_sim_goodput_to_summary(&go, &sum);
+    assert_true(sum.goodput_req_s == 0 && sum.goodput_best_attainment == go.best_attainment);
+    tdm_sim_result_free(&r);
+    tdm_sim_trace_free(&u);
     tdm_sim_config_free(&c);
     tdm_sim_trace_free(&t);
 }
@@ -495,6 +533,7 @@ int main(void)
         cmocka_unit_test(sim_run__small_pool_preempts_without_losing_requests),
         cmocka_unit_test(sim_run__too_long_requests_are_rejected_misses),
         cmocka_unit_test(goodput__converges),
+        cmocka_unit_test(goodput__unreachable_reports_best_attainment),
         cmocka_unit_test(ab__identical_configs_give_ratios_of_one),
         cmocka_unit_test(ab_command__identical_configs_give_ratios_of_one),
         cmocka_unit_test(mooncake__prefix_cache_sees_the_trace_sharing),

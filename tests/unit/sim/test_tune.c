@@ -157,9 +157,9 @@ static void run__best_is_the_maximum_and_never_below_the_base(void **state)
     assert_non_null(doc);
     tdm_sim_config cfg;
     assert_int_equal(tdm_sim_config_parse(doc, "x", &e.m, &e.h, &cfg, err, sizeof err), 0);
-    double g, sc;
-    assert_int_equal(tdm_sim_goodput(&e.t, &cfg, &e.ro, &g, &sc, NULL, err, sizeof err), 0);
-    assert_true(g == b->value);
+    tdm_sim_goodput_out g;
+    assert_int_equal(tdm_sim_goodput(&e.t, &cfg, &e.ro, &g, err, sizeof err), 0);
+    assert_true(g.req_s == b->value);
     tdm_sim_config_free(&cfg);
     free(doc);
     tdm_sim_tune_result_free(&r);
