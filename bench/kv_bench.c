@@ -19,7 +19,9 @@
  * allocate large arrays; the amount actually backed by 2 MiB pages is printed)
  * (KV_BENCH_NIXL_PAGES=4k or thp: only that one; KV_BENCH_NIXL_BLOCKS=contiguous: blocks in
  * order on both ends, coalesced into large descriptors, instead of scattered). UCX_TLS is
- * printed (UCX's own choice when unset). Without NIXL (TANDEM_NIXL_DIR, or the wheel in
+ * printed (UCX's own choice when unset), and the decode engine's copying threads
+ * (TANDEM_NIXL_THREADS, default min(4, CPUs): NIXL's UCX thread pool splits each READ across
+ * them); the memcpy baseline is always one thread. Without NIXL (TANDEM_NIXL_DIR, or the wheel in
  * $TANDEM_BUILD/venv-nixl from `make test-nixl`) it prints nixl_vs_memcpy=skipped and why.
  * It never fails on speed. Environment: KV_BENCH_MAX_MIB (default 1024) caps the sizes.
  */
@@ -386,6 +388,15 @@ static double nixl_run(const char *self, uint32_t nb, int thp, long *huge_mib, c
     return best;
 }
 
+/* The decode engine's copying threads as the library picks them (kvx_tp_nixl.c). */
+static void nixl_threads(char *buf, size_t n)
+{
+    const char *v = getenv("TANDEM_NIXL_THREADS");
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (v && v[0]) snprintf(buf, n, "%s copying threads (TANDEM_NIXL_THREADS)", v);
+    else snprintf(buf, n, "%ld copying threads (default min(4, %ld CPUs))", cpus < 1 ? 1 : cpus < 4 ? cpus : 4, cpus);
+}
+
 /* Finds the wheel `make test-nixl` installed when TANDEM_NIXL_DIR is not set. */
 static void nixl_find_wheel(void)
 {
@@ -537,9 +548,11 @@ int main(int argc, char **argv)
             if (!thp) snprintf(pages, sizeof(pages), "4 KiB pages");
             else if (huge < 0) snprintf(pages, sizeof(pages), "huge pages advised (backing unknown)");
             else snprintf(pages, sizeof(pages), "huge pages advised, %ld of %zu MiB on 2 MiB pages", huge, bytes / MIB);
-            printf("nixl: %zu MiB between two processes, READ of %s blocks, %s: %.2f GB/s; memcpy %.2f GB/s "
-                   "(UCX_TLS=%s)\n", bytes / MIB, nixl_contiguous() ? "contiguous" : "scattered", pages, bytes / tn / 1e9, bytes / tm / 1e9,
-                   tls ? tls : "unset, UCX's choice");
+            char thr[96];
+            nixl_threads(thr, sizeof(thr));
+            printf("nixl: %zu MiB between two processes, READ of %s blocks, %s: %.2f GB/s, %s; memcpy %.2f GB/s "
+                   "(1 thread) (UCX_TLS=%s)\n", bytes / MIB, nixl_contiguous() ? "contiguous" : "scattered", pages,
+                   bytes / tn / 1e9, thr, bytes / tm / 1e9, tls ? tls : "unset, UCX's choice");
             snprintf(nixl_r[thp ? 1 : 0], sizeof(nixl_r[0]), "%.2f", tm / tn);
         }
         if (why[0]) printf("nixl: skipped: %s\n", why);

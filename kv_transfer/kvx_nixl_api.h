@@ -79,6 +79,8 @@ typedef struct tdm__nx_api {
     int (*destroy_xfer_req)(tdm__nx_req req);
     /* optional (NULL when the library lacks it) */
     int (*create_configured_agent)(const char *name, const tdm__nx_agent_cfg *cfg, tdm__nx_agent *agent);
+    int (*params_add)(tdm__nx_params params, const char *key, const char *value);   /* a backend parameter */
+    int (*opt_args_set_custom_param)(tdm__nx_opt opt, const void *data, size_t len); /* e.g. "worker_id=2" */
 } tdm__nx_api;
 
 /* Loads libnixl_capi once per process (TANDEM_NIXL_LIB: a file; TANDEM_NIXL_DIR: the

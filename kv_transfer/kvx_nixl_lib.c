@@ -44,6 +44,10 @@ static int resolve(void *h, tdm__nx_api *a, char *why, size_t why_len)
 #undef SYM
     void *o_ = dlsym(h, "nixl_capi_create_configured_agent");   /* optional */
     memcpy(&a->create_configured_agent, &o_, sizeof(o_));
+    o_ = dlsym(h, "nixl_capi_params_add");
+    memcpy(&a->params_add, &o_, sizeof(o_));
+    o_ = dlsym(h, "nixl_capi_opt_args_set_custom_param");
+    memcpy(&a->opt_args_set_custom_param, &o_, sizeof(o_));
     return 0;
 }
 

@@ -13,11 +13,14 @@
  *   FAKE_NIXL_NO_BACKEND=1   the UCX backend cannot be created
  * fake_nixl_live_reqs() says how many transfer requests exist (leak and cancel checks);
  * fake_nixl_last_cfg() what the last configured agent was asked for (progress thread, its
- * delay); fake_nixl_last_descs() how many descriptors the last transfer request had.
+ * delay); fake_nixl_last_descs() how many descriptors the last transfer request had;
+ * fake_nixl_last_workers() the num_workers backend parameter last asked for ("" when none).
+ * A request is touched by one thread at a time (the engine's I/O thread or copying thread).
  */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,9 +131,38 @@ API int nixl_capi_destroy_agent(agent *a)
     return 0;
 }
 
+static char last_workers[16];
+
+API int fake_nixl_last_workers(char *buf, size_t n)
+{
+    pthread_mutex_lock(&mu);
+    snprintf(buf, n, "%s", last_workers);
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+API int nixl_capi_params_add(void *params, const char *key, const char *value)
+{
+    (void)params;
+    if (!key || !value) return -1;
+    pthread_mutex_lock(&mu);
+    if (!strcmp(key, "num_workers")) snprintf(last_workers, sizeof(last_workers), "%s", value);
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+API int nixl_capi_opt_args_set_custom_param(void *o, const void *data, size_t len)
+{
+    (void)o;
+    return data && len && !memcmp(data, "worker_id=", len < 10 ? len : 10) ? 0 : -1;
+}
+
 API int nixl_capi_get_plugin_params(agent *a, const char *p, void **mems, void **params)
 {
     (void)a; (void)p;
+    pthread_mutex_lock(&mu);
+    last_workers[0] = '\0';
+    pthread_mutex_unlock(&mu);
     *mems = &dummy;
     *params = &dummy;
     return 0;

@@ -6,7 +6,10 @@
  * head split), prefix skip, fallback to the other transports for a peer without NIXL, cancel,
  * and a sender SIGKILLed mid-transfer (the transfer fails
  * with TDM_E_PEER, every reservation is released, the engine still works), also in the middle
- * of a 128 MiB transfer whose READs are still running. Run by
+ * of a 128 MiB transfer whose READs are still running. The same large READs with several
+ * copying threads (TANDEM_NIXL_THREADS: NIXL's UCX thread pool splits each READ): byte-exact
+ * direct and staged, a sender killed mid-READ, a cancel mid-READ after which nothing more
+ * lands in the receiver's cache. Run by
  * `make test-nixl`, which installs the nixl-cu12 wheel and sets TANDEM_NIXL_DIR; without
  * NIXL every test skips with the reason, unless TANDEM_NIXL_REQUIRED=1 (then it fails).
  */
@@ -44,7 +47,8 @@ static int child_main(const char *ep, const char *mode)
     c.peer_timeout_ms = 3000;
     memset(&p, 0, sizeof(p));
     tdm_kv_layout l;
-    int die = !strcmp(mode, "bigdie"), big = die || !strcmp(mode, "big");
+    int die = !strcmp(mode, "bigdie"), cancel = !strcmp(mode, "bigcancel");
+    int big = die || cancel || !strcmp(mode, "big");
     uint32_t nb = big ? BIG_BLOCKS : T_BLOCKS, bs = big ? 16 : T_BS, hh = big ? 8 : T_HEADS, dd = big ? 128 : T_DIM;
     uint32_t nreq = big ? BIG_N : N;
     if (big) c.max_chunk_bytes = 8u << 20;
@@ -66,7 +70,7 @@ static int child_main(const char *ep, const char *mode)
     sd.request_id = 1;
     sd.num_blocks = nreq;
     sd.block_ids = src;
-    sd.num_blocks_ready = stream ? 0 : stall ? 2 : nreq;
+    sd.num_blocks_ready = stream ? 0 : stall ? 2 : cancel ? nreq / 2 : nreq;   /* bigcancel: never done */
     uint64_t h;
     if (tdm_kvx_send(p.kvx, &sd, &h)) return 12;
     if (stall) for (;;) pause();
@@ -98,7 +102,7 @@ static int child_main(const char *ep, const char *mode)
             if (tdm_kvx_send_ready(p.kvx, h, l0, l0 + 1, b)) return 16;
     }
     if (tdm_kvx_poll(p.kvx, &ev, 1, &n, 20000) || n != 1) return 13;
-    int code = ev.type == TDM_KVX_EV_DONE ? 0 : 14;
+    int code = ev.type == (cancel ? TDM_KVX_EV_CANCELLED : TDM_KVX_EV_DONE) ? 0 : 14;   /* bigcancel: cancelled */
     if (code) fprintf(stderr, "child: event %u status %d: %s\n", ev.type, ev.status, ev.reason);
     tdm_kvx_destroy(p.kvx);
     free(p.mem);
@@ -416,24 +420,38 @@ static void nixl__killed_sender_fails_transfer_and_releases_blocks(void **state)
     t_free(&d);
 }
 
-/* The sender dies 2 ms after its first chunk went out, while 128 MiB are being READ: whatever
- * was in flight, the transfer ends cleanly (failed with TDM_E_PEER, or done if it finished). */
-static void nixl__sender_killed_during_large_read_fails_cleanly(void **state)
+/* The copying threads of the engines created next (NULL: the library's default). */
+static void set_threads(const char *n)
 {
-    (void)state;
-    NEED_NIXL();
+    if (n) setenv("TANDEM_NIXL_THREADS", n, 1);
+    else unsetenv("TANDEM_NIXL_THREADS");
+}
+
+/* A decode engine over the big cache: kind 1 (as the sender: direct READs) or 2 (HND: staged). */
+static void big_decoder(eng *d, uint32_t kind, uint32_t peer_timeout_ms)
+{
+    tdm_kv_layout l;
+    t_layout(&l, kind, T_LAYERS, BIG_BLOCKS, 16, 8, 128, TDM_DTYPE_FP16);
+    tdm_kvx_config c;
+    t_config(&c, "nixl-decode", TDM_KVX_ROLE_DECODE, NULL);
+    c.transports = TP;
+    c.peer_timeout_ms = peer_timeout_ms;
+    c.max_chunk_bytes = 8u << 20;
+    t_engine_cfg(d, &c, &l, 99);
+}
+
+/* The sender dies 2 ms after its first chunk went out, while 128 MiB are being READ by
+ * `threads` copying threads: whatever was in flight, the transfer ends cleanly (failed with
+ * TDM_E_PEER, or done if it finished), every reservation released. */
+static void big_kill(const char *threads)
+{
+    set_threads(threads);
     char ep[128];
     t_ipc(ep, sizeof(ep), "bigkill");
     pid_t pid = spawn(ep, "bigdie");
     eng d;
-    tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, BIG_BLOCKS, 16, 8, 128, TDM_DTYPE_FP16);
-    tdm_kvx_config c;
-    t_config(&c, "nixl-decode", TDM_KVX_ROLE_DECODE, NULL);
-    c.transports = TP;
-    c.peer_timeout_ms = 300;
-    c.max_chunk_bytes = 8u << 20;
-    t_engine_cfg(&d, &c, &l, 99);
+    big_decoder(&d, 1, 300);
+    set_threads(NULL);
     uint32_t peer;
     connect_retry(&d, ep, &peer);
     static uint32_t dst[BIG_N];
@@ -460,8 +478,8 @@ static void nixl__sender_killed_during_large_read_fails_cleanly(void **state)
     unlink(ep + 6);
     ev = t_wait(&d);
     tdm_kvx_stats s = t_stats(&d);
-    fprintf(stderr, "  killed after %llu of %llu bytes: event %u (%s)\n", (unsigned long long)(s.bytes_received - small),
-            (unsigned long long)BIG_N * T_LAYERS * 65536, ev.type, ev.reason);
+    fprintf(stderr, "  %s copying threads: killed after %llu of %llu bytes: event %u (%s)\n", threads ? threads : "default",
+            (unsigned long long)(s.bytes_received - small), (unsigned long long)BIG_N * T_LAYERS * 65536, ev.type, ev.reason);
     if (ev.type == TDM_KVX_EV_FAILED) {
         assert_int_equal(ev.status, TDM_E_PEER);
     } else {
@@ -469,6 +487,124 @@ static void nixl__sender_killed_during_large_read_fails_cleanly(void **state)
     }
     assert_int_equal(s.num_reserved_blocks, 0);
     assert_int_equal(s.num_recv_active, 0);
+    t_free(&d);
+}
+
+static void nixl__sender_killed_during_large_read_fails_cleanly(void **state)
+{
+    (void)state;
+    NEED_NIXL();
+    big_kill(NULL);
+}
+
+static void nixl__threads_sender_killed_during_large_read_fails_cleanly(void **state)
+{
+    (void)state;
+    NEED_NIXL();
+    big_kill("1");
+    big_kill("4");
+}
+
+/* 128 MiB of scattered 64 KiB blocks READ by `threads` copying threads, every byte checked. */
+static void big_pull(const char *threads, uint32_t kind)
+{
+    set_threads(threads);
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "bigpull");
+    pid_t pid = spawn(ep, "big");
+    eng d, ref;
+    big_decoder(&d, kind, 3000);
+    set_threads(NULL);
+    uint32_t peer;
+    connect_retry(&d, ep, &peer);
+    static uint32_t src[BIG_N], dst[BIG_N];
+    t_ids(src, BIG_N, BIG_BLOCKS, 55);
+    t_ids(dst, BIG_N, BIG_BLOCKS, 66);
+    tdm_kvx_recv_desc rd;
+    tdm_kvx_recv_desc_init(&rd);
+    rd.peer = peer;
+    rd.request_id = 1;
+    rd.num_blocks = BIG_N;
+    rd.block_ids = dst;
+    uint64_t h;
+    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    tdm_kvx_event ev = t_wait(&d);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("%s threads: event %u (%d): %s", threads, ev.type, ev.status, ev.reason);
+    tdm_kvx_config c;
+    t_config(&c, "ref", TDM_KVX_ROLE_BOTH, NULL);
+    c.transports = TDM_KVX_TRANSPORT_ZMQ;
+    c.max_chunk_bytes = 8u << 20;   /* a 64 KiB block must fit a chunk */
+    tdm_kv_layout l;
+    t_layout(&l, 1, T_LAYERS, BIG_BLOCKS, 16, 8, 128, TDM_DTYPE_FP16);
+    t_engine_cfg(&ref, &c, &l, 1234);   /* the child's cache */
+    assert_int_equal(t_compare(&ref, src, &d, dst, 0, BIG_N), 0);
+    tdm_kvx_stats s = t_stats(&d);
+    assert_true(s.chunks_read_nixl > 0);
+    assert_int_equal(s.num_reserved_blocks, 0);
+    reap_child(pid, 0);
+    t_free(&ref);
+    t_free(&d);
+}
+
+static void nixl__threads_large_direct_read_is_byte_exact(void **state)
+{
+    (void)state;
+    NEED_NIXL();
+    big_pull("1", 1);
+    big_pull("2", 1);
+    big_pull("4", 1);
+}
+
+static void nixl__threads_large_staged_read_is_byte_exact(void **state)
+{
+    (void)state;
+    NEED_NIXL();
+    big_pull("3", 2);   /* each 8 MiB slot READ cut into pieces across the threads */
+}
+
+/* Cancelled while 4 threads READ the 64 MiB of a 128 MiB transfer that are ready: the event
+ * comes once every READ of it has ended, so nothing lands in the receiver's cache afterwards. */
+static void nixl__threads_cancel_mid_read_lands_nothing_after(void **state)
+{
+    (void)state;
+    NEED_NIXL();
+    set_threads("4");
+    char ep[128];
+    t_ipc(ep, sizeof(ep), "bigcancel");
+    pid_t pid = spawn(ep, "bigcancel");
+    eng d;
+    big_decoder(&d, 1, 3000);
+    set_threads(NULL);
+    uint32_t peer;
+    connect_retry(&d, ep, &peer);
+    static uint32_t dst[BIG_N];
+    t_ids(dst, BIG_N, BIG_BLOCKS, 66);
+    tdm_kvx_recv_desc rd;
+    tdm_kvx_recv_desc_init(&rd);
+    rd.peer = peer;
+    rd.request_id = 1;
+    rd.num_blocks = BIG_N;
+    rd.block_ids = dst;
+    uint64_t h;
+    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    for (long i = 0; i < 100000000L && t_stats(&d).chunks_read_nixl == 0; i++) {}   /* the first chunk landed */
+    assert_int_equal(tdm_kvx_cancel(d.kvx, h), TDM_OK);   /* half its blocks are ready: never done */
+    tdm_kvx_event ev = t_wait(&d);
+    tdm_kvx_stats s = t_stats(&d);
+    fprintf(stderr, "  cancelled after %llu bytes: event %u (%s)\n", (unsigned long long)s.bytes_received, ev.type,
+            ev.reason);
+    assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
+    assert_true(ev.num_blocks_done < BIG_N);
+    assert_int_equal(s.num_reserved_blocks, 0);
+    assert_int_equal(s.num_recv_active, 0);
+    size_t all = d.layer_bytes * T_LAYERS;
+    uint8_t *snap = malloc(all);
+    assert_non_null(snap);
+    memcpy(snap, d.mem, all);
+    t_sleep_ms(100);
+    assert_memory_equal(snap, d.mem, all);   /* no READ landed after the event */
+    free(snap);
+    reap_child(pid, 0);
     t_free(&d);
 }
 
@@ -490,6 +626,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(nixl__cancel_mid_transfer_releases_blocks),
         cmocka_unit_test(nixl__killed_sender_fails_transfer_and_releases_blocks),
         cmocka_unit_test(nixl__sender_killed_during_large_read_fails_cleanly),
+        cmocka_unit_test(nixl__threads_large_direct_read_is_byte_exact),
+        cmocka_unit_test(nixl__threads_large_staged_read_is_byte_exact),
+        cmocka_unit_test(nixl__threads_sender_killed_during_large_read_fails_cleanly),
+        cmocka_unit_test(nixl__threads_cancel_mid_read_lands_nothing_after),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -22,6 +22,7 @@ static char fake_path[1024];
 static long (*live_reqs)(void);
 static long (*last_descs)(void);
 static int (*last_cfg)(int *prog_thread, unsigned long long *delay_us);
+static int (*last_workers)(char *buf, size_t n);
 static uint32_t g_kind = 1;   /* the prefill cache's layout kind (duo_open) */
 
 static void clear_faults(void)
@@ -37,6 +38,7 @@ static int setup(void **state)
 {
     (void)state;
     clear_faults();
+    setenv("TANDEM_NIXL_THREADS", "1", 1);   /* the I/O thread's own READs; see copying_threads */
     return 0;
 }
 
@@ -350,6 +352,67 @@ static void nixl_fake__contiguous_blocks_coalesce(void **state)
     assert_int_equal(coalesce_case(1, src, dst, N), 2 * N * T_LAYERS);
 }
 
+/* With copying threads (TANDEM_NIXL_THREADS=3) the decode engine asks for one UCX worker
+ * per thread, direct and staged READs stay byte-exact, a READ error fails the transfer, a
+ * cancel waits for the running parts, and a bad count is refused; a prefill engine and
+ * TANDEM_NIXL_THREADS=1 ask for no workers. */
+static void nixl_fake__copying_threads(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    if (!last_workers) fail_msg("the fake lacks fake_nixl_last_workers");
+    char w[16];
+    const char *bad[] = { "0", "65", "2x" };
+    for (int i = 0; i < 3; i++) {
+        setenv("TANDEM_NIXL_THREADS", bad[i], 1);
+        tdm_kvx_config c;
+        t_config(&c, "fake-threads-bad", TDM_KVX_ROLE_DECODE, NULL);
+        c.transports = TP;
+        tdm_kvx *k = NULL;
+        assert_int_equal(tdm_kvx_create(&c, &k), TDM_E_CONFIG);
+        assert_non_null(strstr(tdm_kvx_errmsg(NULL), "TANDEM_NIXL_THREADS"));
+    }
+    const uint32_t roles[] = { TDM_KVX_ROLE_PREFILL, TDM_KVX_ROLE_DECODE };
+    const char *want[] = { "", "3" };
+    setenv("TANDEM_NIXL_THREADS", "3", 1);
+    for (int r = 0; r < 2; r++) {
+        tdm_kvx_config c;
+        t_config(&c, "fake-threads", roles[r], NULL);
+        c.transports = TP;
+        tdm_kvx *k = NULL;
+        assert_int_equal(tdm_kvx_create(&c, &k), TDM_OK);
+        last_workers(w, sizeof(w));
+        assert_string_equal(w, want[r]);
+        tdm_kvx_destroy(k);
+    }
+    nixl_fake__direct_and_staged_reads_are_byte_exact(state);
+    nixl_fake__head_split_and_block_size_convert(state);
+    fault("FAKE_NIXL_STATUS_ERR", "1", TDM_E_PEER);
+    setenv("TANDEM_NIXL_THREADS", "3", 1);
+    fault("FAKE_NIXL_POST_ERR", "1", TDM_E_PEER);
+    setenv("TANDEM_NIXL_THREADS", "3", 1);
+    /* cancelled while parts run (each reports "in progress" 300 times): waited for, then
+     * every request released */
+    duo u;
+    duo_open(&u, NULL, 0, 0);
+    setenv("FAKE_NIXL_POLLS", "300", 1);
+    uint32_t src[N], dst[N];
+    t_ids(src, N, T_BLOCKS, 5);
+    t_ids(dst, N, T_BLOCKS, 6);
+    uint64_t sh;
+    uint64_t h = start(&u, src, N, N, dst, N, &sh);
+    for (int i = 0; i < 2000 && live_reqs() == 0; i++) t_sleep_ms(1);
+    int crc = tdm_kvx_cancel(u.d.kvx, h);
+    tdm_kvx_event ev = t_wait(&u.d);
+    if (crc == TDM_OK) assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
+    else assert_int_equal(ev.type, TDM_KVX_EV_DONE);   /* it ended first */
+    tdm_kvx_stats s = t_stats(&u.d);
+    assert_int_equal(s.num_reserved_blocks, 0);
+    assert_int_equal(s.num_recv_active, 0);
+    clear_faults();
+    duo_close(&u);   /* asserts no request is left */
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -363,6 +426,8 @@ int main(void)
         memcpy(&last_descs, &s, sizeof(s));
         s = dlsym(h, "fake_nixl_last_cfg");
         memcpy(&last_cfg, &s, sizeof(s));
+        s = dlsym(h, "fake_nixl_last_workers");
+        memcpy(&last_workers, &s, sizeof(s));
         setenv("TANDEM_NIXL_LIB", fake_path, 1);   /* the engine opens the same library */
     }
     if (!h || !live_reqs) fake_path[0] = '\0';
@@ -377,6 +442,7 @@ int main(void)
         cmocka_unit_test_setup(nixl_fake__no_backend_is_unsupported, setup),
         cmocka_unit_test_setup(nixl_fake__agent_progress_thread_configured, setup),
         cmocka_unit_test_setup(nixl_fake__contiguous_blocks_coalesce, setup),
+        cmocka_unit_test_setup(nixl_fake__copying_threads, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (h) dlclose(h);
