@@ -67,9 +67,17 @@ def fpm_env(monkeypatch, tmp_path):
     return types.SimpleNamespace(port=port, results=tmp_path / "bench.json")
 
 
+def configs(tiny_model, async_scheduling=False, **kw):
+    vc, kv = make_configs(tiny_model, **{**SCHED_KW, **kw})
+    # (vLLM 0.31's VllmConfig turns async scheduling off for this CPU config; EngineCore's
+    # batch queue is what the test drives, so the flag is set as an engine with it has it)
+    vc.scheduler_config.async_scheduling = async_scheduling
+    return vc, kv
+
+
 def build(tiny_model, benchmark=True, cls=None, **kw):
     from tandem.vllm.dynamo import TandemInstrumentedScheduler
-    vc, kv = make_configs(tiny_model, **{**SCHED_KW, **kw})
+    vc, kv = configs(tiny_model, **kw)
     if benchmark:
         vc.additional_config["benchmark"] = {"mode": "agg", "warmup_iterations": 2,
                                              "timeout": 60, "points": POINTS}
@@ -101,6 +109,39 @@ def run(s, reqs, add_at=3, max_steps=400):
                        pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()))
         if not vllm_step:
             tandem_trace.append((norm_so(so), norm_eco(eco)))
+    raise AssertionError("did not finish")
+
+
+def run_async(s, reqs, add_at=3, max_steps=400):
+    """The same under async scheduling, as EngineCore.step_with_batch_queue drives it (two
+    batches in flight: schedule N+1, then update N). Returns the trace of Tandem's steps
+    (each schedule() with the outputs of its own update) and the per-step owners."""
+    from collections import deque
+    tandem_trace, owners, queue = [], [], deque()
+    pool = s.kv_cache_manager.block_pool
+    st0 = s._tandem.sched.stats()
+    base = st0.num_total_blocks - st0.num_free_blocks
+    for step in range(max_steps):
+        if step == add_at:
+            for r in reqs:
+                s.add_request(r)
+        elif step > add_at and not s.has_requests() and not queue:
+            return tandem_trace, owners
+        if s.has_requests():
+            so = s.schedule()
+            entry = [norm_so(so), None]
+            if not getattr(so, "tandem_benchmark_step", False):
+                tandem_trace.append(entry)
+            queue.appendleft((so, fake_output(s, so), entry))
+            if len(queue) < 2 and (so.total_num_scheduled_tokens > 0 or s.has_requests()):
+                continue
+        elif not queue:
+            continue
+        so, out, entry = queue.pop()
+        entry[1] = norm_eco(s.update_from_output(so, out))
+        st = s._tandem.sched.stats()
+        owners.append((s.benchmark_running, st.num_total_blocks - st.num_free_blocks - base,
+                       pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()))
     raise AssertionError("did not finish")
 
 
@@ -315,3 +356,49 @@ def test_benchmark__aborting_a_held_request_during_the_benchmark(tiny_model, fpm
         assert json.loads(fpm_env.results.read_text())["coverage"]["completed_points"] == 3
     finally:
         s.shutdown()
+
+
+def test_benchmark__async_scheduling(tiny_model, fpm_env, monkeypatch):
+    """Async scheduling (EngineCore.step_with_batch_queue: schedule N+1 before update N):
+    the benchmark completes, the blocks change owner only once vLLM's last step that scheduled
+    tokens has been updated, and Tandem's steps equal an async TandemScheduler's."""
+    from collections import deque
+    from tandem.vllm import TandemScheduler
+    s = build(tiny_model, async_scheduling=True)
+    try:
+        assert s._tandem._async and s._tandem.tandem_config["async_scheduling"]
+        trace, owners = run_async(s, make_requests(**REQ_KW))
+    finally:
+        s.shutdown()
+    res = json.loads(fpm_env.results.read_text())
+    assert res["status"] == "complete" and res["coverage"]["completed_points"] == 3
+    for i, (run_, tandem_held, vllm_held) in enumerate(owners):
+        assert not (tandem_held and vllm_held), f"update {i}: both own blocks"
+        assert not run_ or tandem_held == 0, f"update {i}: Tandem allocated during the benchmark"
+    assert owners[-1][0] is False and trace
+
+    monkeypatch.delenv("DYN_FORWARDPASS_METRIC_PORT")
+    vc, kv = configs(tiny_model, async_scheduling=True)
+    ref = TandemScheduler(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=16,
+                          structured_output_manager=StructuredOutputManager(vc))
+    ref_trace, queue = [], deque()
+    try:
+        for r in make_requests(**REQ_KW):
+            ref.add_request(r)
+        for _ in range(400):
+            if not ref.has_requests() and not queue:
+                break
+            if ref.has_requests():
+                so = ref.schedule()
+                entry = [norm_so(so), None]
+                ref_trace.append(entry)
+                queue.appendleft((so, fake_output(ref, so), entry))
+                if len(queue) < 2 and (so.total_num_scheduled_tokens > 0 or ref.has_requests()):
+                    continue
+            elif not queue:
+                continue
+            so, out, entry = queue.pop()
+            entry[1] = norm_eco(ref.update_from_output(so, out))
+    finally:
+        ref.shutdown()
+    assert trace == ref_trace

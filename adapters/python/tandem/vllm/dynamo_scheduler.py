@@ -169,7 +169,10 @@ class TandemInstrumentedScheduler(InstrumentedScheduler):
         with self._vllm():
             so = super().schedule(throttle_prefills)
         setattr(so, _BENCH_TAG, True)
-        self._vllm_inflight += 1
+        # Only a step that scheduled tokens can write (or fence) vLLM's blocks; an empty one
+        # in flight (under async scheduling there always is one) does not delay the handover.
+        if so.total_num_scheduled_tokens > 0:
+            self._vllm_inflight += 1
         return so
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -177,7 +180,8 @@ class TandemInstrumentedScheduler(InstrumentedScheduler):
             return super().update_from_output(scheduler_output, model_runner_output)
         if not self._vllm_step(scheduler_output):
             return self._tandem.update_from_output(scheduler_output, model_runner_output)
-        self._vllm_inflight -= 1
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self._vllm_inflight -= 1
         with self._vllm():
             return super().update_from_output(scheduler_output, model_runner_output)
 
