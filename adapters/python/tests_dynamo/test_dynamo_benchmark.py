@@ -57,6 +57,18 @@ def fake_output(sched, so):
                              sampled_token_ids=sampled)
 
 
+def heartbeat(sub, timeout=10.0):
+    """Waits for the publisher's idle heartbeat: the subscription is live (a PUB socket drops
+    what it sends before a subscriber has joined)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if sub.sock.poll(100):
+            m = fpm.decode(sub.sock.recv_multipart()[2])
+            if m is not None and m.wall_time == 0.0:
+                return m
+    raise AssertionError("no heartbeat from the publisher")
+
+
 @pytest.fixture
 def fpm_env(monkeypatch, tmp_path):
     port = free_port()
@@ -195,7 +207,7 @@ def reference(tiny_model, monkeypatch, n_msgs):
     ref = TandemScheduler(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=16,
                           structured_output_manager=StructuredOutputManager(vc))
     sub = Sub(port)
-    time.sleep(0.3)
+    heartbeat(sub)
     try:
         trace = drive(ref, make_requests(**REQ_KW), token_fn=default_token)
         return trace, sub.take(n_msgs, timeout=5.0)
@@ -224,7 +236,7 @@ def test_benchmark__runs_then_tandem_schedules_the_real_requests(tiny_model, fpm
     from tandem.vllm import TandemScheduler
     sub = Sub(fpm_env.port)
     s = build(tiny_model)
-    time.sleep(0.3)
+    time.sleep(0.5)   # its publisher is paused: no heartbeat to wait for
     try:
         assert s.benchmark_running and s._bench_active
         assert s._tandem._fpm is s._recorder     # no second publisher, no second bind
@@ -263,6 +275,27 @@ def test_benchmark__runs_then_tandem_schedules_the_real_requests(tiny_model, fpm
     assert_same_as_reference(trace, msgs, ref_trace, ref_msgs)
 
 
+def retarget(s, worker_id):
+    """What Dynamo's snapshot restore does: worker_factory._sync_fpm_worker_id (when it imports
+    with this vLLM) asks the engine for its utility set_fpm_worker_id, here answered by
+    EngineCore's method on an engine holding the scheduler."""
+    import asyncio
+    from vllm.v1.engine.core import EngineCore
+    core = types.SimpleNamespace(scheduler=s)
+    try:
+        from dynamo.vllm.worker_factory import _sync_fpm_worker_id
+    except ImportError:
+        return EngineCore.set_fpm_worker_id(core, worker_id)
+
+    class Client:
+        async def call_utility_async(self, method, *args):
+            return getattr(EngineCore, method)(core, *args)
+
+    s.vllm_config.scheduler_config.scheduler_cls = CLS
+    asyncio.run(_sync_fpm_worker_id(types.SimpleNamespace(engine_core=Client()),
+                                    s.vllm_config, worker_id))
+
+
 def test_benchmark__set_fpm_worker_id_retargets_tandems_metrics(tiny_model, fpm_env):
     """Dynamo's snapshot mode builds the engine before the worker has its id and then calls
     EngineCore.set_fpm_worker_id (installed by dynamo.vllm.instrumented_scheduler), which
@@ -281,7 +314,7 @@ def test_benchmark__set_fpm_worker_id_retargets_tandems_metrics(tiny_model, fpm_
 
     sub = Sub(fpm_env.port)
     s = build(tiny_model, benchmark=False)
-    time.sleep(0.3)
+    heartbeat(sub)
     try:
         assert not s.benchmark_running
         for r in make_requests(2, num_tokens=20, max_tokens=2):
@@ -290,7 +323,7 @@ def test_benchmark__set_fpm_worker_id_retargets_tandems_metrics(tiny_model, fpm_
         s.update_from_output(so, fake_output(s, so))
         (_, first), = sub.take(1)
         assert first.worker_id == WORKER
-        EngineCore.set_fpm_worker_id(types.SimpleNamespace(scheduler=s), "restored-worker-9")
+        retarget(s, "restored-worker-9")
         while s.has_requests():
             so = s.schedule()
             s.update_from_output(so, fake_output(s, so))
@@ -298,14 +331,7 @@ def test_benchmark__set_fpm_worker_id_retargets_tandems_metrics(tiny_model, fpm_
         assert later and later[0][1].worker_id == "restored-worker-9"
         assert later[0][1].scheduled_requests.num_decode_requests == 2
         # the idle heartbeat (Dynamo's publisher thread) carries the new id too
-        end = time.monotonic() + 5
-        beat = None
-        while beat is None and time.monotonic() < end:
-            if sub.sock.poll(100):
-                m = fpm.decode(sub.sock.recv_multipart()[2])
-                if m.wall_time == 0.0:
-                    beat = m
-        assert beat is not None and beat.worker_id == "restored-worker-9"
+        assert heartbeat(sub).worker_id == "restored-worker-9"
     finally:
         sub.close()
         s.shutdown()
@@ -317,7 +343,7 @@ def test_benchmark__without_benchmark_mode_it_is_tandem_scheduler(tiny_model, fp
     forward-pass metrics equal a plain TandemScheduler's on the same requests."""
     sub = Sub(fpm_env.port)
     s = build(tiny_model, benchmark=False)
-    time.sleep(0.3)
+    heartbeat(sub)
     try:
         assert not s.benchmark_running and not s._bench_active
         assert s._tandem._fpm is s._recorder
