@@ -296,7 +296,8 @@ def retarget(s, worker_id):
                                     s.vllm_config, worker_id))
 
 
-def test_benchmark__set_fpm_worker_id_retargets_tandems_metrics(tiny_model, fpm_env):
+def test_benchmark__set_fpm_worker_id_retargets_tandems_metrics(tiny_model, fpm_env,
+                                                                monkeypatch):
     """Dynamo's snapshot mode builds the engine before the worker has its id and then calls
     EngineCore.set_fpm_worker_id (installed by dynamo.vllm.instrumented_scheduler), which
     refuses any scheduler that is not an InstrumentedScheduler: TandemScheduler's raises, this
@@ -304,8 +305,11 @@ def test_benchmark__set_fpm_worker_id_retargets_tandems_metrics(tiny_model, fpm_
     from vllm.v1.engine.core import EngineCore
     from tandem.vllm import TandemScheduler
     vc, kv = make_configs(tiny_model, **SCHED_KW)
-    plain = TandemScheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False, block_size=16,
-                            structured_output_manager=StructuredOutputManager(vc))
+    with monkeypatch.context() as m:     # its own publisher would take the test's port
+        m.delenv("DYN_FORWARDPASS_METRIC_PORT")
+        plain = TandemScheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False,
+                                block_size=16,
+                                structured_output_manager=StructuredOutputManager(vc))
     try:
         with pytest.raises(RuntimeError, match="not InstrumentedScheduler"):
             EngineCore.set_fpm_worker_id(types.SimpleNamespace(scheduler=plain), "w-1")
