@@ -2,7 +2,8 @@
 # vLLM worker, proved with Dynamo's own code (adapters/python/tests_dynamo), no GPU:
 # Tandem's KV events in Dynamo's radix tree, TandemScheduler's ForwardPassMetrics against
 # Dynamo's InstrumentedScheduler, TandemScheduler through dynamo.vllm's argument parser and
-# config builder, TandemConnector in Dynamo's disaggregated (NixlConnector) protocol.
+# config builder, TandemConnector in Dynamo's disaggregated (NixlConnector) protocol,
+# TandemInstrumentedScheduler through Dynamo's --benchmark-mode and set_fpm_worker_id.
 #
 # The virtualenv $(DYNAMO_VENV) is an overlay: a .pth file puts the site-packages of an
 # installed vLLM environment on its path (DYNAMO_BASE_PYTHON, default $(VLLM_VENV)'s python,

@@ -46,3 +46,20 @@ def test_fpm__on_without_dynamo_warns_and_publishes_nothing(tiny_model, monkeypa
         assert "dynamo package is not importable" in caplog.text
     finally:
         s.shutdown()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dynamo") is not None,
+                    reason="the dynamo package is installed here")
+def test_fpm__instrumented_scheduler_without_dynamo_is_a_clear_import_error():
+    """tandem.vllm.dynamo imports without Dynamo (the connector module path); its
+    TandemInstrumentedScheduler, a subclass of Dynamo's class, is an ImportError naming
+    ai-dynamo, raised where vLLM resolves --scheduler-cls."""
+    import tandem.vllm.dynamo as td
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    assert td.INSTRUMENTED_SCHEDULER_CLS == "tandem.vllm.dynamo.TandemInstrumentedScheduler"
+    with pytest.raises(ImportError, match="needs the ai-dynamo package"):
+        td.TandemInstrumentedScheduler
+    with pytest.raises(ImportError, match="use tandem.vllm.TandemScheduler"):
+        resolve_obj_by_qualname(td.INSTRUMENTED_SCHEDULER_CLS)
+    with pytest.raises(AttributeError):
+        td.NoSuchThing

@@ -8,8 +8,11 @@ Dynamo enables them (tandem/vllm/metrics.py). Dynamo 1.6.1 logs "InstrumentedSch
 be injected" whenever forward-pass metrics are on and any --scheduler-cls is given (the check in
 dynamo/vllm/args.py looks only at whether the flag is set); with TandemScheduler that line is
 stale: the metrics are published all the same. Its --benchmark-mode accepts only a class path
-containing "InstrumentedScheduler", whose self-benchmark drives vLLM's own KV cache manager;
-TandemScheduler does not offer it (docs/adapters.md).
+containing "InstrumentedScheduler" (and raises a ValueError for TandemScheduler): for it, use
+`--scheduler-cls tandem.vllm.dynamo.TandemInstrumentedScheduler`, a subclass of Dynamo's
+InstrumentedScheduler that runs Dynamo's self-benchmark on vLLM's KV cache manager and then
+schedules all real traffic with Tandem (tandem/vllm/dynamo_scheduler.py; this module resolves
+the name lazily, so it imports without Dynamo).
 
 Connector: Dynamo's disaggregated handler knows a connector by its KVTransferConfig name
 (dynamo/vllm/kv_connector_protocols.py: NixlConnector, NeuronNixlConnector, MooncakeConnector,
@@ -39,7 +42,24 @@ from .connector import TandemConnector
 NixlConnector = TandemConnector
 
 SCHEDULER_CLS = "tandem.vllm.TandemScheduler"
+#: The --scheduler-cls for Dynamo's --benchmark-mode (and snapshot mode's set_fpm_worker_id).
+INSTRUMENTED_SCHEDULER_CLS = __name__ + ".TandemInstrumentedScheduler"
 CONNECTOR_MODULE = __name__
+
+
+def __getattr__(name):
+    if name == "TandemInstrumentedScheduler":
+        try:
+            import dynamo.vllm.instrumented_scheduler  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                "tandem.vllm.dynamo.TandemInstrumentedScheduler subclasses Dynamo's "
+                "InstrumentedScheduler and needs the ai-dynamo package "
+                f"(dynamo.vllm.instrumented_scheduler does not import: {e}); without Dynamo "
+                "use tandem.vllm.TandemScheduler") from e
+        from .dynamo_scheduler import TandemInstrumentedScheduler
+        return TandemInstrumentedScheduler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def kv_transfer_config(engine_id: str, listen: Optional[str] = None,
@@ -54,4 +74,5 @@ def kv_transfer_config(engine_id: str, listen: Optional[str] = None,
             "kv_role": kv_role, "engine_id": engine_id, "kv_connector_extra_config": extra}
 
 
-__all__ = ["NixlConnector", "TandemConnector", "kv_transfer_config", "SCHEDULER_CLS"]
+__all__ = ["NixlConnector", "TandemConnector", "kv_transfer_config", "SCHEDULER_CLS",
+           "INSTRUMENTED_SCHEDULER_CLS"]

@@ -222,21 +222,59 @@ class _Publisher:
         self._sock.close(linger=0)
 
 
-class ForwardPassMetricsPublisher:
+class ForwardPassMetricsRecorder:
     """Per-scheduler recorder: scheduled(so) after each schedule(), updated(so, requests)
-    after each update_from_output(), close() at shutdown."""
+    after each update_from_output(); each forward pass that scheduled tokens becomes one
+    ForwardPassMetrics (worker_id and dp_rank as this object holds them when the pass is
+    reported) handed to emit(msg). No socket: emit is the publisher's put (the publisher
+    below, or Dynamo's own when the scheduler is an InstrumentedScheduler, tandem/vllm/
+    dynamo_scheduler.py). emit must not block."""
 
-    def __init__(self, vllm_config, environ=None):
+    def __init__(self, vllm_config, emit, worker_id: str = ""):
         from dynamo.common import forward_pass_metrics as fpm_mod
-        env = os.environ if environ is None else environ
         self._fpm = fpm_mod
+        self._emit = emit
         self.dp_rank = dp_rank_of(vllm_config)
-        self.worker_id = str(env.get(ENV_WORKER_ID, ""))
-        self.port = fpm_port(vllm_config, env)
-        self.endpoint = f"tcp://*:{self.port}"
-        self._pub = _Publisher(fpm_mod, self.endpoint, self.worker_id, self.dp_rank)
+        self.worker_id = str(worker_id)
         self._sched_times: deque = deque()
         self._last_update = 0.0
+
+    def scheduled(self, so) -> None:
+        if so.total_num_scheduled_tokens > 0:
+            self._sched_times.append(time.monotonic())
+
+    def updated(self, so, requests) -> None:
+        if so.total_num_scheduled_tokens <= 0:
+            self._last_update = 0.0
+            return
+        now = time.monotonic()
+        t0 = self._sched_times.popleft() if self._sched_times else 0.0
+        if self._last_update > 0:
+            wall = now - self._last_update
+        else:
+            wall = now - t0 if t0 > 0 else 0.0
+        self._last_update = now
+        m = self._fpm
+        self._emit(m.ForwardPassMetrics(
+            worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=wall,
+            scheduled_requests=m.ScheduledRequestMetrics(**scheduled_metrics(so, requests)),
+            queued_requests=m.QueuedRequestMetrics(**queued_metrics(requests))))
+
+    def close(self) -> None:
+        pass
+
+
+class ForwardPassMetricsPublisher(ForwardPassMetricsRecorder):
+    """The recorder over Tandem's own PUB socket on Dynamo's FPM port (TandemScheduler under
+    Dynamo's switches); close() at shutdown."""
+
+    def __init__(self, vllm_config, environ=None):
+        env = os.environ if environ is None else environ
+        self.port = fpm_port(vllm_config, env)
+        self.endpoint = f"tcp://*:{self.port}"
+        super().__init__(vllm_config, None, str(env.get(ENV_WORKER_ID, "")))
+        self._pub = _Publisher(self._fpm, self.endpoint, self.worker_id, self.dp_rank)
+        self._emit = self._pub.put
         logger.info("TandemScheduler: forward-pass metrics on %s (worker_id=%r, dp_rank=%d)",
                     self.endpoint, self.worker_id, self.dp_rank)
 
@@ -258,27 +296,6 @@ class ForwardPassMetricsPublisher:
     def dropped(self) -> int:
         """Messages dropped because the queue was full or the socket would block."""
         return self._pub.dropped
-
-    def scheduled(self, so) -> None:
-        if so.total_num_scheduled_tokens > 0:
-            self._sched_times.append(time.monotonic())
-
-    def updated(self, so, requests) -> None:
-        if so.total_num_scheduled_tokens <= 0:
-            self._last_update = 0.0
-            return
-        now = time.monotonic()
-        t0 = self._sched_times.popleft() if self._sched_times else 0.0
-        if self._last_update > 0:
-            wall = now - self._last_update
-        else:
-            wall = now - t0 if t0 > 0 else 0.0
-        self._last_update = now
-        m = self._fpm
-        self._pub.put(m.ForwardPassMetrics(
-            worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=wall,
-            scheduled_requests=m.ScheduledRequestMetrics(**scheduled_metrics(so, requests)),
-            queued_requests=m.QueuedRequestMetrics(**queued_metrics(requests))))
 
     def close(self) -> None:
         self._pub.close()

@@ -116,7 +116,7 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
                  block_size: int, hash_block_size: Optional[int] = None, mm_registry=None,
                  include_finished_set: bool = False, log_stats: bool = False,
-                 tandem_config: Optional[dict] = None) -> None:
+                 tandem_config: Optional[dict] = None, fpm_recorder=None) -> None:
         self.vllm_config = vllm_config
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
@@ -196,9 +196,12 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         self._hash_size = _hash_size(vllm_config, block_size, hash_block_size)
         self._nhash: dict[int, int] = {}
         self._pcs = PrefixCacheStats() if log_stats else None
-        # Dynamo's forward-pass metrics, when Dynamo enables them (tandem/vllm/metrics.py)
-        from .metrics import ForwardPassMetricsPublisher
-        self._fpm = ForwardPassMetricsPublisher.from_env(vllm_config)
+        # Dynamo's forward-pass metrics, when Dynamo enables them (tandem/vllm/metrics.py), or
+        # into the recorder given (TandemInstrumentedScheduler: Dynamo's own publisher)
+        if fpm_recorder is None:
+            from .metrics import ForwardPassMetricsPublisher
+            fpm_recorder = ForwardPassMetricsPublisher.from_env(vllm_config)
+        self._fpm = fpm_recorder
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
