@@ -440,28 +440,38 @@ static void big_decoder(eng *d, uint32_t kind, uint32_t peer_timeout_ms)
     t_engine_cfg(d, &c, &l, 99);
 }
 
+/* Starts the sender `mode` on a fresh ipc endpoint (`name`), a decode engine over the big
+ * cache with `threads` copying threads, connects them, and fills rd for request 1: all BIG_N
+ * blocks into dst (scattered, seed 66); ep gets the endpoint. Returns the sender's pid. */
+static pid_t big_start(eng *d, const char *threads, const char *name, const char *mode, uint32_t kind,
+                       uint32_t peer_timeout_ms, uint32_t *dst, tdm_kvx_recv_desc *rd, char ep[128])
+{
+    set_threads(threads);
+    t_ipc(ep, 128, name);
+    pid_t pid = spawn(ep, mode);
+    big_decoder(d, kind, peer_timeout_ms);
+    set_threads(NULL);
+    uint32_t peer;
+    connect_retry(d, ep, &peer);
+    t_ids(dst, BIG_N, BIG_BLOCKS, 66);
+    tdm_kvx_recv_desc_init(rd);
+    rd->peer = peer;
+    rd->request_id = 1;
+    rd->num_blocks = BIG_N;
+    rd->block_ids = dst;
+    return pid;
+}
+
 /* The sender dies 2 ms after its first chunk went out, while 128 MiB are being READ by
  * `threads` copying threads: whatever was in flight, the transfer ends cleanly (failed with
  * TDM_E_PEER, or done if it finished), every reservation released. */
 static void big_kill(const char *threads)
 {
-    set_threads(threads);
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "bigkill");
-    pid_t pid = spawn(ep, "bigdie");
     eng d;
-    big_decoder(&d, 1, 300);
-    set_threads(NULL);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
     static uint32_t dst[BIG_N];
-    t_ids(dst, BIG_N, BIG_BLOCKS, 66);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = BIG_N;
-    rd.block_ids = dst;
+    char ep[128];
+    pid_t pid = big_start(&d, threads, "bigkill", "bigdie", 1, 300, dst, &rd, ep);
     uint64_t h;
     rd.request_id = 2;   /* a small one first: the connection is up when the big one runs */
     rd.num_blocks = 4;
@@ -508,24 +518,12 @@ static void nixl__threads_sender_killed_during_large_read_fails_cleanly(void **s
 /* 128 MiB of scattered 64 KiB blocks READ by `threads` copying threads, every byte checked. */
 static void big_pull(const char *threads, uint32_t kind)
 {
-    set_threads(threads);
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "bigpull");
-    pid_t pid = spawn(ep, "big");
     eng d, ref;
-    big_decoder(&d, kind, 3000);
-    set_threads(NULL);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
     static uint32_t src[BIG_N], dst[BIG_N];
-    t_ids(src, BIG_N, BIG_BLOCKS, 55);
-    t_ids(dst, BIG_N, BIG_BLOCKS, 66);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = BIG_N;
-    rd.block_ids = dst;
+    char ep[128];
+    pid_t pid = big_start(&d, threads, "bigpull", "big", kind, 3000, dst, &rd, ep);
+    t_ids(src, BIG_N, BIG_BLOCKS, 55);
     uint64_t h;
     assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
     tdm_kvx_event ev = t_wait(&d);
@@ -568,23 +566,11 @@ static void nixl__threads_cancel_mid_read_lands_nothing_after(void **state)
 {
     (void)state;
     NEED_NIXL();
-    set_threads("4");
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "bigcancel");
-    pid_t pid = spawn(ep, "bigcancel");
     eng d;
-    big_decoder(&d, 1, 3000);
-    set_threads(NULL);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
     static uint32_t dst[BIG_N];
-    t_ids(dst, BIG_N, BIG_BLOCKS, 66);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = BIG_N;
-    rd.block_ids = dst;
+    char ep[128];
+    pid_t pid = big_start(&d, "4", "bigcancel", "bigcancel", 1, 3000, dst, &rd, ep);
     uint64_t h;
     assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
     for (long i = 0; i < 100000000L && t_stats(&d).chunks_read_nixl == 0; i++) {}   /* the first chunk landed */
