@@ -13,6 +13,9 @@
  *            960 tokens) admitted and finished, max_tokens 1: nanoseconds per prompt block
  *            (hashing, prefix lookup, caching and scheduling together), and the same with
  *            prefix caching off (no hashing) as the baseline of that phase.
+ *            SCHED_BENCH_POLICY=priority|slo|slo_adaptive runs it under that policy (the waiting
+ *            queue a heap; TTFT 2 s and TPOT 50 ms SLOs, half the requests with a priority or
+ *            flagged TDM_REQ_SLO_DEPRIORITIZE) instead of FCFS (with SCHED_BENCH_ONLY=mixed).
  *   steady_allocs  heap allocations during the timed decode cycles: the library's own count
  *            (tdm__alloc_count) plus every libc malloc/calloc/realloc of the process (this file
  *            interposes them and forwards to glibc's __libc_* entry points).
@@ -105,6 +108,7 @@ typedef struct host {
     double t_lib;            /* seconds spent in step + update */
     double t_step, t_update; /* the same, split */
     double t_add;            /* seconds spent in tdm_sched_add (prompt digests are made there) */
+    int slo;                 /* SCHED_BENCH_POLICY set: requests get priorities, SLOs, flags */
 } host;
 
 static void host_init(host *h, tdm_sched *s, uint32_t cap, uint32_t max_entries)
@@ -140,6 +144,11 @@ static void host_add(host *h, uint32_t id, const tdm_token *prompt, uint32_t n, 
     d.num_prompt_tokens = n;
     d.max_tokens = max_tokens;
     d.arrival_time = h->clock;
+    if (h->slo) {
+        d.priority = (int32_t)(id % 3);
+        d.ttft_slo = (id & 1) ? 2.0 : 0.0;
+        d.flags = (id & 2) ? TDM_REQ_SLO_DEPRIORITIZE : 0;
+    }
     double t0 = now_s();
     CHECK(tdm_sched_add(h->s, &d), h->s);
     h->t_add += now_s() - t0;
@@ -291,13 +300,17 @@ static double bench_mixed(const char *algo, double *add_out)
 {
     const uint32_t running = 1024, waiting = 10000, cycles = 270, warm = 400;
     const uint32_t cap = running + waiting + 64 * (warm + cycles) + 4096;
-    char json[512];
+    const char *policy = getenv("SCHED_BENCH_POLICY");
+    char json[640];
     snprintf(json, sizeof(json), "{\"max_num_seqs\": 1024, \"max_num_batched_tokens\": 8192,"
              " \"long_prefill_token_threshold\": 512, \"num_blocks\": 60000,"
-             " \"max_model_len\": 4096, \"block_size\": 16, \"prefix_hash\": \"%s\"}", algo);
+             " \"max_model_len\": 4096, \"block_size\": 16, \"prefix_hash\": \"%s\"%s%s%s}", algo,
+             policy ? ", \"slo_ttft_ms\": 2000, \"slo_tpot_ms\": 50, \"policy\": \"" : "",
+             policy ? policy : "", policy ? "\"" : "");
     tdm_sched *s = make_sched(json);
     host h;
     host_init(&h, s, cap, running);
+    h.slo = policy != NULL;
     enum { NPREFIX = 16, PREFIX_LEN = 256 };
     tdm_token prompt[PREFIX_LEN + 512];
     uint64_t rs = 12345;
@@ -337,10 +350,10 @@ static double bench_mixed(const char *algo, double *add_out)
     CHECK(tdm_sched_get_stats(s, &st), s);
     double us = median(per, CHUNKS);
     printf("mixed%-6s %8.1f us/cycle     (median of %d runs of %u cycles [%.1f .. %.1f]; step %.0f%%; now %u running, %u waiting; prefix hit rate %.2f;"
-           " %llu preemptions; %llu tdm allocs in the timed cycles: adds and admissions)\n",
+           " %llu preemptions; %llu tdm allocs in the timed cycles: adds and admissions; policy %s)\n",
            strcmp(algo, "sha256") ? "_xxh3" : "", us, CHUNKS, cycles / CHUNKS, per[0], per[CHUNKS - 1], 100.0 * h.t_step / (h.t_step + h.t_update),
            st.num_running, st.num_waiting, st.prefix_hit_rate, (unsigned long long)st.preemptions,
-           (unsigned long long)a_timed);
+           (unsigned long long)a_timed, policy ? policy : "fcfs");
     /* The adds of the timed cycles (one per finished request: as many as the admissions of a
      * steady state) carry the prompt digests, which steps no longer compute. */
     double add_us = h.t_add * 1e6 / cycles;
