@@ -3,8 +3,10 @@
  * request-id map (open addressing with backward-shift deletion) and the waiting queue (an
  * intrusive deque for FCFS, a binary heap ordered by the policy otherwise).
  */
+#include <stddef.h>
 #include <string.h>
 
+#include "heap.h"
 #include "sched_internal.h"
 
 /* ---- growable arrays ---- */
@@ -140,46 +142,16 @@ tdm__req *tdm__waiting_peek(const tdm_sched *s)
     return s->waiting.head;
 }
 
-static inline bool heap_less(const tdm_sched *s, const tdm__req *a, const tdm__req *b)
+/* The waiting heap's order: the policy's, ties by arrival, then add order. */
+static bool waiting_before(const void *ctx, const tdm__req *a, const tdm__req *b)
 {
-    int c = tdm__policy_compare(s, a, b);
+    int c = tdm__policy_compare(ctx, a, b);
     if (c) return c < 0;
-    if (a->arrival != b->arrival) return a->arrival < b->arrival; /* ties: arrival, then add order */
+    if (a->arrival != b->arrival) return a->arrival < b->arrival;
     return a->seq < b->seq;
 }
 
-static void heap_set(tdm_sched *s, uint32_t i, tdm__req *r)
-{
-    s->heap[i] = r;
-    r->heap_index = i;
-}
-
-static void heap_up(tdm_sched *s, uint32_t i)
-{
-    tdm__req *r = s->heap[i];
-    while (i > 0) {
-        uint32_t p = (i - 1) / 2;
-        if (!heap_less(s, r, s->heap[p])) break;
-        heap_set(s, i, s->heap[p]);
-        i = p;
-    }
-    heap_set(s, i, r);
-}
-
-static void heap_down(tdm_sched *s, uint32_t i)
-{
-    tdm__req *r = s->heap[i];
-    for (;;) {
-        uint32_t l = 2 * i + 1, m = l + 1, best = i;
-        tdm__req *bv = r;
-        if (l < s->heap_len && heap_less(s, s->heap[l], bv)) { best = l; bv = s->heap[l]; }
-        if (m < s->heap_len && heap_less(s, s->heap[m], bv)) { best = m; bv = s->heap[m]; }
-        if (best == i) break;
-        heap_set(s, i, bv);
-        i = best;
-    }
-    heap_set(s, i, r);
-}
+static const tdm__heap_order WAITING_ORDER = { waiting_before, offsetof(tdm__req, heap_index) };
 
 int tdm__heap_reserve(tdm_sched *s, uint32_t n)
 {
@@ -208,9 +180,7 @@ static int heap_push(tdm_sched *s, tdm__req *r)
     int rc = tdm__waiting_reserve(s, s->heap_len + 1);
     if (rc) return rc;
     if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_queued(s, r, true);
-    s->heap[s->heap_len] = r;
-    r->heap_index = s->heap_len++;
-    heap_up(s, r->heap_index);
+    tdm__heap_insert(&WAITING_ORDER, s, s->heap, &s->heap_len, r);
     return TDM_OK;
 }
 
@@ -218,11 +188,7 @@ static void heap_remove(tdm_sched *s, tdm__req *r)
 {
     uint32_t i = r->heap_index;
     if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_queued(s, r, false);
-    tdm__req *last = s->heap[--s->heap_len];
-    if (i == s->heap_len) return;
-    heap_set(s, i, last);
-    heap_up(s, i);
-    heap_down(s, last->heap_index);
+    tdm__heap_remove(&WAITING_ORDER, s, s->heap, &s->heap_len, i);
 }
 
 void tdm__waiting_pop(tdm_sched *s)

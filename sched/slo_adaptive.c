@@ -21,8 +21,10 @@
  * most once.
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
+#include "heap.h"
 #include "sched_internal.h"
 
 /* Safety margin on the TPOT target, the step cap without decodes (in TTFT targets: a step
@@ -82,38 +84,12 @@ void tdm__ad_set_key(tdm_sched *s, tdm__req *r)
 
 /* The longest-prefill heap (a max-heap by ad_qtok): the flagged waiting requests that are on
  * time and have no first token, the candidates of tdm__ad_arrived. */
-static void long_set(tdm_sched *s, uint32_t i, tdm__req *r)
+static bool long_before(const void *ctx, const tdm__req *a, const tdm__req *b)
 {
-    s->ad_long[i] = r;
-    r->ad_long_index = i;
+    return a->ad_qtok > b->ad_qtok;
 }
 
-static void long_up(tdm_sched *s, uint32_t i)
-{
-    tdm__req *r = s->ad_long[i];
-    while (i > 0) {
-        uint32_t p = (i - 1) / 2;
-        if (s->ad_long[p]->ad_qtok >= r->ad_qtok) break;
-        long_set(s, i, s->ad_long[p]);
-        i = p;
-    }
-    long_set(s, i, r);
-}
-
-static void long_down(tdm_sched *s, uint32_t i)
-{
-    tdm__req *r = s->ad_long[i];
-    for (;;) {
-        uint32_t l = 2 * i + 1, m = l + 1, best = i;
-        uint32_t bq = r->ad_qtok;
-        if (l < s->ad_long_len && s->ad_long[l]->ad_qtok > bq) best = l, bq = s->ad_long[l]->ad_qtok;
-        if (m < s->ad_long_len && s->ad_long[m]->ad_qtok > bq) best = m;
-        if (best == i) break;
-        long_set(s, i, s->ad_long[best]);
-        i = best;
-    }
-    long_set(s, i, r);
-}
+static const tdm__heap_order LONG_ORDER = { long_before, offsetof(tdm__req, ad_long_index) };
 
 /* r enters (in) or leaves the waiting heap: its key, and the queued prefill work. The caller
  * has reserved heap room, which is also the longest-prefill heap's. */
@@ -122,14 +98,8 @@ void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in)
     if (!in) {
         s->ad_wait_tokens -= r->ad_qtok;
         if (r->ad_in_long) {
-            uint32_t i = r->ad_long_index;
-            tdm__req *last = s->ad_long[--s->ad_long_len];
             r->ad_in_long = false;
-            if (i < s->ad_long_len) {
-                long_set(s, i, last);
-                long_up(s, i);
-                long_down(s, last->ad_long_index);
-            }
+            tdm__heap_remove(&LONG_ORDER, NULL, s->ad_long, &s->ad_long_len, r->ad_long_index);
         }
         r->ad_qtok = 0;
         return;
@@ -140,8 +110,7 @@ void tdm__ad_queued(tdm_sched *s, tdm__req *r, bool in)
     s->ad_wait_tokens += r->ad_qtok;
     if ((r->flags & TDM_REQ_SLO_DEPRIORITIZE) && r->first_token < 0 && isfinite(ttft_deadline(s, r))) {
         r->ad_in_long = true;
-        long_set(s, s->ad_long_len++, r);
-        long_up(s, r->ad_long_index);
+        tdm__heap_insert(&LONG_ORDER, NULL, s->ad_long, &s->ad_long_len, r);
     }
 }
 
