@@ -201,6 +201,7 @@ struct tdm_sched {
     double ad_out_sum;         /* outputs of finished requests, for the mean output length */
     uint64_t ad_out_n;
     double ad_soft;            /* this step's soft target (what decodes can recover) */
+    double ad_full;            /* this step's longest target every decode can recover in full */
     uint64_t ad_wait_tokens;   /* prefill tokens of the waiting requests not demoted */
     uint64_t ad_run_tokens;    /* prefill tokens left of the running partial prefills */
     double ad_rate;            /* prefill tokens per second of the backlogged steps, smoothed */

@@ -29,10 +29,13 @@
 
 /* Safety margin on the TPOT target, the step cap without decodes (in TTFT targets: a step
  * delays every arrival behind it), the fraction of the predicted recovery a longer step may
- * spend, and the starvation bound (in TTFT targets; seconds without one). */
+ * spend, the shortest step target (in margined TPOTs: decodes behind their schedule lose no
+ * more ground per token, and queued prefills still move), and the starvation bound (in TTFT
+ * targets; seconds without one). */
 #define AD_TPOT_MARGIN 0.95
 #define AD_CAP (1.0 / 6.0)
 #define AD_RECOVER_SHARE 0.5
+#define AD_FLOOR_TPOTS 1.0
 #define AD_STARVE_TTFTS 8.0
 #define AD_STARVE_DEFAULT_S 10.0
 /* The weight of one backlogged step in the smoothed prefill rate (about the last 20 steps:
@@ -247,7 +250,7 @@ void tdm__ad_arrived(tdm_sched *s, tdm__req *r)
  * the caller; INFINITY: no decode to protect). dec is the shape of the running decodes. */
 double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec)
 {
-    double hard = INFINITY, soft = INFINITY, floor = INFINITY;
+    double hard = INFINITY, soft = INFINITY, full = INFINITY, floor = INFINITY;
     double dstep = tdm__cost_estimate(s, dec) * s->ad_ratio; /* a decode-only step */
     double mout = mean_output(s);
     for (uint32_t i = 0; i < s->num_running; i++) {
@@ -261,28 +264,40 @@ double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec)
         double allow = r->first_token + k * g - now;          /* due time of the next token */
         /* expected outputs left: the mean output seen (at most max_tokens) less those out */
         double rem = TDM_MIN(mout, (double)r->max_tokens) - k;
-        double rec = rem > 0 && g > dstep ? rem * (g - dstep) * AD_RECOVER_SHARE : 0;
+        double rec = rem > 0 && g > dstep ? rem * (g - dstep) : 0;
         if (allow < hard) hard = allow;
-        if (allow + rec < soft) soft = allow + rec;
-        if (0.5 * g < floor) floor = 0.5 * g;
+        if (allow + rec * AD_RECOVER_SHARE < soft) soft = allow + rec * AD_RECOVER_SHARE;
+        if (allow + rec < full) full = allow + rec;
+        if (AD_FLOOR_TPOTS * g < floor) floor = AD_FLOOR_TPOTS * g;
     }
     if (!isfinite(hard)) { /* no decode to protect: a step still delays the next arrivals */
         double cap = (double)s->prm.slo_ttft_us * 1e-6 * AD_CAP;
-        s->ad_soft = INFINITY;
+        s->ad_soft = s->ad_full = INFINITY;
         return cap > 0 ? cap : INFINITY;
     }
     if (hard < floor) hard = floor;
     if (soft < hard) soft = hard;
+    if (full < soft) full = soft;
     s->ad_soft = soft;
+    s->ad_full = full;
     return hard;
+}
+
+/* The widened target for a step of `one` seconds that the most urgent prefill can use: all
+ * of it when every decode can recover it in full over its expected output (the TTFT is
+ * saved at no decode's expected TPOT), else what the soft target allows. */
+static double widened(const tdm_sched *s, double one)
+{
+    if (one <= s->ad_full) return one;
+    return one < s->ad_soft ? one : s->ad_soft;
 }
 
 /* Called before the first prefill of the step: when the most urgent prefill (the least-
  * slack running partial prefill, or the waiting head) would miss its TTFT at the pace the
- * target allows but can meet it within the soft target, raise the target to what it needs. */
+ * target allows, raise the target to what it needs, as far as the decodes allow. */
 double tdm__ad_widen(tdm_sched *s, double now, double target, const tdm_step_shape *sh)
 {
-    if (!isfinite(target) || s->ad_soft <= target) return target;
+    if (!isfinite(target) || s->ad_full <= target) return target;
     tdm__req *u = NULL;
     double best = INFINITY;
     uint64_t queued = s->ad_wait_tokens; /* prefill work that wants a TTFT */
@@ -306,7 +321,7 @@ double tdm__ad_widen(tdm_sched *s, double now, double target, const tdm_step_sha
     if (one <= target) return target;                           /* fits the pace anyway */
     double dstep = tdm__cost_estimate(s, sh) * s->ad_ratio;
     double per = target - dstep;                                /* prefill time per paced step */
-    if (per <= 0) return one < s->ad_soft ? one : s->ad_soft;
+    if (per <= 0) return widened(s, one);
     /* Paced, u's own prefill ends in ceil(need / per) steps, and the queued work (u's and
      * everyone's behind it) in ceil(all / per): widen when u would miss its deadline, or the
      * queue would not clear within u's TTFT target (the queue would grow). */
@@ -315,5 +330,5 @@ double tdm__ad_widen(tdm_sched *s, double now, double target, const tdm_step_sha
     double all = per_tok * (double)queued;
     if (now + ceil(need / per) * target <= best && ceil(all / per) * target <= tdm__ad_ttft(s, u))
         return target;
-    return one < s->ad_soft ? one : s->ad_soft; /* as much as the decodes allow */
+    return widened(s, one); /* as much as the decodes allow */
 }

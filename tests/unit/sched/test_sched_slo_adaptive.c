@@ -193,35 +193,39 @@ static uint32_t chunk_after(double slow, double lag)
     return n;
 }
 
-static void slo_adaptive__budget_shrinks_on_tpot_overrun_and_slow_steps(void **state)
+static void slo_adaptive__budget_follows_tpot_bank_overrun_and_slow_steps(void **state)
 {
     (void)state;
     /* on track: 2 ms + 0.1 ms + 10 us * n <= 23.75 ms -> n = 2165 */
     uint32_t on_track = chunk_after(1.0, 0.0);
     assert_in_range(on_track, FIT(G) - 10, FIT(G) + 1);
-    /* 10 ms late: the next token is due in 13.75 ms -> n = 1165 */
+    /* 10 ms ahead (banked): the next token is due in 33.75 ms -> n = 3165 */
+    uint32_t ahead = chunk_after(1.0, -0.010);
+    assert_in_range(ahead, FIT(G + 0.010) - 10, FIT(G + 0.010) + 1);
+    /* 10 ms late, and far behind (TPOT overrun): the floor, one target, so the decode loses
+     * no more ground per token and the prefill still moves -> n = 2165 */
     uint32_t late = chunk_after(1.0, 0.010);
-    assert_in_range(late, FIT(G - 0.010) - 10, FIT(G - 0.010) + 1);
-    /* far behind (TPOT overrun): the floor, half the target -> n = 977 */
+    assert_in_range(late, FIT(G) - 10, FIT(G) + 1);
     uint32_t overrun = chunk_after(1.0, 0.5);
-    assert_in_range(overrun, FIT(G / 2) - 10, FIT(G / 2) + 1);
+    assert_in_range(overrun, FIT(G) - 10, FIT(G) + 1);
     /* steps measured 2x their prediction: the target in cost-model time shrinks by the
      * smoothed ratio, 1 + (1 - 0.8^11) = 1.91 after eleven reports -> n = 1031 */
     uint32_t slow = chunk_after(2.0, 0.0);
     double ratio = 2.0 - 0.0859; /* 0.8^11 = 0.0859 */
     assert_in_range(slow, FIT(G / ratio) - 10, FIT(G / ratio) + 1);
-    assert_true(overrun < late && late < on_track && slow < on_track);
+    assert_true(slow < on_track && on_track < ahead);
 }
 
-/* A 3000-token prompt with a TTFT of `ttft` arrives next to a decode on track: at the paced
- * target (2165 tokens a step) it needs two steps, 47.5 ms. Returns its first chunk. */
-static uint32_t urgent_chunk(double ttft)
+/* An n-token prompt with a TTFT of `ttft` arrives next to a decode on track (11 tokens out
+ * of at most `decode_max`): at the paced target it moves 2165 tokens a step. Returns its
+ * first chunk. */
+static uint32_t urgent_chunk_next_to(uint32_t n, double ttft, uint32_t decode_max)
 {
     tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_batched_tokens\": 8192, \"num_blocks\": 2000,"
                         " \"enable_prefix_caching\": false}");
     tdm_batch b;
     tdm_batch_init(&b);
-    add(s, 1, 16, 1.0, 0, 0.025, 500, 0);
+    add(s, 1, 16, 1.0, 0, 0.025, decode_max, 0);
     assert_int_equal(tdm_sched_step(s, 1.0, &b), TDM_OK);
     double t = 1.0 + 0.00216;
     update(s, &b, t);
@@ -232,12 +236,18 @@ static uint32_t urgent_chunk(double ttft)
         update(s, &b, t);
     }
     double now = first + 10 * G;
-    add(s, 2, 3000, now, ttft, 0, 1, 0);
+    add(s, 2, n, now, ttft, 0, 1, 0);
     assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
     assert_int_equal(tokens_of(&b, 1), 1);
-    uint32_t n = tokens_of(&b, 2);
+    uint32_t chunk = tokens_of(&b, 2);
     tdm_sched_destroy(s);
-    return n;
+    return chunk;
+}
+
+/* A 3000-token prompt next to a long decode: paced, it needs two steps, 47.5 ms. */
+static uint32_t urgent_chunk(double ttft)
+{
+    return urgent_chunk_next_to(3000, ttft, 500);
 }
 
 /* The step widens past the TPOT pace only when that saves a TTFT the pace would miss, and
@@ -247,6 +257,20 @@ static void slo_adaptive__step_widens_to_save_an_urgent_ttft(void **state)
     (void)state;
     assert_in_range(urgent_chunk(1.0), FIT(G) - 10, FIT(G) + 1); /* the pace meets 1 s */
     assert_int_equal(urgent_chunk(0.040), 3000);                   /* 40 ms: all of it now */
+}
+
+/* A widening that every decode can recover in full over its expected output is taken whole;
+ * past that, only half the recovery (the soft target) is spent. The decode has 11 tokens out
+ * of `max` and recovers 23.75 - 2.1 = 21.65 ms a token; its next token is due in one target.
+ * A 7000-token prompt (72.1 ms alone with the decode) with an 80 ms TTFT misses paced (four
+ * steps, 95 ms). */
+static void slo_adaptive__widening_spends_a_full_recovery_only_whole(void **state)
+{
+    (void)state;
+    /* 3 tokens left: 64.95 ms to recover, the full target 88.7 ms >= 72.1: all of it */
+    assert_int_equal(urgent_chunk_next_to(7000, 0.080, 14), 7000);
+    /* 2 left: 43.3 ms, full 67.05 ms < 72.1: the soft target, 23.75 + 21.65 = 45.4 ms */
+    assert_in_range(urgent_chunk_next_to(7000, 0.080, 13), FIT(G + 0.02165) - 10, FIT(G + 0.02165) + 1);
 }
 
 /* With no decode to protect, a step is still capped at a sixth of the TTFT target (it
@@ -361,7 +385,7 @@ static void slo_adaptive__lost_flagged_decode_does_not_limit_steps(void **state)
         got[f] = tokens_of(&b, 2);
         tdm_sched_destroy(s);
     }
-    assert_in_range(got[0], FIT(G / 2) - 10, FIT(G / 2) + 1); /* the floor */
+    assert_in_range(got[0], FIT(G) - 10, FIT(G) + 1); /* the floor */
     assert_int_equal(got[1], 8000);    /* the whole budget (8192 less the decode) */
 }
 
@@ -454,8 +478,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(slo_adaptive__config_keys_round_trip),
         cmocka_unit_test(slo_adaptive__admits_least_laxity_first),
-        cmocka_unit_test(slo_adaptive__budget_shrinks_on_tpot_overrun_and_slow_steps),
+        cmocka_unit_test(slo_adaptive__budget_follows_tpot_bank_overrun_and_slow_steps),
         cmocka_unit_test(slo_adaptive__step_widens_to_save_an_urgent_ttft),
+        cmocka_unit_test(slo_adaptive__widening_spends_a_full_recovery_only_whole),
         cmocka_unit_test(slo_adaptive__step_without_decodes_is_capped_by_ttft),
         cmocka_unit_test(slo_adaptive__starvation_is_bounded),
         cmocka_unit_test(slo_adaptive__preemption_spares_requests_on_track),
