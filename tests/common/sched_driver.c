@@ -133,6 +133,17 @@ int tsd_add_desc(tdm_sched *s, tdm_request_desc *d)
     return tdm_sched_add(s, d);
 }
 
+void tsd_req_init(tsd_req *r, uint64_t id, uint32_t n, uint32_t max_tokens)
+{
+    assert_true(n <= TSD_REQ_MAX_PROMPT);
+    assert_int_equal(tdm_request_desc_init(&r->d), TDM_OK);
+    tsd_prompt(id, n, r->prompt);
+    r->d.id = id;
+    r->d.prompt = r->prompt;
+    r->d.num_prompt_tokens = n;
+    r->d.max_tokens = max_tokens;
+}
+
 int tsd_add_tokens(tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t n,
                    uint32_t max_tokens)
 {

@@ -58,6 +58,17 @@ int tsd_add_tokens(tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t 
 /* Add with a fully specified descriptor except id/prompt/max_tokens taken from the args. */
 int tsd_add_desc(tdm_sched *s, tdm_request_desc *d);
 
+/* A request descriptor that holds its own generated prompt (at most TSD_REQ_MAX_PROMPT
+ * tokens). tsd_req_init sets id, the prompt tsd_prompt(id, n) and max_tokens (the other fields
+ * as tdm_request_desc_init leaves them); the caller sets what else it needs in .d and adds it
+ * with tdm_sched_add(s, &r.d). Do not copy one: .d.prompt points into it. */
+#define TSD_REQ_MAX_PROMPT 256
+typedef struct tsd_req {
+    tdm_request_desc d;
+    tdm_token prompt[TSD_REQ_MAX_PROMPT];
+} tsd_req;
+void tsd_req_init(tsd_req *r, uint64_t id, uint32_t n, uint32_t max_tokens);
+
 /* The configured limits, read back with tdm_sched_get_param (for batch checks). */
 typedef struct tsd_limits {
     int64_t budget, max_seqs, block_size, num_blocks, max_model_len, lookahead;
