@@ -167,6 +167,37 @@ static inline tdm_kvx_event t_wait(eng *e)
     return ev;
 }
 
+/* Waits for one event and fails the test unless it is DONE. */
+static inline void t_wait_done(eng *e)
+{
+    tdm_kvx_event ev = t_wait(e);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
+}
+
+/* A send descriptor for request `req`: blocks ids[0..n), the first `ready` of them ready. */
+static inline void t_send_desc(tdm_kvx_send_desc *sd, uint64_t req, const uint32_t *ids, uint32_t n,
+                               uint32_t ready)
+{
+    tdm_kvx_send_desc_init(sd);
+    sd->request_id = req;
+    sd->num_blocks = n;
+    sd->block_ids = ids;
+    sd->num_blocks_ready = ready;
+}
+
+/* A receive descriptor for request `req` from `peer` into blocks ids[0..n), the first `skip`
+ * of them not transferred. */
+static inline void t_recv_desc(tdm_kvx_recv_desc *rd, uint32_t peer, uint64_t req, const uint32_t *ids,
+                               uint32_t n, uint32_t skip)
+{
+    tdm_kvx_recv_desc_init(rd);
+    rd->peer = peer;
+    rd->request_id = req;
+    rd->num_blocks = n;
+    rd->num_skip = skip;
+    rd->block_ids = ids;
+}
+
 static inline tdm_kvx_stats t_stats(eng *e)
 {
     tdm_kvx_stats st;
