@@ -25,6 +25,22 @@ static void load_ok(const char *path, tdm_sim_trace_opts *o, tdm_sim_trace *t)
     assert_int_equal(rc, 0);
 }
 
+/* Write text to the temporary file `name` (its path into p) and load it with the defaults. */
+static void load_tmp_ok(char *p, size_t n, const char *name, const char *text, tdm_sim_trace *t)
+{
+    write_tmp(p, n, name, text);
+    load_ok(p, NULL, t);
+}
+
+/* Loading path (options o, may be NULL) fails, the message holding `needle`. */
+static void load_fails(const char *path, tdm_sim_trace_opts *o, const char *needle)
+{
+    char err[TDM_SIM_ERRLEN] = "";
+    tdm_sim_trace t;
+    assert_int_equal(tdm_sim_trace_load(path, o, &t, err, sizeof err), -1);
+    if (!strstr(err, needle)) fail_msg("'%s' lacks '%s'", err, needle);
+}
+
 static void trace_load__azure_conv_all_rows(void **state)
 {
     (void)state;
@@ -178,10 +194,9 @@ static void trace_load__vidur_trace_keeps_its_arrivals(void **state)
 {
     (void)state;
     char p[256];
-    write_tmp(p, sizeof p, "vidur.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
-                                        "10.5,200,20\n10.0,100,10\n12.25,300,5\n");
     tdm_sim_trace t;
-    load_ok(p, NULL, &t);
+    load_tmp_ok(p, sizeof p, "vidur.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                                          "10.5,200,20\n10.0,100,10\n12.25,300,5\n", &t);
     assert_int_equal(t.n, 3);
     static const double AT[3] = {0.0, 0.5, 2.25};
     static const uint32_t PL[3] = {100, 200, 300};
@@ -195,14 +210,11 @@ static void trace_load__vidur_trace_keeps_its_arrivals(void **state)
     tdm_sim_trace_opts_init(&o);
     o.fmt = TDM_SIM_FMT_VIDUR;
     write_tmp(p, sizeof p, "vidur2.csv", "num_prefill_tokens,num_decode_tokens\n5,6\n");
-    char err[TDM_SIM_ERRLEN];
-    assert_int_equal(tdm_sim_trace_load(p, &o, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, "arrived_at,num_prefill_tokens,num_decode_tokens"));
+    load_fails(p, &o, "arrived_at,num_prefill_tokens,num_decode_tokens");
     write_tmp(p, sizeof p, "vidur3.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.1,5,6\nsoon,5,6\n");
-    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
     char want[300];
     snprintf(want, sizeof want, "%s:3:1: bad timestamp", p);
-    if (!strstr(err, want)) fail_msg("'%s' lacks '%s'", err, want);
+    load_fails(p, NULL, want);
     unlink(p);
 }
 
@@ -210,34 +222,30 @@ static void trace_load__slo_class_column_and_field(void **state)
 {
     (void)state;
     char p[256];
-    write_tmp(p, sizeof p, "cls.csv", "arrived_at,num_prefill_tokens,num_decode_tokens,slo_class\n"
-                                      "0,10,5,chat\n1,10,5,\n2,10,5,batch\n3,10,5,chat\n");
     tdm_sim_trace t;
-    load_ok(p, NULL, &t);
+    load_tmp_ok(p, sizeof p, "cls.csv", "arrived_at,num_prefill_tokens,num_decode_tokens,slo_class\n"
+                                        "0,10,5,chat\n1,10,5,\n2,10,5,batch\n3,10,5,chat\n", &t);
     assert_int_equal(t.n_slo, 2);
     assert_string_equal(t.slo_names[0], "chat");
     assert_string_equal(t.slo_names[1], "batch");
     static const uint32_t CL[4] = {1, 0, 2, 1};
     for (int i = 0; i < 4; i++) assert_int_equal(t.reqs[i].slo_class, CL[i]);
     tdm_sim_trace_free(&t);
-    write_tmp(p, sizeof p, "cls.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 9, \"output_tokens\": 3, \"slo_class\": \"chat\"}\n"
-                                        "{\"arrival_s\": 1, \"input_tokens\": 9, \"output_tokens\": 3}\n");
-    load_ok(p, NULL, &t);
+    load_tmp_ok(p, sizeof p, "cls.jsonl",
+                "{\"arrival_s\": 0, \"input_tokens\": 9, \"output_tokens\": 3, \"slo_class\": \"chat\"}\n"
+                "{\"arrival_s\": 1, \"input_tokens\": 9, \"output_tokens\": 3}\n", &t);
     assert_int_equal(t.n_slo, 1);
     assert_int_equal(t.reqs[0].slo_class, 1);
     assert_int_equal(t.reqs[1].slo_class, 0);
     tdm_sim_trace_free(&t);
     write_tmp(p, sizeof p, "cls2.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 9, \"output_tokens\": 3, \"slo_class\": 7}\n");
-    char err[TDM_SIM_ERRLEN];
-    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, ":1:57: \"slo_class\" must be a string"));
+    load_fails(p, NULL, ":1:57: \"slo_class\" must be a string");
     /* more classes than the table holds is an error, not a silent merge */
     char big[4096] = "num_prefill_tokens,num_decode_tokens,slo_class\n";
     for (int i = 0; i <= TDM_SIM_MAX_SLO_CLASSES; i++)
         snprintf(big + strlen(big), sizeof big - strlen(big), "5,5,c%d\n", i);
     write_tmp(p, sizeof p, "cls3.csv", big);
-    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, "more than 16 SLO classes"));
+    load_fails(p, NULL, "more than 16 SLO classes");
     unlink(p);
 }
 
@@ -360,10 +368,7 @@ static void trace_load__malformed_jsonl_names_line_and_column(void **state)
 static void trace_load__missing_file_is_an_error(void **state)
 {
     (void)state;
-    char err[TDM_SIM_ERRLEN];
-    tdm_sim_trace t;
-    assert_int_equal(tdm_sim_trace_load("/nonexistent/x.csv", NULL, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, "/nonexistent/x.csv"));
+    load_fails("/nonexistent/x.csv", NULL, "/nonexistent/x.csv");
 }
 
 static void trace_builtin__shares_system_prompts(void **state)
