@@ -66,11 +66,7 @@ static int child_main(const char *ep, const char *mode)
     if (!strcmp(mode, "runs")) run_ids(src, 0);
     int stream = !strcmp(mode, "stream"), stall = !strcmp(mode, "stall");
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 1;
-    sd.num_blocks = nreq;
-    sd.block_ids = src;
-    sd.num_blocks_ready = stream ? 0 : stall ? 2 : cancel ? nreq / 2 : nreq;   /* bigcancel: never done */
+    t_send_desc(&sd, 1, src, nreq, stream ? 0 : stall ? 2 : cancel ? nreq / 2 : nreq);   /* bigcancel: never done */
     uint64_t h;
     if (tdm_kvx_send(p.kvx, &sd, &h)) return 12;
     if (stall) for (;;) pause();
@@ -151,14 +147,10 @@ static int setup(void **state)
         if (nixl_missing(why_, sizeof(why_))) { skip(); }                              \
     } while (0)
 
+/* the child may not be listening or registered yet: 100 tries, 50 ms apart */
 static void connect_retry(eng *d, const char *ep, uint32_t *peer)
 {
-    int rc = TDM_E_TIMEOUT;
-    for (int i = 0; i < 100 && (rc == TDM_E_TIMEOUT || rc == TDM_E_STATE); i++) {
-        if (i) t_sleep_ms(50);
-        rc = tdm_kvx_connect(d->kvx, ep, NULL, peer);
-    }
-    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d->kvx));
+    t_connect_retry(d, ep, peer, 100, 50);
 }
 
 static void decoder(eng *d, const tdm_kv_layout *l, uint32_t head_offset, uint32_t peer_timeout_ms)
@@ -197,12 +189,7 @@ static void reap_child(pid_t pid, int want)
 static uint64_t recv_req(eng *d, uint32_t peer, uint32_t *dst, uint32_t n, uint32_t skip)
 {
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = n;
-    rd.num_skip = skip;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, peer, 1, dst, n, skip);
     uint64_t h;
     assert_int_equal(tdm_kvx_recv(d->kvx, &rd, &h), TDM_OK);
     return h;
@@ -244,12 +231,6 @@ static void wait_gone(pid_t pid, const char *ep)
     unlink(ep + 6);
 }
 
-static void wait_done(eng *d)
-{
-    tdm_kvx_event ev = t_wait(d);
-    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
-}
-
 /* No reservation and no receive left. */
 static void expect_released(const tdm_kvx_stats *s)
 {
@@ -266,7 +247,7 @@ static void recv_exact(pair *p, int runs, uint32_t skip, uint32_t *src, uint32_t
     t_ids(dst, N, T_BLOCKS, 66);
     if (runs) { run_ids(src, 0); run_ids(dst, 1); }
     recv_req(&p->d, p->peer, dst, N, skip);
-    wait_done(&p->d);
+    t_wait_done(&p->d);
     reference(ref);
     assert_int_equal(t_compare(ref, src, &p->d, dst, skip, N), 0);
 }
@@ -361,7 +342,7 @@ static void nixl__conversion_through_staging_rings(void **state)
     t_ids(src, N, T_BLOCKS, 55);
     t_ids(dst, N / 2, T_BLOCKS, 77);
     recv_req(d, p.peer, dst, N / 2, 0);
-    wait_done(d);
+    t_wait_done(d);
     reference(&ref);
     size_t row = (size_t)T_DIM * 2;
     for (uint32_t layer = 0; layer < T_LAYERS; layer++)
@@ -430,11 +411,7 @@ static void nixl__killed_sender_fails_transfer_and_releases_blocks(void **state)
     expect_released(&s);
     assert_int_equal(s.num_peers, 0);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = p.peer;
-    rd.request_id = 3;
-    rd.num_blocks = 4;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, p.peer, 3, dst, 4, 0);
     assert_int_equal(tdm_kvx_recv(p.d.kvx, &rd, &h), TDM_E_PEER);
     t_free(&p.d);
 }
@@ -473,11 +450,7 @@ static pid_t big_start(eng *d, const char *threads, const char *name, const char
     uint32_t peer;
     connect_retry(d, ep, &peer);
     t_ids(dst, BIG_N, BIG_BLOCKS, 66);
-    tdm_kvx_recv_desc_init(rd);
-    rd->peer = peer;
-    rd->request_id = 1;
-    rd->num_blocks = BIG_N;
-    rd->block_ids = dst;
+    t_recv_desc(rd, peer, 1, dst, BIG_N, 0);
     return pid;
 }
 

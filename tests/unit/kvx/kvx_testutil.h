@@ -167,6 +167,20 @@ static inline tdm_kvx_event t_wait(eng *e)
     return ev;
 }
 
+static inline void t_sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
+
+/* Connects e to ep, retrying while the peer is not listening (TIMEOUT) or not registered
+ * (STATE) yet: at most `tries` attempts, wait_ms apart. Fails the test on any other error. */
+static inline void t_connect_retry(eng *e, const char *ep, uint32_t *peer, int tries, int wait_ms)
+{
+    int rc = TDM_E_TIMEOUT;
+    for (int i = 0; i < tries && (rc == TDM_E_TIMEOUT || rc == TDM_E_STATE); i++) {
+        if (i) t_sleep_ms(wait_ms);
+        rc = tdm_kvx_connect(e->kvx, ep, NULL, peer);
+    }
+    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(e->kvx));
+}
+
 /* Waits for one event and fails the test unless it is DONE. */
 static inline void t_wait_done(eng *e)
 {
@@ -205,7 +219,5 @@ static inline tdm_kvx_stats t_stats(eng *e)
     assert_int_equal(tdm_kvx_get_stats(e->kvx, &st), TDM_OK);
     return st;
 }
-
-static inline void t_sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
 
 #endif /* KVX_TESTUTIL_H */
