@@ -128,6 +128,16 @@ void tsd_prompt(uint64_t id, uint32_t n, tdm_token *out)
         out[i] = (tdm_token)(1000 + (id * 7919u + (uint64_t)i * 31u) % 1000003u);
 }
 
+int tsd_desc(tdm_request_desc *d, uint64_t id, const tdm_token *prompt, uint32_t n, uint32_t max_tokens)
+{
+    int rc = tdm_request_desc_init(d);
+    d->id = id;
+    d->prompt = prompt;
+    d->num_prompt_tokens = n;
+    d->max_tokens = max_tokens;
+    return rc;
+}
+
 int tsd_add_desc(tdm_sched *s, tdm_request_desc *d)
 {
     return tdm_sched_add(s, d);
@@ -136,23 +146,15 @@ int tsd_add_desc(tdm_sched *s, tdm_request_desc *d)
 void tsd_req_init(tsd_req *r, uint64_t id, uint32_t n, uint32_t max_tokens)
 {
     assert_true(n <= TSD_REQ_MAX_PROMPT);
-    assert_int_equal(tdm_request_desc_init(&r->d), TDM_OK);
     tsd_prompt(id, n, r->prompt);
-    r->d.id = id;
-    r->d.prompt = r->prompt;
-    r->d.num_prompt_tokens = n;
-    r->d.max_tokens = max_tokens;
+    assert_int_equal(tsd_desc(&r->d, id, r->prompt, n, max_tokens), TDM_OK);
 }
 
 int tsd_add_tokens(tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t n,
                    uint32_t max_tokens)
 {
     tdm_request_desc d;
-    assert_int_equal(tdm_request_desc_init(&d), TDM_OK);
-    d.id = id;
-    d.prompt = prompt;
-    d.num_prompt_tokens = n;
-    d.max_tokens = max_tokens;
+    assert_int_equal(tsd_desc(&d, id, prompt, n, max_tokens), TDM_OK);
     d.arrival_time = (double)id * 1e-3;
     return tdm_sched_add(s, &d);
 }

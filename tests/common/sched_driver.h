@@ -50,6 +50,10 @@ int tsd_teardown(void **state);
  * (token i of id is 1000 + id * 7919 + i modulo a large prime, never EOS-like small ids). */
 void tsd_prompt(uint64_t id, uint32_t n, tdm_token *out);
 
+/* Initializes *d (tdm_request_desc_init) with id, prompt[0..n) and max_tokens; returns the
+ * status of tdm_request_desc_init. No assertion: usable from any thread. */
+int tsd_desc(tdm_request_desc *d, uint64_t id, const tdm_token *prompt, uint32_t n, uint32_t max_tokens);
+
 /* Add a request with the generated prompt; returns the status of tdm_sched_add. */
 int tsd_add(tdm_sched *s, uint64_t id, uint32_t num_prompt, uint32_t max_tokens);
 /* Add a request with an explicit prompt. */

@@ -127,11 +127,7 @@ static void kv_events__host_digests_come_back(void **state)
     uint8_t hh[2][16];
     for (int i = 0; i < 2; i++) memset(hh[i], 0xa0 + i, 16);
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = 4;
-    d.prompt = p;
-    d.num_prompt_tokens = 33;
-    d.max_tokens = 2;
+    tsd_desc(&d, 4, p, 33, 2);
     d.block_hashes = hh;
     d.num_block_hashes = 2;
     d.block_hash_size = 16;
