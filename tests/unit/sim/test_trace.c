@@ -25,6 +25,13 @@ static void load_ok(const char *path, tdm_sim_trace_opts *o, tdm_sim_trace *t)
     assert_int_equal(rc, 0);
 }
 
+/* load_ok, and the trace has exactly n requests. */
+static void load_rows(const char *path, tdm_sim_trace_opts *o, tdm_sim_trace *t, size_t n)
+{
+    load_ok(path, o, t);
+    assert_int_equal(t->n, n);
+}
+
 /* Write text to the temporary file `name` (its path into p) and load it with the defaults. */
 static void load_tmp_ok(char *p, size_t n, const char *name, const char *text, tdm_sim_trace *t)
 {
@@ -49,8 +56,7 @@ static void trace_load__azure_conv_all_rows(void **state)
     tdm_sim_trace t;
     tdm_sim_trace_opts o;
     tdm_sim_trace_opts_init(&o);
-    load_ok(p, &o, &t);
-    assert_int_equal(t.n, 19366);
+    load_rows(p, &o, &t, 19366);
     double in = 0, out = 0;
     for (size_t i = 0; i < t.n; i++) {
         in += t.reqs[i].prompt_len;
@@ -71,8 +77,7 @@ static void trace_load__azure_code_all_rows(void **state)
     char p[512];
     NEED_SHARED("traces/azure2023_code.csv", p);
     tdm_sim_trace t;
-    load_ok(p, NULL, &t);
-    assert_int_equal(t.n, 8819);
+    load_rows(p, NULL, &t, 8819);
     /* 57.3 minutes; the first gap: 18:17:03.9799600 -> 18:17:04.0319600 = 52 ms */
     assert_true(fabs(tdm_sim_trace_span(&t) / 60 - 57.3) < 0.1);
     assert_float_equal(t.reqs[1].arrival, 0.052, 1e-6);
@@ -90,8 +95,7 @@ static void trace_load__mooncake_hash_ids_give_equal_token_blocks(void **state)
     tdm_sim_trace_opts o;
     tdm_sim_trace_opts_init(&o);
     o.jitter_s = 0;
-    load_ok(p, &o, &t);
-    assert_int_equal(t.n, 12031);
+    load_rows(p, &o, &t, 12031);
     assert_int_equal(t.hash_block, 512);
     /* the first two rows share hash id 0 (block 0) and nothing else */
     assert_int_equal(t.reqs[0].prompt_len, 6758);
@@ -116,8 +120,7 @@ static void trace_load__mooncake_default_jitter_spreads_bins(void **state)
     char p[512];
     NEED_SHARED("traces/mooncake_fast25_synthetic_trace.jsonl", p);
     tdm_sim_trace t;
-    load_ok(p, NULL, &t);
-    assert_int_equal(t.n, 3993);
+    load_rows(p, NULL, &t, 3993);
     size_t zero = 0;
     for (size_t i = 1; i < t.n; i++) zero += t.reqs[i].arrival == t.reqs[i - 1].arrival;
     assert_true(zero < 10);
@@ -134,14 +137,12 @@ static void trace_load__length_files_get_poisson_arrivals(void **state)
     tdm_sim_trace_opts o;
     tdm_sim_trace_opts_init(&o);
     o.rate = 4.0;
-    load_ok(p, &o, &t);
-    assert_int_equal(t.n, 30731);
+    load_rows(p, &o, &t, 30731);
     double rate = (double)(t.n - 1) / tdm_sim_trace_span(&t);
     assert_true(fabs(rate - 4.0) < 0.1);
     tdm_sim_trace_free(&t);
     o.max_len = 0;
-    load_ok(q, &o, &t);
-    assert_int_equal(t.n, 28257);
+    load_rows(q, &o, &t, 28257);
     tdm_sim_trace_free(&t);
 }
 
@@ -285,8 +286,7 @@ static void trace_load__window_cap_scale_and_clip(void **state)
     o.window_end = 3;
     o.rate_scale = 2;
     o.max_len = 4096;
-    load_ok(path, &o, &t);
-    assert_int_equal(t.n, 2);
+    load_rows(path, &o, &t, 2);
     assert_float_equal(t.reqs[0].arrival, 0.0, 1e-12);
     assert_float_equal(t.reqs[1].arrival, 0.5, 1e-12);
     assert_int_equal(t.reqs[0].prompt_len + t.reqs[0].output_len, 4096);
@@ -297,8 +297,7 @@ static void trace_load__window_cap_scale_and_clip(void **state)
     o.window_start = 0;
     o.window_end = 0;
     o.max_requests = 3;
-    load_ok(path, &o, &t);
-    assert_int_equal(t.n, 3);
+    load_rows(path, &o, &t, 3);
     tdm_sim_trace_free(&t);
     unlink(path);
 }
