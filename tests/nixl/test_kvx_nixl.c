@@ -66,7 +66,8 @@ static int child_main(const char *ep, const char *mode)
     if (!strcmp(mode, "runs")) run_ids(src, 0);
     int stream = !strcmp(mode, "stream"), stall = !strcmp(mode, "stall");
     tdm_kvx_send_desc sd;
-    t_send_desc(&sd, 1, src, nreq, stream ? 0 : stall ? 2 : cancel ? nreq / 2 : nreq);   /* bigcancel: never done */
+    uint32_t ready = stream ? 0 : stall ? 2 : cancel ? nreq / 2 : nreq;   /* bigcancel: never done */
+    t_send_desc(&sd, 1, src, nreq, ready);
     uint64_t h;
     if (tdm_kvx_send(p.kvx, &sd, &h)) return 12;
     if (stall) for (;;) pause();
@@ -212,7 +213,8 @@ static void pair_start(pair *p, const char *name, const char *mode, const tdm_kv
     t_ipc(p->ep, sizeof(p->ep), name);
     p->pid = spawn(p->ep, mode);
     if (l) decoder(&p->d, l, head_offset, peer_timeout_ms);
-    else t_engine(&p->d, "plain-decode", TDM_KVX_ROLE_DECODE, NULL, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 99);
+    else t_engine(&p->d, "plain-decode", TDM_KVX_ROLE_DECODE, NULL,
+                  TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 99);
     connect_retry(&p->d, p->ep, &p->peer);
 }
 

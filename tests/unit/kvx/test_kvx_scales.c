@@ -208,7 +208,8 @@ static void scales__fp8_head_scales_requantized_into_a_slice(void **state)
         float ds = kv ? dv[l * 2 + h] : dk[l * 2 + h];
         for (uint32_t x = 0; x < D; x++) {
             uint8_t want = tdm_fp8_e4m3_from_float(tdm_fp8_e4m3_to_float(a[x]) * ss / ds);
-            if (b[x] != want) fail_msg("layer %u block %u kv %d h %u: %#x, want %#x", l, i, kv, h, b[x], want);
+            if (b[x] != want)
+                fail_msg("layer %u block %u kv %d h %u: %#x, want %#x", l, i, kv, h, b[x], want);
             if (b[x] != a[x]) changed++;
         }
     }

@@ -497,7 +497,8 @@ static int connect_to_fake(const char *shm, uint64_t size, char *why, size_t why
 
 /* A victim segment (size bytes, mode) named in a raw server's ACK offering ack_size bytes:
  * tdm_kvx_connect fails for `what`, the victim intact; then removed. */
-static void victim_in_ack_refused(const char *victim, size_t size, mode_t mode, uint64_t ack_size, const char *what)
+static void victim_in_ack_refused(const char *victim, size_t size, mode_t mode, uint64_t ack_size,
+                                  const char *what)
 {
     char why[256];
     victim_make(victim, size, mode);
