@@ -128,20 +128,33 @@ void tsd_prompt(uint64_t id, uint32_t n, tdm_token *out)
         out[i] = (tdm_token)(1000 + (id * 7919u + (uint64_t)i * 31u) % 1000003u);
 }
 
+int tsd_desc(tdm_request_desc *d, uint64_t id, const tdm_token *prompt, uint32_t n, uint32_t max_tokens)
+{
+    int rc = tdm_request_desc_init(d);
+    d->id = id;
+    d->prompt = prompt;
+    d->num_prompt_tokens = n;
+    d->max_tokens = max_tokens;
+    return rc;
+}
+
 int tsd_add_desc(tdm_sched *s, tdm_request_desc *d)
 {
     return tdm_sched_add(s, d);
+}
+
+void tsd_req_init(tsd_req *r, uint64_t id, uint32_t n, uint32_t max_tokens)
+{
+    assert_true(n <= TSD_REQ_MAX_PROMPT);
+    tsd_prompt(id, n, r->prompt);
+    assert_int_equal(tsd_desc(&r->d, id, r->prompt, n, max_tokens), TDM_OK);
 }
 
 int tsd_add_tokens(tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t n,
                    uint32_t max_tokens)
 {
     tdm_request_desc d;
-    assert_int_equal(tdm_request_desc_init(&d), TDM_OK);
-    d.id = id;
-    d.prompt = prompt;
-    d.num_prompt_tokens = n;
-    d.max_tokens = max_tokens;
+    assert_int_equal(tsd_desc(&d, id, prompt, n, max_tokens), TDM_OK);
     d.arrival_time = (double)id * 1e-3;
     return tdm_sched_add(s, &d);
 }
@@ -314,6 +327,27 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
     tsd_check(s);
 }
 
+/* One step output of m requests (ids, token offsets, tokens) at `now`, reported with
+ * tdm_sched_update (r, when given, initialized first); returns its status. */
+static int send_output(tdm_sched *s, uint32_t m, const uint64_t *ids, const uint32_t *offs,
+                       const tdm_token *toks, double now, tdm_update_result *r)
+{
+    tdm_step_output o;
+    memset(&o, 0, sizeof(o));
+    assert_int_equal(tdm_step_output_init(&o), TDM_OK);
+    o.num_reqs = m;
+    o.req_ids = ids;
+    o.token_offsets = offs;
+    o.tokens = toks;
+    o.now = now;
+    saw_now(now);
+    if (r) {
+        memset(r, 0, sizeof(*r));
+        assert_int_equal(tdm_update_result_init(r), TDM_OK);
+    }
+    return tdm_sched_update(s, &o, r);
+}
+
 void tsd_update(tdm_sched *s, const tdm_batch *b, tdm_token tok, double now,
                 tdm_update_result *r)
 {
@@ -340,20 +374,7 @@ void tsd_update(tdm_sched *s, const tdm_batch *b, tdm_token tok, double now,
         m++;
     }
     offs[m] = nt;
-    tdm_step_output o;
-    memset(&o, 0, sizeof(o));
-    assert_int_equal(tdm_step_output_init(&o), TDM_OK);
-    o.num_reqs = m;
-    o.req_ids = ids;
-    o.token_offsets = offs;
-    o.tokens = toks;
-    o.now = now;
-    saw_now(now);
-    if (r) {
-        memset(r, 0, sizeof(*r));
-        assert_int_equal(tdm_update_result_init(r), TDM_OK);
-    }
-    int rc = tdm_sched_update(s, &o, r);
+    int rc = send_output(s, m, ids, offs, toks, now, r);
     if (rc != TDM_OK) fail_msg("update -> %d: %s", rc, tdm_sched_errmsg(s));
     free(ids);
     free(offs);
@@ -365,20 +386,7 @@ int tsd_update_one(tdm_sched *s, uint64_t id, const tdm_token *toks, uint32_t n,
                    tdm_update_result *r)
 {
     uint32_t offs[2] = { 0, n };
-    tdm_step_output o;
-    memset(&o, 0, sizeof(o));
-    assert_int_equal(tdm_step_output_init(&o), TDM_OK);
-    o.num_reqs = 1;
-    o.req_ids = &id;
-    o.token_offsets = offs;
-    o.tokens = toks;
-    o.now = now;
-    saw_now(now);
-    if (r) {
-        memset(r, 0, sizeof(*r));
-        assert_int_equal(tdm_update_result_init(r), TDM_OK);
-    }
-    return tdm_sched_update(s, &o, r);
+    return send_output(s, 1, &id, offs, toks, now, r);
 }
 
 int tsd_run(tdm_sched *s, int max_steps, double *now)

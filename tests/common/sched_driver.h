@@ -50,6 +50,10 @@ int tsd_teardown(void **state);
  * (token i of id is 1000 + id * 7919 + i modulo a large prime, never EOS-like small ids). */
 void tsd_prompt(uint64_t id, uint32_t n, tdm_token *out);
 
+/* Initializes *d (tdm_request_desc_init) with id, prompt[0..n) and max_tokens; returns the
+ * status of tdm_request_desc_init. No assertion: usable from any thread. */
+int tsd_desc(tdm_request_desc *d, uint64_t id, const tdm_token *prompt, uint32_t n, uint32_t max_tokens);
+
 /* Add a request with the generated prompt; returns the status of tdm_sched_add. */
 int tsd_add(tdm_sched *s, uint64_t id, uint32_t num_prompt, uint32_t max_tokens);
 /* Add a request with an explicit prompt. */
@@ -57,6 +61,17 @@ int tsd_add_tokens(tdm_sched *s, uint64_t id, const tdm_token *prompt, uint32_t 
                    uint32_t max_tokens);
 /* Add with a fully specified descriptor except id/prompt/max_tokens taken from the args. */
 int tsd_add_desc(tdm_sched *s, tdm_request_desc *d);
+
+/* A request descriptor that holds its own generated prompt (at most TSD_REQ_MAX_PROMPT
+ * tokens). tsd_req_init sets id, the prompt tsd_prompt(id, n) and max_tokens (the other fields
+ * as tdm_request_desc_init leaves them); the caller sets what else it needs in .d and adds it
+ * with tdm_sched_add(s, &r.d). Do not copy one: .d.prompt points into it. */
+#define TSD_REQ_MAX_PROMPT 256
+typedef struct tsd_req {
+    tdm_request_desc d;
+    tdm_token prompt[TSD_REQ_MAX_PROMPT];
+} tsd_req;
+void tsd_req_init(tsd_req *r, uint64_t id, uint32_t n, uint32_t max_tokens);
 
 /* The configured limits, read back with tdm_sched_get_param (for batch checks). */
 typedef struct tsd_limits {

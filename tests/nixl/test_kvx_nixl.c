@@ -66,11 +66,8 @@ static int child_main(const char *ep, const char *mode)
     if (!strcmp(mode, "runs")) run_ids(src, 0);
     int stream = !strcmp(mode, "stream"), stall = !strcmp(mode, "stall");
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 1;
-    sd.num_blocks = nreq;
-    sd.block_ids = src;
-    sd.num_blocks_ready = stream ? 0 : stall ? 2 : cancel ? nreq / 2 : nreq;   /* bigcancel: never done */
+    uint32_t ready = stream ? 0 : stall ? 2 : cancel ? nreq / 2 : nreq;   /* bigcancel: never done */
+    t_send_desc(&sd, 1, src, nreq, ready);
     uint64_t h;
     if (tdm_kvx_send(p.kvx, &sd, &h)) return 12;
     if (stall) for (;;) pause();
@@ -151,14 +148,10 @@ static int setup(void **state)
         if (nixl_missing(why_, sizeof(why_))) { skip(); }                              \
     } while (0)
 
+/* the child may not be listening or registered yet: 100 tries, 50 ms apart */
 static void connect_retry(eng *d, const char *ep, uint32_t *peer)
 {
-    int rc = TDM_E_TIMEOUT;
-    for (int i = 0; i < 100 && (rc == TDM_E_TIMEOUT || rc == TDM_E_STATE); i++) {
-        if (i) t_sleep_ms(50);
-        rc = tdm_kvx_connect(d->kvx, ep, NULL, peer);
-    }
-    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d->kvx));
+    t_connect_retry(d, ep, peer, 100, 50);
 }
 
 static void decoder(eng *d, const tdm_kv_layout *l, uint32_t head_offset, uint32_t peer_timeout_ms)
@@ -170,13 +163,19 @@ static void decoder(eng *d, const tdm_kv_layout *l, uint32_t head_offset, uint32
     t_engine_off(d, &c, l, 99, head_offset);
 }
 
+/* The small cache's layout in arrangement `kind` (1: NHD as the sender's, 2: HND). */
+static void small_layout(tdm_kv_layout *l, uint32_t kind)
+{
+    t_layout(l, kind, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+}
+
 static void reference(eng *ref)
 {
     tdm_kvx_config c;
     t_config(&c, "ref", TDM_KVX_ROLE_BOTH, NULL);
     c.transports = TDM_KVX_TRANSPORT_ZMQ;
     tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    small_layout(&l, 1);
     t_engine_cfg(ref, &c, &l, 1234);
 }
 
@@ -191,47 +190,89 @@ static void reap_child(pid_t pid, int want)
 static uint64_t recv_req(eng *d, uint32_t peer, uint32_t *dst, uint32_t n, uint32_t skip)
 {
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = n;
-    rd.num_skip = skip;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, peer, 1, dst, n, skip);
     uint64_t h;
     assert_int_equal(tdm_kvx_recv(d->kvx, &rd, &h), TDM_OK);
     return h;
+}
+
+/* The two ends of a small transfer: the sender (child pid, endpoint ep) and the decode
+ * engine d, connected to it as `peer`. */
+typedef struct pair {
+    eng d;
+    pid_t pid;
+    uint32_t peer;
+    char ep[128];
+} pair;
+
+/* Starts the sender `mode` on a fresh ipc endpoint (`name`) and a decode engine over layout
+ * l (NULL: an engine without NIXL, ZeroMQ and shared memory only), and connects them. */
+static void pair_start(pair *p, const char *name, const char *mode, const tdm_kv_layout *l,
+                       uint32_t head_offset, uint32_t peer_timeout_ms)
+{
+    t_ipc(p->ep, sizeof(p->ep), name);
+    p->pid = spawn(p->ep, mode);
+    if (l) decoder(&p->d, l, head_offset, peer_timeout_ms);
+    else t_engine(&p->d, "plain-decode", TDM_KVX_ROLE_DECODE, NULL,
+                  TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 99);
+    connect_retry(&p->d, p->ep, &p->peer);
+}
+
+/* The sender exited with 0; the decode engine is freed. */
+static void pair_end(pair *p)
+{
+    reap_child(p->pid, 0);
+    t_free(&p->d);
+}
+
+/* The (killed) sender's process is gone and its endpoint removed. */
+static void wait_gone(pid_t pid, const char *ep)
+{
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    unlink(ep + 6);
+}
+
+/* No reservation and no receive left. */
+static void expect_released(const tdm_kvx_stats *s)
+{
+    assert_int_equal(s->num_reserved_blocks, 0);
+    assert_int_equal(s->num_recv_active, 0);
+}
+
+/* Receives request 1's N blocks (src: the sender's ids, seed 55; dst: scattered, seed 66; in
+ * runs when `runs`), the first `skip` of them not transferred, and checks the received blocks
+ * byte for byte against ref, the sender's cache rebuilt here. */
+static void recv_exact(pair *p, int runs, uint32_t skip, uint32_t *src, uint32_t *dst, eng *ref)
+{
+    t_ids(src, N, T_BLOCKS, 55);
+    t_ids(dst, N, T_BLOCKS, 66);
+    if (runs) { run_ids(src, 0); run_ids(dst, 1); }
+    recv_req(&p->d, p->peer, dst, N, skip);
+    t_wait_done(&p->d);
+    reference(ref);
+    assert_int_equal(t_compare(ref, src, &p->d, dst, skip, N), 0);
 }
 
 /* Same layouts: the receiver READs the sender's blocks straight into its own. */
 static void pull(const char *mode, uint32_t skip)
 {
     NEED_NIXL();
-    char ep[128];
-    t_ipc(ep, sizeof(ep), mode);
-    pid_t pid = spawn(ep, mode);
-    eng d, ref, before;
     tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    decoder(&d, &l, 0, 3000);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
+    small_layout(&l, 1);
+    pair p;
+    pair_start(&p, mode, mode, &l, 0, 3000);
+    eng *d = &p.d, ref, before;
     uint32_t src[N], dst[N];
-    t_ids(src, N, T_BLOCKS, 55);
-    t_ids(dst, N, T_BLOCKS, 66);
-    if (!strcmp(mode, "runs")) { run_ids(src, 0); run_ids(dst, 1); }
-    recv_req(&d, peer, dst, N, skip);
-    tdm_kvx_event ev = t_wait(&d);
-    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
-    reference(&ref);
-    assert_int_equal(t_compare(&ref, src, &d, dst, skip, N), 0);
+    recv_exact(&p, !strcmp(mode, "runs"), skip, src, dst, &ref);
     tdm_kvx_config c;
     t_config(&c, "before", TDM_KVX_ROLE_BOTH, NULL);
     c.transports = TDM_KVX_TRANSPORT_ZMQ;
     t_engine_cfg(&before, &c, &l, 99);
     if (skip) {
         /* the skipped prefix was not written: it still holds the receiver's own bytes */
-        assert_int_equal(t_compare(&before, dst, &d, dst, 0, skip), 0);
-        assert_int_not_equal(t_compare(&ref, src, &d, dst, 0, skip), 0);
+        assert_int_equal(t_compare(&before, dst, d, dst, 0, skip), 0);
+        assert_int_not_equal(t_compare(&ref, src, d, dst, 0, skip), 0);
     }
     /* no READ spilled past its blocks: every other block still holds the receiver's bytes */
     uint32_t other[T_BLOCKS], n_other = 0;
@@ -240,14 +281,13 @@ static void pull(const char *mode, uint32_t skip)
         for (uint32_t i = 0; i < N; i++) mine |= dst[i] == b;
         if (!mine) other[n_other++] = b;
     }
-    assert_int_equal(t_compare(&before, other, &d, other, 0, n_other), 0);
+    assert_int_equal(t_compare(&before, other, d, other, 0, n_other), 0);
     t_free(&before);
-    tdm_kvx_stats s = t_stats(&d);
+    tdm_kvx_stats s = t_stats(d);
     assert_true(s.chunks_read_nixl > 0);   /* the bytes came over NIXL */
     assert_int_equal(s.num_reserved_blocks, 0);
-    reap_child(pid, 0);
     t_free(&ref);
-    t_free(&d);
+    pair_end(&p);
 }
 
 static void nixl__direct_read_between_processes_is_byte_exact(void **state) { (void)state; pull("same", 0); }
@@ -263,27 +303,16 @@ static void nixl__other_block_arrangement_is_staged(void **state)
 {
     (void)state;
     NEED_NIXL();
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "hnd");
-    pid_t pid = spawn(ep, "same");
-    eng d, ref;
     tdm_kv_layout l;
-    t_layout(&l, 2, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    decoder(&d, &l, 0, 3000);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
+    small_layout(&l, 2);
+    pair p;
+    pair_start(&p, "hnd", "same", &l, 0, 3000);
+    eng ref;
     uint32_t src[N], dst[N];
-    t_ids(src, N, T_BLOCKS, 55);
-    t_ids(dst, N, T_BLOCKS, 66);
-    recv_req(&d, peer, dst, N, 0);
-    tdm_kvx_event ev = t_wait(&d);
-    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
-    reference(&ref);
-    assert_int_equal(t_compare(&ref, src, &d, dst, 0, N), 0);
-    assert_true(t_stats(&d).chunks_read_nixl > 0);
-    reap_child(pid, 0);
+    recv_exact(&p, 0, 0, src, dst, &ref);
+    assert_true(t_stats(&p.d).chunks_read_nixl > 0);
     t_free(&ref);
-    t_free(&d);
+    pair_end(&p);
 }
 
 /* A receiver that does not offer NIXL still gets the blocks (over ZeroMQ / shared memory). */
@@ -291,25 +320,14 @@ static void nixl__peer_without_nixl_falls_back(void **state)
 {
     (void)state;
     NEED_NIXL();
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "fallback");
-    pid_t pid = spawn(ep, "same");
-    eng d, ref;
-    t_engine(&d, "plain-decode", TDM_KVX_ROLE_DECODE, NULL, TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_SHM, 99);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
+    pair p;
+    pair_start(&p, "fallback", "same", NULL, 0, 0);
+    eng ref;
     uint32_t src[N], dst[N];
-    t_ids(src, N, T_BLOCKS, 55);
-    t_ids(dst, N, T_BLOCKS, 66);
-    recv_req(&d, peer, dst, N, 0);
-    tdm_kvx_event ev = t_wait(&d);
-    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
-    reference(&ref);
-    assert_int_equal(t_compare(&ref, src, &d, dst, 0, N), 0);
-    assert_int_equal(t_stats(&d).chunks_read_nixl, 0);
-    reap_child(pid, 0);
+    recv_exact(&p, 0, 0, src, dst, &ref);
+    assert_int_equal(t_stats(&p.d).chunks_read_nixl, 0);
     t_free(&ref);
-    t_free(&d);
+    pair_end(&p);
 }
 
 /* Receiver with twice the block size and one of the sender's two heads: staged READs, converted. */
@@ -317,107 +335,87 @@ static void nixl__conversion_through_staging_rings(void **state)
 {
     (void)state;
     NEED_NIXL();
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "conv");
-    pid_t pid = spawn(ep, "same");
-    eng d, ref;
     tdm_kv_layout l;
     t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS * 2, 1, T_DIM, TDM_DTYPE_FP16);
-    decoder(&d, &l, 1, 3000);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
+    pair p;
+    pair_start(&p, "conv", "same", &l, 1, 3000);
+    eng *d = &p.d, ref;
     uint32_t src[N], dst[N / 2];
     t_ids(src, N, T_BLOCKS, 55);
     t_ids(dst, N / 2, T_BLOCKS, 77);
-    recv_req(&d, peer, dst, N / 2, 0);
-    tdm_kvx_event ev = t_wait(&d);
-    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
+    recv_req(d, p.peer, dst, N / 2, 0);
+    t_wait_done(d);
     reference(&ref);
     size_t row = (size_t)T_DIM * 2;
     for (uint32_t layer = 0; layer < T_LAYERS; layer++)
         for (int kv = 0; kv < 2; kv++)
             for (uint32_t t = 0; t < N * T_BS; t++)
                 assert_memory_equal(t_row(&ref, layer, kv, src[t / T_BS], t % T_BS, 1),
-                                    t_row(&d, layer, kv, dst[t / (2 * T_BS)], t % (2 * T_BS), 0), row);
-    assert_true(t_stats(&d).chunks_read_nixl > 0);
-    reap_child(pid, 0);
+                                    t_row(d, layer, kv, dst[t / (2 * T_BS)], t % (2 * T_BS), 0), row);
+    assert_true(t_stats(d).chunks_read_nixl > 0);
     t_free(&ref);
-    t_free(&d);
+    pair_end(&p);
+}
+
+/* Starts a sender that makes 2 blocks of request 1 ready and stalls, and receives its N
+ * blocks into dst (seed 66); returns the receive's handle once the first bytes arrived. */
+static uint64_t stalled_recv(pair *p, const char *name, uint32_t peer_timeout_ms, uint32_t *dst)
+{
+    tdm_kv_layout l;
+    small_layout(&l, 1);
+    pair_start(p, name, "stall", &l, 0, peer_timeout_ms);
+    t_ids(dst, N, T_BLOCKS, 66);
+    uint64_t h = recv_req(&p->d, p->peer, dst, N, 0);
+    for (int i = 0; i < 2000 && t_stats(&p->d).bytes_received == 0; i++) t_sleep_ms(5);
+    assert_int_not_equal(t_stats(&p->d).bytes_received, 0);
+    return h;
+}
+
+static void kill_sender(pair *p)
+{
+    kill(p->pid, SIGKILL);
+    wait_gone(p->pid, p->ep);
 }
 
 static void nixl__cancel_mid_transfer_releases_blocks(void **state)
 {
     (void)state;
     NEED_NIXL();
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "cancel");
-    pid_t pid = spawn(ep, "stall");
-    eng d;
-    tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    decoder(&d, &l, 0, 3000);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
+    pair p;
     uint32_t dst[N];
-    t_ids(dst, N, T_BLOCKS, 66);
-    uint64_t h = recv_req(&d, peer, dst, N, 0);
-    for (int i = 0; i < 2000 && t_stats(&d).bytes_received == 0; i++) t_sleep_ms(5);
-    assert_int_not_equal(t_stats(&d).bytes_received, 0);
-    assert_int_equal(tdm_kvx_cancel(d.kvx, h), TDM_OK);
-    tdm_kvx_event ev = t_wait(&d);
+    uint64_t h = stalled_recv(&p, "cancel", 3000, dst);
+    assert_int_equal(tdm_kvx_cancel(p.d.kvx, h), TDM_OK);
+    tdm_kvx_event ev = t_wait(&p.d);
     assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
     assert_int_equal(ev.num_blocks_done, 2);
-    tdm_kvx_stats s = t_stats(&d);
-    assert_int_equal(s.num_reserved_blocks, 0);
-    assert_int_equal(s.num_recv_active, 0);
+    tdm_kvx_stats s = t_stats(&p.d);
+    expect_released(&s);
     assert_int_equal(s.num_peers, 1);   /* the peer is still there */
-    kill(pid, SIGKILL);
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    unlink(ep + 6);
-    t_free(&d);
+    kill_sender(&p);
+    t_free(&p.d);
 }
 
 static void nixl__killed_sender_fails_transfer_and_releases_blocks(void **state)
 {
     (void)state;
     NEED_NIXL();
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "kill");
-    pid_t pid = spawn(ep, "stall");
-    eng d;
-    tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    decoder(&d, &l, 0, 300);
-    uint32_t peer;
-    connect_retry(&d, ep, &peer);
+    pair p;
     uint32_t dst[N];
-    t_ids(dst, N, T_BLOCKS, 66);
-    uint64_t h = recv_req(&d, peer, dst, N, 0);
-    for (int i = 0; i < 2000 && t_stats(&d).bytes_received == 0; i++) t_sleep_ms(5);
-    assert_int_not_equal(t_stats(&d).bytes_received, 0);
-    assert_int_equal(t_stats(&d).num_reserved_blocks, N);
-    kill(pid, SIGKILL);
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    unlink(ep + 6);
-    tdm_kvx_event ev = t_wait(&d);
+    uint64_t h = stalled_recv(&p, "kill", 300, dst);
+    assert_int_equal(t_stats(&p.d).num_reserved_blocks, N);
+    kill_sender(&p);
+    tdm_kvx_event ev = t_wait(&p.d);
     assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
     assert_int_equal(ev.status, TDM_E_PEER);
     assert_int_equal(ev.handle, h);
     assert_int_equal(ev.num_blocks_done, 2);
-    tdm_kvx_stats s = t_stats(&d);
-    assert_int_equal(s.num_reserved_blocks, 0);
-    assert_int_equal(s.num_recv_active, 0);
+    tdm_kvx_stats s = t_stats(&p.d);
+    expect_released(&s);
     assert_int_equal(s.num_peers, 0);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 3;
-    rd.num_blocks = 4;
-    rd.block_ids = dst;
-    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_E_PEER);
-    t_free(&d);
+    t_recv_desc(&rd, p.peer, 3, dst, 4, 0);
+    assert_int_equal(tdm_kvx_recv(p.d.kvx, &rd, &h), TDM_E_PEER);
+    t_free(&p.d);
 }
 
 /* The copying threads of the engines created next (NULL: the library's default). */
@@ -454,11 +452,7 @@ static pid_t big_start(eng *d, const char *threads, const char *name, const char
     uint32_t peer;
     connect_retry(d, ep, &peer);
     t_ids(dst, BIG_N, BIG_BLOCKS, 66);
-    tdm_kvx_recv_desc_init(rd);
-    rd->peer = peer;
-    rd->request_id = 1;
-    rd->num_blocks = BIG_N;
-    rd->block_ids = dst;
+    t_recv_desc(rd, peer, 1, dst, BIG_N, 0);
     return pid;
 }
 
@@ -483,9 +477,7 @@ static void big_kill(const char *threads)
     rd.num_blocks = BIG_N;
     rd.block_ids = dst;   /* request 2 is done: its blocks are free again */
     assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    unlink(ep + 6);
+    wait_gone(pid, ep);
     ev = t_wait(&d);
     tdm_kvx_stats s = t_stats(&d);
     fprintf(stderr, "  %s copying threads: killed after %llu of %llu bytes: event %u (%s)\n", threads ? threads : "default",
@@ -495,8 +487,7 @@ static void big_kill(const char *threads)
     } else {
         assert_int_equal(ev.type, TDM_KVX_EV_DONE);   /* the kill came after the last READ */
     }
-    assert_int_equal(s.num_reserved_blocks, 0);
-    assert_int_equal(s.num_recv_active, 0);
+    expect_released(&s);
     t_free(&d);
 }
 
@@ -581,8 +572,7 @@ static void nixl__threads_cancel_mid_read_lands_nothing_after(void **state)
             ev.reason);
     assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
     assert_true(ev.num_blocks_done < BIG_N);
-    assert_int_equal(s.num_reserved_blocks, 0);
-    assert_int_equal(s.num_recv_active, 0);
+    expect_released(&s);
     size_t all = d.layer_bytes * T_LAYERS;
     uint8_t *snap = malloc(all);
     assert_non_null(snap);

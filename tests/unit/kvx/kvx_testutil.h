@@ -167,6 +167,51 @@ static inline tdm_kvx_event t_wait(eng *e)
     return ev;
 }
 
+static inline void t_sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
+
+/* Connects e to ep, retrying while the peer is not listening (TIMEOUT) or not registered
+ * (STATE) yet: at most `tries` attempts, wait_ms apart. Fails the test on any other error. */
+static inline void t_connect_retry(eng *e, const char *ep, uint32_t *peer, int tries, int wait_ms)
+{
+    int rc = TDM_E_TIMEOUT;
+    for (int i = 0; i < tries && (rc == TDM_E_TIMEOUT || rc == TDM_E_STATE); i++) {
+        if (i) t_sleep_ms(wait_ms);
+        rc = tdm_kvx_connect(e->kvx, ep, NULL, peer);
+    }
+    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(e->kvx));
+}
+
+/* Waits for one event and fails the test unless it is DONE. */
+static inline void t_wait_done(eng *e)
+{
+    tdm_kvx_event ev = t_wait(e);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u (%d): %s", ev.type, ev.status, ev.reason);
+}
+
+/* A send descriptor for request `req`: blocks ids[0..n), the first `ready` of them ready. */
+static inline void t_send_desc(tdm_kvx_send_desc *sd, uint64_t req, const uint32_t *ids, uint32_t n,
+                               uint32_t ready)
+{
+    tdm_kvx_send_desc_init(sd);
+    sd->request_id = req;
+    sd->num_blocks = n;
+    sd->block_ids = ids;
+    sd->num_blocks_ready = ready;
+}
+
+/* A receive descriptor for request `req` from `peer` into blocks ids[0..n), the first `skip`
+ * of them not transferred. */
+static inline void t_recv_desc(tdm_kvx_recv_desc *rd, uint32_t peer, uint64_t req, const uint32_t *ids,
+                               uint32_t n, uint32_t skip)
+{
+    tdm_kvx_recv_desc_init(rd);
+    rd->peer = peer;
+    rd->request_id = req;
+    rd->num_blocks = n;
+    rd->num_skip = skip;
+    rd->block_ids = ids;
+}
+
 static inline tdm_kvx_stats t_stats(eng *e)
 {
     tdm_kvx_stats st;
@@ -174,7 +219,5 @@ static inline tdm_kvx_stats t_stats(eng *e)
     assert_int_equal(tdm_kvx_get_stats(e->kvx, &st), TDM_OK);
     return st;
 }
-
-static inline void t_sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
 
 #endif /* KVX_TESTUTIL_H */

@@ -49,43 +49,51 @@ static void check_converted(eng *p, const uint32_t *src, eng *d, const uint32_t 
                     }
 }
 
+/* A prefill engine p (layout lp, seed 1) listening on a fresh endpoint `tag` (written to ep)
+ * and a decode engine d (layout ld, seed 2, heads from head_off of the sender's on). */
+static void two_engines(eng *p, eng *d, char ep[128], const char *tag, const tdm_kv_layout *lp,
+                        const tdm_kv_layout *ld, uint32_t head_off)
+{
+    t_ipc(ep, 128, tag);
+    tdm_kvx_config c;
+    t_config(&c, "p", TDM_KVX_ROLE_PREFILL, ep);
+    t_engine_off(p, &c, lp, 1, 0);
+    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
+    t_engine_off(d, &c, ld, 2, head_off);
+}
+
+/* Request `req`: p sends blocks src[0..ns) (the first `ready` of them ready) and d receives
+ * into dst[0..nd), skipping `skip`; *hs and *hr get the handles. */
+static void send_and_recv(eng *p, eng *d, uint32_t peer, uint64_t req, const uint32_t *src, uint32_t ns,
+                          uint32_t ready, const uint32_t *dst, uint32_t nd, uint32_t skip, uint64_t *hs,
+                          uint64_t *hr)
+{
+    tdm_kvx_send_desc sd;
+    t_send_desc(&sd, req, src, ns, ready);
+    assert_int_equal(tdm_kvx_send(p->kvx, &sd, hs), TDM_OK);
+    tdm_kvx_recv_desc rd;
+    t_recv_desc(&rd, peer, req, dst, nd, skip);
+    assert_int_equal(tdm_kvx_recv(d->kvx, &rd, hr), TDM_OK);
+}
+
 static void run(uint32_t dst_dtype, uint32_t dst_heads, uint32_t head_off)
 {
     char ep[128];
-    t_ipc(ep, sizeof(ep), "conv");
-    tdm_kvx_config c;
     tdm_kv_layout lp, ld;
     eng p, d;
-    t_config(&c, "p", TDM_KVX_ROLE_PREFILL, ep);
     t_layout(&lp, 1, L, NB, BS, 4, D, TDM_DTYPE_FP16);
-    t_engine_off(&p, &c, &lp, 1, 0);
-    fill_fp16(&p, 5);
-    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
     t_layout(&ld, 3, L, NB, BS, dst_heads, D, dst_dtype);
-    t_engine_off(&d, &c, &ld, 2, head_off);
+    two_engines(&p, &d, ep, "conv", &lp, &ld, head_off);
+    fill_fp16(&p, 5);
     uint32_t peer;
     int rc = tdm_kvx_connect(d.kvx, ep, NULL, &peer);
     if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d.kvx));
     uint32_t n = 9, src[NB], dst[NB];
     t_ids(src, n, NB, 3);
     t_ids(dst, n, NB, 4);
-    tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 1;
-    sd.num_blocks = n;
-    sd.block_ids = src;
-    sd.num_blocks_ready = n;
-    uint64_t h;
-    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_OK);
-    tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = n;
-    rd.block_ids = dst;
-    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
-    tdm_kvx_event ev = t_wait(&d);
-    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u: %s", ev.type, ev.reason);
+    uint64_t hs, hr;
+    send_and_recv(&p, &d, peer, 1, src, n, n, dst, n, 0, &hs, &hr);
+    t_wait_done(&d);
     check_converted(&p, src, &d, dst, n, head_off);
     assert_int_equal(t_wait(&p).type, TDM_KVX_EV_DONE);
     t_free(&d);
@@ -100,21 +108,18 @@ static void convert__heads_outside_the_sender_are_refused(void **state)
 {
     (void)state;
     char ep[128];
-    t_ipc(ep, sizeof(ep), "conv-bad");
-    tdm_kvx_config c;
     tdm_kv_layout lp, ld;
     eng p, d;
-    t_config(&c, "p", TDM_KVX_ROLE_PREFILL, ep);
     t_layout(&lp, 1, L, NB, BS, 4, D, TDM_DTYPE_FP16);
-    t_engine_off(&p, &c, &lp, 1, 0);
-    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
     t_layout(&ld, 1, L, NB, BS, 2, D, TDM_DTYPE_FP16);
-    t_engine_off(&d, &c, &ld, 2, 3);   /* heads [3,5) but the sender has [0,4) */
+    two_engines(&p, &d, ep, "conv-bad", &lp, &ld, 3);   /* heads [3,5) but the sender has [0,4) */
     uint32_t peer;
     assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_E_LAYOUT);
     assert_non_null(strstr(tdm_kvx_errmsg(d.kvx), "heads"));
     t_free(&d);
     t_layout(&ld, 1, L, NB, BS, 4, D * 2, TDM_DTYPE_FP16);
+    tdm_kvx_config c;
+    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
     t_engine_off(&d, &c, &ld, 2, 0);
     assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_E_LAYOUT);
     assert_non_null(strstr(tdm_kvx_errmsg(d.kvx), "head_dim"));
@@ -127,16 +132,11 @@ static void convert__heads_outside_the_sender_are_refused(void **state)
 static void reblock(uint32_t sbs, uint32_t dbs, uint32_t tokens, uint32_t skip, int streaming)
 {
     char ep[128];
-    t_ipc(ep, sizeof(ep), "reblock");
-    tdm_kvx_config c;
     tdm_kv_layout lp, ld;
     eng p, d;
-    t_config(&c, "p", TDM_KVX_ROLE_PREFILL, ep);
     t_layout(&lp, 1, L, NB, sbs, 2, D, TDM_DTYPE_FP16);
-    t_engine_off(&p, &c, &lp, 1, 0);
-    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
     t_layout(&ld, 3, L, NB, dbs, 2, D, TDM_DTYPE_FP16);
-    t_engine_off(&d, &c, &ld, 2, 0);
+    two_engines(&p, &d, ep, "reblock", &lp, &ld, 0);
     uint32_t peer;
     assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_OK);
     uint32_t ns = (tokens + sbs - 1) / sbs, nd = (tokens + dbs - 1) / dbs, src[NB], dst[NB];
@@ -148,22 +148,8 @@ static void reblock(uint32_t sbs, uint32_t dbs, uint32_t tokens, uint32_t skip, 
     tokens = ns * sbs < nd * dbs ? ns * sbs : nd * dbs;
     uint32_t last_t = tokens % dbs;   /* first untouched slot of the last dst block, if any */
     if (last_t) memcpy(tail, t_row(&d, 0, 1, dst[nd - 1], last_t, 0), row);
-    tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 5;
-    sd.num_blocks = ns;
-    sd.block_ids = src;
-    sd.num_blocks_ready = streaming ? 0 : ns;
     uint64_t hs, hr;
-    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &hs), TDM_OK);
-    tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 5;
-    rd.num_blocks = nd;
-    rd.num_skip = skip;
-    rd.block_ids = dst;
-    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &hr), TDM_OK);
+    send_and_recv(&p, &d, peer, 5, src, ns, streaming ? 0 : ns, dst, nd, skip, &hs, &hr);
     if (streaming) {
         for (uint32_t r = 1; r < ns; r += 3) {
             assert_int_equal(tdm_kvx_send_ready(p.kvx, hs, 0, L, r), TDM_OK);
@@ -171,8 +157,7 @@ static void reblock(uint32_t sbs, uint32_t dbs, uint32_t tokens, uint32_t skip, 
         }
         assert_int_equal(tdm_kvx_send_ready(p.kvx, hs, 0, L, ns), TDM_OK);
     }
-    tdm_kvx_event ev = t_wait(&d);
-    if (ev.type != TDM_KVX_EV_DONE) fail_msg("event %u: %s", ev.type, ev.reason);
+    t_wait_done(&d);
     assert_int_equal(t_wait(&p).type, TDM_KVX_EV_DONE);
     for (uint32_t l = 0; l < L; l++)
         for (int kv = 0; kv < 2; kv++)
@@ -193,34 +178,15 @@ static void reblock__unaligned_prefix_skip_fails_cleanly(void **state)
 {
     (void)state;
     char ep[128];
-    t_ipc(ep, sizeof(ep), "reblock-bad");
-    tdm_kvx_config c;
     tdm_kv_layout lp, ld;
     eng p, d;
-    t_config(&c, "p", TDM_KVX_ROLE_PREFILL, ep);
     t_layout(&lp, 1, L, NB, 8, 2, D, TDM_DTYPE_FP16);
-    t_engine_off(&p, &c, &lp, 1, 0);
-    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
     t_layout(&ld, 1, L, NB, 4, 2, D, TDM_DTYPE_FP16);
-    t_engine_off(&d, &c, &ld, 2, 0);
+    two_engines(&p, &d, ep, "reblock-bad", &lp, &ld, 0);
     uint32_t peer, src[4] = { 1, 2, 3, 4 }, dst[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
     assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_OK);
-    tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 1;
-    sd.num_blocks = 4;
-    sd.block_ids = src;
-    sd.num_blocks_ready = 4;
-    uint64_t h;
-    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_OK);
-    tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = 8;
-    rd.num_skip = 1;   /* 4 tokens: half a sender block */
-    rd.block_ids = dst;
-    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    uint64_t hs, hr;
+    send_and_recv(&p, &d, peer, 1, src, 4, 4, dst, 8, 1, &hs, &hr);   /* skip 4 tokens: half a sender block */
     tdm_kvx_event ev = t_wait(&d);
     assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
     assert_int_equal(ev.status, TDM_E_RANGE);
@@ -228,13 +194,7 @@ static void reblock__unaligned_prefix_skip_fails_cleanly(void **state)
     assert_int_equal(t_stats(&d).num_reserved_blocks, 0);
     /* 32 tokens held by the sender cannot fill 9 blocks of 4 */
     uint32_t dst9[9] = { 1, 2, 3, 4, 5, 6, 7, 8, 9 };
-    rd.num_skip = 0;
-    rd.num_blocks = 9;
-    rd.block_ids = dst9;
-    rd.request_id = 2;
-    sd.request_id = 2;
-    assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_OK);
-    assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
+    send_and_recv(&p, &d, peer, 2, src, 4, 4, dst9, 9, 0, &hs, &hr);
     ev = t_wait(&d);
     assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
     assert_non_null(strstr(ev.reason, "tokens"));

@@ -91,22 +91,14 @@ static void child(int server, const run *r, const char *ep, int ready_fd, int qu
     uint64_t h;
     if (server) {
         tdm_kvx_send_desc sd;
-        tdm_kvx_send_desc_init(&sd);
-        sd.request_id = 1;
-        sd.num_blocks = N;
-        sd.block_ids = ids;
-        sd.num_blocks_ready = N;
+        t_send_desc(&sd, 1, ids, N, N);
         if (tdm_kvx_send(e.kvx, &sd, &h)) _exit(24);
         if (write(ready_fd, "r", 1) != 1) _exit(25);
     } else {
         uint32_t peer;
         if (tdm_kvx_connect(e.kvx, ep, NULL, &peer) == TDM_OK) {   /* fails when the server died first */
             tdm_kvx_recv_desc rd;
-            tdm_kvx_recv_desc_init(&rd);
-            rd.peer = peer;
-            rd.request_id = 1;
-            rd.num_blocks = N;
-            rd.block_ids = ids;
+            t_recv_desc(&rd, peer, 1, ids, N, 0);
             if (tdm_kvx_recv(e.kvx, &rd, &h)) _exit(26);
         }
     }

@@ -90,6 +90,17 @@ static void msg__truncations_and_corruptions_are_safe(void **state)
     }
 }
 
+/* x encodes, but the decoder refuses what it wrote (TDM_E_PROTOCOL). */
+static void encoded_is_refused(const tdm__kvx_msg *x)
+{
+    uint8_t buf[TDM__KVX_MAX_HEADER + 8];
+    size_t len;
+    tdm__kvx_msg m;
+    char why[128];
+    assert_int_equal(tdm__kvx_msg_encode(x, buf, sizeof(buf), &len), TDM_OK);
+    assert_int_equal(tdm__kvx_msg_decode(buf, len, &m, why, sizeof(why)), TDM_E_PROTOCOL);
+}
+
 static void msg__bad_shapes_are_refused(void **state)
 {
     (void)state;
@@ -126,19 +137,16 @@ static void msg__bad_shapes_are_refused(void **state)
     x.layer_begin = x.layer_end = 3;
     x.block_count = 1;
     x.nbytes = 1;
-    assert_int_equal(tdm__kvx_msg_encode(&x, buf, sizeof(buf), &len), TDM_OK);
-    assert_int_equal(tdm__kvx_msg_decode(buf, len, &m, why, sizeof(why)), TDM_E_PROTOCOL);
+    encoded_is_refused(&x);
     tdm__kvx_msg_init(&x, TDM__KVX_XFER_REQ);
     x.mode = 1;
     x.num_blocks = 2;
     x.num_skip = 3;
-    assert_int_equal(tdm__kvx_msg_encode(&x, buf, sizeof(buf), &len), TDM_OK);
-    assert_int_equal(tdm__kvx_msg_decode(buf, len, &m, why, sizeof(why)), TDM_E_PROTOCOL);
+    encoded_is_refused(&x);
     tdm__kvx_msg_init(&x, TDM__KVX_FAIL);
     x.to_side = 1;
     x.status = 0;
-    assert_int_equal(tdm__kvx_msg_encode(&x, buf, sizeof(buf), &len), TDM_OK);
-    assert_int_equal(tdm__kvx_msg_decode(buf, len, &m, why, sizeof(why)), TDM_E_PROTOCOL);
+    encoded_is_refused(&x);
     /* a too-small output buffer */
     assert_int_equal(tdm__kvx_msg_encode(&x, buf, 4, &len), TDM_E_TRUNCATED);
     assert_int_equal(tdm__kvx_msg_decode(NULL, 0, &m, why, sizeof(why)), TDM_E_PROTOCOL);

@@ -47,6 +47,34 @@ static int setup(void **state)
         if (!fake_path[0]) { fprintf(stderr, "skipped: fake libnixl_capi not built\n"); skip(); } \
     } while (0)
 
+/* A config offering ZeroMQ and NIXL. */
+static void nixl_config(tdm_kvx_config *c, const char *id, uint32_t role)
+{
+    t_config(c, id, role, NULL);
+    c->transports = TP;
+}
+
+/* An engine with that config, which must be created. */
+static tdm_kvx *create_ok(const char *id, uint32_t role)
+{
+    tdm_kvx_config c;
+    nixl_config(&c, id, role);
+    tdm_kvx *k = NULL;
+    assert_int_equal(tdm_kvx_create(&c, &k), TDM_OK);
+    return k;
+}
+
+/* An engine with that config is refused with want_rc, the message naming `needle`. */
+static void create_refused(const char *id, uint32_t role, int want_rc, const char *needle)
+{
+    tdm_kvx_config c;
+    nixl_config(&c, id, role);
+    tdm_kvx *k = NULL;
+    assert_int_equal(tdm_kvx_create(&c, &k), want_rc);
+    assert_null(k);
+    assert_non_null(strstr(tdm_kvx_errmsg(NULL), needle));
+}
+
 typedef struct duo {
     eng p, d;
     uint32_t peer;
@@ -57,13 +85,12 @@ static void duo_open(duo *u, const tdm_kv_layout *dl, uint32_t head_offset, uint
 {
     t_ipc(u->ep, sizeof(u->ep), "nxfake");
     tdm_kvx_config c;
-    t_config(&c, "fake-prefill", TDM_KVX_ROLE_PREFILL, u->ep);
-    c.transports = TP;
+    nixl_config(&c, "fake-prefill", TDM_KVX_ROLE_PREFILL);
+    c.listen_endpoint = u->ep;
     tdm_kv_layout l;
     t_layout(&l, g_kind, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
     t_engine_cfg(&u->p, &c, &l, 1234);
-    t_config(&c, "fake-decode", TDM_KVX_ROLE_DECODE, NULL);
-    c.transports = TP;
+    nixl_config(&c, "fake-decode", TDM_KVX_ROLE_DECODE);
     if (xfer_timeout_ms) c.transfer_timeout_ms = xfer_timeout_ms;
     t_engine_off(&u->d, &c, dl ? dl : &l, 99, head_offset);
     char real[256];
@@ -83,21 +110,36 @@ static uint64_t start(duo *u, const uint32_t *src, uint32_t n_src, uint32_t read
                       uint64_t *send_h)
 {
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 1;
-    sd.num_blocks = n_src;
-    sd.block_ids = src;
-    sd.num_blocks_ready = ready;
+    t_send_desc(&sd, 1, src, n_src, ready);
     assert_int_equal(tdm_kvx_send(u->p.kvx, &sd, send_h), TDM_OK);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = u->peer;
-    rd.request_id = 1;
-    rd.num_blocks = n_dst;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, u->peer, 1, dst, n_dst, 0);
     uint64_t h;
     assert_int_equal(tdm_kvx_recv(u->d.kvx, &rd, &h), TDM_OK);
     return h;
+}
+
+/* start() for all N blocks, ready, between scattered ids (src seed 5, dst seed 6). */
+static uint64_t start_scattered(duo *u, uint32_t *src, uint32_t *dst)
+{
+    t_ids(src, N, T_BLOCKS, 5);
+    t_ids(dst, N, T_BLOCKS, 6);
+    uint64_t sh;
+    return start(u, src, N, N, dst, N, &sh);
+}
+
+/* Waits (up to 2 s) until a READ has been posted to the fake. */
+static void wait_read_posted(void)
+{
+    for (int i = 0; live_reqs() == 0 && i < 2000; i++) t_sleep_ms(1);
+}
+
+/* The receiver holds no reservation and no receive. */
+static void expect_released(duo *u)
+{
+    tdm_kvx_stats s = t_stats(&u->d);
+    assert_int_equal(s.num_reserved_blocks, 0);
+    assert_int_equal(s.num_recv_active, 0);
 }
 
 static void nixl_fake__direct_and_staged_reads_are_byte_exact(void **state)
@@ -110,10 +152,7 @@ static void nixl_fake__direct_and_staged_reads_are_byte_exact(void **state)
         t_layout(&hnd, 2, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
         duo_open(&u, staged ? &hnd : NULL, 0, 0);
         uint32_t src[N], dst[N];
-        t_ids(src, N, T_BLOCKS, 5);
-        t_ids(dst, N, T_BLOCKS, 6);
-        uint64_t sh;
-        start(&u, src, N, N, dst, N, &sh);
+        start_scattered(&u, src, dst);
         tdm_kvx_event ev = t_wait(&u.d);
         if (ev.type != TDM_KVX_EV_DONE) fail_msg("%s: %s", staged ? "staged" : "direct", ev.reason);
         assert_int_equal(t_wait(&u.p).type, TDM_KVX_EV_DONE);
@@ -153,10 +192,7 @@ static void fault(const char *var, const char *val, int want_status)
     duo_open(&u, NULL, 0, 0);
     setenv(var, val, 1);
     uint32_t src[N], dst[N];
-    t_ids(src, N, T_BLOCKS, 5);
-    t_ids(dst, N, T_BLOCKS, 6);
-    uint64_t sh;
-    uint64_t h = start(&u, src, N, N, dst, N, &sh);
+    uint64_t h = start_scattered(&u, src, dst);
     tdm_kvx_event ev = t_wait(&u.d);
     assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
     assert_int_equal(ev.handle, h);
@@ -164,10 +200,8 @@ static void fault(const char *var, const char *val, int want_status)
     assert_int_equal(ev.num_blocks_done, 0);
     ev = t_wait(&u.p);   /* the sender is told */
     assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
-    tdm_kvx_stats s = t_stats(&u.d);
-    assert_int_equal(s.num_reserved_blocks, 0);
-    assert_int_equal(s.num_recv_active, 0);
-    assert_int_equal(s.num_peers, 1);   /* one bad READ does not drop the peer */
+    expect_released(&u);
+    assert_int_equal(t_stats(&u.d).num_peers, 1);   /* one bad READ does not drop the peer */
     clear_faults();
     duo_close(&u);
 }
@@ -193,11 +227,8 @@ static void hung(int cancel)
     duo_open(&u, NULL, 0, cancel ? 0 : 300);
     setenv("FAKE_NIXL_POLLS", "1000000000", 1);
     uint32_t src[N], dst[N];
-    t_ids(src, N, T_BLOCKS, 5);
-    t_ids(dst, N, T_BLOCKS, 6);
-    uint64_t sh;
-    uint64_t h = start(&u, src, N, N, dst, N, &sh);
-    for (int i = 0; i < 2000 && live_reqs() == 0; i++) t_sleep_ms(1);
+    uint64_t h = start_scattered(&u, src, dst);
+    wait_read_posted();
     assert_true(live_reqs() > 0);   /* a READ is running */
     if (cancel) assert_int_equal(tdm_kvx_cancel(u.d.kvx, h), TDM_OK);
     tdm_kvx_event ev = t_wait(&u.d);
@@ -234,11 +265,8 @@ static void nixl_fake__release_refused_is_retried(void **state)
     setenv("FAKE_NIXL_POLLS", "1000000000", 1);
     setenv("FAKE_NIXL_RELEASE_BUSY", "2", 1);
     uint32_t src[N], dst[N];
-    t_ids(src, N, T_BLOCKS, 5);
-    t_ids(dst, N, T_BLOCKS, 6);
-    uint64_t sh;
-    uint64_t h = start(&u, src, N, N, dst, N, &sh);
-    for (int i = 0; i < 2000 && live_reqs() == 0; i++) t_sleep_ms(1);
+    uint64_t h = start_scattered(&u, src, dst);
+    wait_read_posted();
     assert_int_equal(tdm_kvx_cancel(u.d.kvx, h), TDM_OK);
     tdm_kvx_event ev = t_wait(&u.d);
     assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
@@ -252,13 +280,7 @@ static void nixl_fake__no_backend_is_unsupported(void **state)
     (void)state;
     NEED_FAKE();
     setenv("FAKE_NIXL_NO_BACKEND", "1", 1);
-    tdm_kvx_config c;
-    t_config(&c, "fake-nobackend", TDM_KVX_ROLE_DECODE, NULL);
-    c.transports = TP;
-    tdm_kvx *k = NULL;
-    assert_int_equal(tdm_kvx_create(&c, &k), TDM_E_UNSUPPORTED);
-    assert_null(k);
-    assert_non_null(strstr(tdm_kvx_errmsg(NULL), "UCX backend"));
+    create_refused("fake-nobackend", TDM_KVX_ROLE_DECODE, TDM_E_UNSUPPORTED, "UCX backend");
     clear_faults();
 }
 
@@ -279,11 +301,7 @@ static void nixl_fake__agent_progress_thread_configured(void **state)
         const uint32_t roles[] = { TDM_KVX_ROLE_PREFILL, TDM_KVX_ROLE_BOTH, TDM_KVX_ROLE_DECODE, TDM_KVX_ROLE_DECODE };
         for (int r = 0; r < 4; r++) {
             if (r == 3) setenv("TANDEM_NIXL_PROGRESS_THREAD", "1", 1);
-            tdm_kvx_config c;
-            t_config(&c, "fake-cfg", roles[r], NULL);
-            c.transports = TP;
-            tdm_kvx *k = NULL;
-            assert_int_equal(tdm_kvx_create(&c, &k), TDM_OK);
+            tdm_kvx *k = create_ok("fake-cfg", roles[r]);
             int prog = 0;
             unsigned long long us = 99;
             assert_true(last_cfg(&prog, &us));
@@ -296,13 +314,7 @@ static void nixl_fake__agent_progress_thread_configured(void **state)
     const char *bad[] = { "abc", "12x", "2000000" };
     for (int i = 0; i < 3; i++) {
         setenv("TANDEM_NIXL_PTHR_DELAY_US", bad[i], 1);
-        tdm_kvx_config c;
-        t_config(&c, "fake-cfg-bad", TDM_KVX_ROLE_DECODE, NULL);
-        c.transports = TP;
-        tdm_kvx *k = NULL;
-        assert_int_equal(tdm_kvx_create(&c, &k), TDM_E_CONFIG);
-        assert_null(k);
-        assert_non_null(strstr(tdm_kvx_errmsg(NULL), "TANDEM_NIXL_PTHR_DELAY_US"));
+        create_refused("fake-cfg-bad", TDM_KVX_ROLE_DECODE, TDM_E_CONFIG, "TANDEM_NIXL_PTHR_DELAY_US");
     }
     unsetenv("TANDEM_NIXL_PTHR_DELAY_US");
 }
@@ -365,22 +377,13 @@ static void nixl_fake__copying_threads(void **state)
     const char *bad[] = { "0", "65", "2x" };
     for (int i = 0; i < 3; i++) {
         setenv("TANDEM_NIXL_THREADS", bad[i], 1);
-        tdm_kvx_config c;
-        t_config(&c, "fake-threads-bad", TDM_KVX_ROLE_DECODE, NULL);
-        c.transports = TP;
-        tdm_kvx *k = NULL;
-        assert_int_equal(tdm_kvx_create(&c, &k), TDM_E_CONFIG);
-        assert_non_null(strstr(tdm_kvx_errmsg(NULL), "TANDEM_NIXL_THREADS"));
+        create_refused("fake-threads-bad", TDM_KVX_ROLE_DECODE, TDM_E_CONFIG, "TANDEM_NIXL_THREADS");
     }
     const uint32_t roles[] = { TDM_KVX_ROLE_PREFILL, TDM_KVX_ROLE_DECODE };
     const char *want[] = { "", "3" };
     setenv("TANDEM_NIXL_THREADS", "3", 1);
     for (int r = 0; r < 2; r++) {
-        tdm_kvx_config c;
-        t_config(&c, "fake-threads", roles[r], NULL);
-        c.transports = TP;
-        tdm_kvx *k = NULL;
-        assert_int_equal(tdm_kvx_create(&c, &k), TDM_OK);
+        tdm_kvx *k = create_ok("fake-threads", roles[r]);
         last_workers(w, sizeof(w));
         assert_string_equal(w, want[r]);
         tdm_kvx_destroy(k);
@@ -397,18 +400,13 @@ static void nixl_fake__copying_threads(void **state)
     duo_open(&u, NULL, 0, 0);
     setenv("FAKE_NIXL_POLLS", "300", 1);
     uint32_t src[N], dst[N];
-    t_ids(src, N, T_BLOCKS, 5);
-    t_ids(dst, N, T_BLOCKS, 6);
-    uint64_t sh;
-    uint64_t h = start(&u, src, N, N, dst, N, &sh);
-    for (int i = 0; i < 2000 && live_reqs() == 0; i++) t_sleep_ms(1);
+    uint64_t h = start_scattered(&u, src, dst);
+    wait_read_posted();
     int crc = tdm_kvx_cancel(u.d.kvx, h);
     tdm_kvx_event ev = t_wait(&u.d);
     if (crc == TDM_OK) assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
     else assert_int_equal(ev.type, TDM_KVX_EV_DONE);   /* it ended first */
-    tdm_kvx_stats s = t_stats(&u.d);
-    assert_int_equal(s.num_reserved_blocks, 0);
-    assert_int_equal(s.num_recv_active, 0);
+    expect_released(&u);
     clear_faults();
     duo_close(&u);   /* asserts no request is left */
 }

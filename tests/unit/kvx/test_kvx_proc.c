@@ -36,11 +36,7 @@ static void child(const char *ep, uint32_t transports, uint32_t ready, int wait_
     uint32_t src[N];
     t_ids(src, N, T_BLOCKS, 55);
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 1;
-    sd.num_blocks = N;
-    sd.block_ids = src;
-    sd.num_blocks_ready = ready;
+    t_send_desc(&sd, 1, src, N, ready);
     uint64_t h;
     if (tdm_kvx_send(p.kvx, &sd, &h)) _exit(12);
     if (!wait_done) for (;;) pause();
@@ -54,15 +50,10 @@ static void child(const char *ep, uint32_t transports, uint32_t ready, int wait_
     _exit(code);
 }
 
+/* the child may not be listening (TIMEOUT) or registered (STATE) yet: 50 tries, 20 ms apart */
 static void connect_retry(eng *d, const char *ep, uint32_t *peer)
 {
-    /* the child may not be listening (TIMEOUT) or registered (STATE) yet */
-    int rc = TDM_E_TIMEOUT;
-    for (int i = 0; i < 50 && (rc == TDM_E_TIMEOUT || rc == TDM_E_STATE); i++) {
-        if (i) t_sleep_ms(20);
-        rc = tdm_kvx_connect(d->kvx, ep, NULL, peer);
-    }
-    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d->kvx));
+    t_connect_retry(d, ep, peer, 50, 20);
 }
 
 static void two_processes(uint32_t transports, int shared)
@@ -80,11 +71,7 @@ static void two_processes(uint32_t transports, int shared)
     t_ids(src, N, T_BLOCKS, 55);
     t_ids(dst, N, T_BLOCKS, 66);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = N;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, peer, 1, dst, N, 0);
     uint64_t h;
     assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
     tdm_kvx_event ev = t_wait(&d);
@@ -142,11 +129,7 @@ static void proc__killed_sender_fails_transfer_and_releases_blocks(void **state)
     uint32_t dst[N], dst2[4] = { 60, 61, 62, 63 };
     t_ids(dst, N, 56, 66);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = N;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, peer, 1, dst, N, 0);
     uint64_t h, h2;
     assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
     /* a second transfer with the same peer that has not started */

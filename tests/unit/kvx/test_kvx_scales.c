@@ -22,6 +22,14 @@
 #define D 8
 #define H 4
 
+/* Every (layer l, block index i, K/V kv, token t, head h) of n blocks of `heads` heads. */
+#define FOR_EACH_ROW(n, heads)                                                                \
+    for (uint32_t l = 0; l < L; l++)                                                          \
+        for (uint32_t i = 0; i < (n); i++)                                                    \
+            for (int kv = 0; kv < 2; kv++)                                                    \
+                for (uint32_t t = 0; t < BS; t++)                                             \
+                    for (uint32_t h = 0; h < (heads); h++)
+
 /* Random fp8 bytes without NaN (0x7f / 0xff become 1.0). */
 static void fill_fp8(eng *e, uint64_t seed)
 {
@@ -45,6 +53,16 @@ static void make(eng *e, const char *id, uint32_t role, const char *ep, uint32_t
     if (dtype == TDM_DTYPE_FP8_E4M3) fill_fp8(e, seed);
 }
 
+/* An fp8 prefill engine p (H heads, seed p_seed) on a fresh endpoint `tag` (written to ep) and
+ * a decode engine d (d_dtype, d_heads from head d_off of the sender's, seed d_seed), over ZeroMQ. */
+static void make_pair(eng *p, eng *d, char ep[128], const char *tag, uint64_t p_seed, uint32_t d_dtype,
+                      uint32_t d_heads, uint32_t d_off, uint64_t d_seed)
+{
+    t_ipc(ep, 128, tag);
+    make(p, "p", TDM_KVX_ROLE_PREFILL, ep, TDM_DTYPE_FP8_E4M3, H, 0, p_seed, TDM_KVX_TRANSPORT_ZMQ);
+    make(d, "d", TDM_KVX_ROLE_DECODE, NULL, d_dtype, d_heads, d_off, d_seed, TDM_KVX_TRANSPORT_ZMQ);
+}
+
 static uint32_t connect_to(eng *d, const char *ep)
 {
     uint32_t peer;
@@ -56,23 +74,39 @@ static uint32_t connect_to(eng *d, const char *ep)
 static void transfer(eng *p, eng *d, uint32_t peer, uint64_t rid, const uint32_t *src, const uint32_t *dst, uint32_t n)
 {
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = rid;
-    sd.num_blocks = n;
-    sd.block_ids = src;
-    sd.num_blocks_ready = n;
+    t_send_desc(&sd, rid, src, n, n);
     uint64_t h;
     assert_int_equal(tdm_kvx_send(p->kvx, &sd, &h), TDM_OK);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = rid;
-    rd.num_blocks = n;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, peer, rid, dst, n, 0);
     assert_int_equal(tdm_kvx_recv(d->kvx, &rd, &h), TDM_OK);
-    tdm_kvx_event ev = t_wait(d);
-    if (ev.type != TDM_KVX_EV_DONE) fail_msg("receiver event %u: %s", ev.type, ev.reason);
+    t_wait_done(d);
     assert_int_equal(t_wait(p).type, TDM_KVX_EV_DONE);
+}
+
+/* transfer() of n blocks between fresh scattered ids: src (seed), dst (seed + 1). */
+static void transfer_scattered(eng *p, eng *d, uint32_t peer, uint64_t rid, uint32_t *src, uint32_t *dst,
+                               uint32_t n, uint64_t seed)
+{
+    t_ids(src, n, NB, seed);
+    t_ids(dst, n, NB, seed + 1);
+    transfer(p, d, peer, rid, src, dst, n);
+}
+
+/* Whether the receiver's peer found the sender's effective scales equal to its own. */
+static int scales_same(const eng *d, uint32_t peer)
+{
+    return d->kvx->peers[peer & 0xffff].scales_same;
+}
+
+/* Conversion options from scales (kind, K, V, floats per layer) to scales of the same kind. */
+static void scale_opts(tdm_kv_convert_opts *o, uint32_t kind, const float *sk, const float *sv,
+                       uint32_t s_stride, const float *dk, const float *dv, uint32_t d_stride)
+{
+    tdm_kv_convert_opts_init(o);
+    o->src_scale_kind = o->dst_scale_kind = kind;
+    o->src_k_scale = sk; o->src_v_scale = sv; o->src_scale_layer_stride = s_stride;
+    o->dst_k_scale = dk; o->dst_v_scale = dv; o->dst_scale_layer_stride = d_stride;
 }
 
 /* A cache without an engine, for reference conversions. */
@@ -105,10 +139,8 @@ static void scales__fp8_tensor_scales_into_fp16(void **state)
 {
     (void)state;
     char ep[128];
-    t_ipc(ep, sizeof(ep), "sc-a");
     eng p, d;
-    make(&p, "p", TDM_KVX_ROLE_PREFILL, ep, TDM_DTYPE_FP8_E4M3, H, 0, 1, TDM_KVX_TRANSPORT_ZMQ);
-    make(&d, "d", TDM_KVX_ROLE_DECODE, NULL, TDM_DTYPE_FP16, H, 0, 2, TDM_KVX_TRANSPORT_ZMQ);
+    make_pair(&p, &d, ep, "sc-a", 1, TDM_DTYPE_FP16, H, 0, 2);
     float ks[L] = { 0.5f, 1.75f, 0.03125f }, vs[L] = { 3.0f, 0.25f, 1.5f };
     assert_int_equal(tdm_kvx_set_kv_scales(p.kvx, TDM_KV_SCALE_TENSOR, ks, vs, 1), TDM_OK);
     /* a failing call afterwards changes nothing (the transfer below uses ks / vs) */
@@ -117,26 +149,20 @@ static void scales__fp8_tensor_scales_into_fp16(void **state)
     assert_non_null(strstr(tdm_kvx_errmsg(p.kvx), "k_scales[1]"));
     uint32_t peer = connect_to(&d, ep);
     uint32_t n = 7, src[NB], dst[NB];
-    t_ids(src, n, NB, 3);
-    t_ids(dst, n, NB, 4);
-    transfer(&p, &d, peer, 1, src, dst, n);
+    transfer_scattered(&p, &d, peer, 1, src, dst, n, 3);
     uint32_t scaled = 0;
-    for (uint32_t l = 0; l < L; l++)
-        for (uint32_t i = 0; i < n; i++)
-            for (int kv = 0; kv < 2; kv++)
-                for (uint32_t t = 0; t < BS; t++)
-                    for (uint32_t h = 0; h < H; h++) {
-                        const uint8_t *a = t_row(&p, l, kv, src[i], t, h);
-                        const uint16_t *b = (const uint16_t *)t_row(&d, l, kv, dst[i], t, h);
-                        for (uint32_t x = 0; x < D; x++) {
-                            float want = tdm_fp8_e4m3_to_float(a[x]) * (kv ? vs[l] : ks[l]);
-                            float got = tdm_fp16_to_float(b[x]);
-                            if (got != tdm_fp16_to_float(tdm_fp16_from_float(want)))
-                                fail_msg("layer %u block %u kv %d t %u h %u d %u: %g, want %g", l, i, kv, t, h, x,
-                                         (double)got, (double)want);
-                            if (got != tdm_fp8_e4m3_to_float(a[x])) scaled++;
-                        }
-                    }
+    FOR_EACH_ROW(n, H) {
+        const uint8_t *a = t_row(&p, l, kv, src[i], t, h);
+        const uint16_t *b = (const uint16_t *)t_row(&d, l, kv, dst[i], t, h);
+        for (uint32_t x = 0; x < D; x++) {
+            float want = tdm_fp8_e4m3_to_float(a[x]) * (kv ? vs[l] : ks[l]);
+            float got = tdm_fp16_to_float(b[x]);
+            if (got != tdm_fp16_to_float(tdm_fp16_from_float(want)))
+                fail_msg("layer %u block %u kv %d t %u h %u d %u: %g, want %g", l, i, kv, t, h, x,
+                         (double)got, (double)want);
+            if (got != tdm_fp8_e4m3_to_float(a[x])) scaled++;
+        }
+    }
     assert_true(scaled > 0);
     /* the scales are fixed once a handshake happened, on both ends */
     assert_int_equal(tdm_kvx_set_kv_scales(p.kvx, TDM_KV_SCALE_TENSOR, ks, ks, 1), TDM_E_STATE);
@@ -152,51 +178,41 @@ static void scales__fp8_head_scales_requantized_into_a_slice(void **state)
 {
     (void)state;
     char ep[128];
-    t_ipc(ep, sizeof(ep), "sc-b");
     eng p, d;
-    make(&p, "p", TDM_KVX_ROLE_PREFILL, ep, TDM_DTYPE_FP8_E4M3, H, 0, 5, TDM_KVX_TRANSPORT_ZMQ);
-    make(&d, "d", TDM_KVX_ROLE_DECODE, NULL, TDM_DTYPE_FP8_E4M3, 2, 2, 6, TDM_KVX_TRANSPORT_ZMQ);
+    make_pair(&p, &d, ep, "sc-b", 5, TDM_DTYPE_FP8_E4M3, 2, 2, 6);
     float pk[L * H], pv[L * H], dk[L * 2], dv[L * 2];
     for (uint32_t i = 0; i < L * H; i++) { pk[i] = 0.25f + 0.5f * (float)i; pv[i] = 4.0f / (float)(i + 1); }
     for (uint32_t i = 0; i < L * 2; i++) { dk[i] = 1.5f + (float)i; dv[i] = 0.125f * (float)(i + 1); }
     assert_int_equal(tdm_kvx_set_kv_scales(p.kvx, TDM_KV_SCALE_HEAD, pk, pv, H), TDM_OK);
     assert_int_equal(tdm_kvx_set_kv_scales(d.kvx, TDM_KV_SCALE_HEAD, dk, dv, 2), TDM_OK);
     uint32_t peer = connect_to(&d, ep);
-    assert_int_equal(d.kvx->peers[peer & 0xffff].scales_same, 0);
+    assert_int_equal(scales_same(&d, peer), 0);
     uint32_t n = 9, src[NB], dst[NB];
-    t_ids(src, n, NB, 7);
-    t_ids(dst, n, NB, 8);
-    transfer(&p, &d, peer, 2, src, dst, n);
+    transfer_scattered(&p, &d, peer, 2, src, dst, n, 7);
     /* the reference: the kernels' conversion with the sender's heads 2, 3 and both scales */
     eng r;
     ref_cache(&r, &d.lay);
     memcpy(r.mem, d.mem, d.layer_bytes * L);   /* untouched blocks alike */
     tdm_kv_convert_opts o;
-    tdm_kv_convert_opts_init(&o);
+    scale_opts(&o, TDM_KV_SCALE_HEAD, pk, pv, H, dk, dv, 2);
     o.src_head_offset = 2;
     o.num_heads = 2;
-    o.src_scale_kind = o.dst_scale_kind = TDM_KV_SCALE_HEAD;
-    o.src_k_scale = pk; o.src_v_scale = pv; o.src_scale_layer_stride = H;
-    o.dst_k_scale = dk; o.dst_v_scale = dv; o.dst_scale_layer_stride = 2;
     ref_convert(&p, src, &r, dst, n, &o);
     assert_int_equal(t_compare(&r, dst, &d, dst, 0, n), 0);
     /* and element by element: fp8(decode(x) * sender scale / receiver scale) */
     uint32_t changed = 0;
-    for (uint32_t l = 0; l < L; l++)
-        for (uint32_t i = 0; i < n; i++)
-            for (int kv = 0; kv < 2; kv++)
-                for (uint32_t t = 0; t < BS; t++)
-                    for (uint32_t h = 0; h < 2; h++) {
-                        const uint8_t *a = t_row(&p, l, kv, src[i], t, h + 2);
-                        const uint8_t *b = t_row(&d, l, kv, dst[i], t, h);
-                        float ss = kv ? pv[l * H + 2 + h] : pk[l * H + 2 + h];
-                        float ds = kv ? dv[l * 2 + h] : dk[l * 2 + h];
-                        for (uint32_t x = 0; x < D; x++) {
-                            uint8_t want = tdm_fp8_e4m3_from_float(tdm_fp8_e4m3_to_float(a[x]) * ss / ds);
-                            if (b[x] != want) fail_msg("layer %u block %u kv %d h %u: %#x, want %#x", l, i, kv, h, b[x], want);
-                            if (b[x] != a[x]) changed++;
-                        }
-                    }
+    FOR_EACH_ROW(n, 2) {
+        const uint8_t *a = t_row(&p, l, kv, src[i], t, h + 2);
+        const uint8_t *b = t_row(&d, l, kv, dst[i], t, h);
+        float ss = kv ? pv[l * H + 2 + h] : pk[l * H + 2 + h];
+        float ds = kv ? dv[l * 2 + h] : dk[l * 2 + h];
+        for (uint32_t x = 0; x < D; x++) {
+            uint8_t want = tdm_fp8_e4m3_from_float(tdm_fp8_e4m3_to_float(a[x]) * ss / ds);
+            if (b[x] != want)
+                fail_msg("layer %u block %u kv %d h %u: %#x, want %#x", l, i, kv, h, b[x], want);
+            if (b[x] != a[x]) changed++;
+        }
+    }
     assert_true(changed > 0);
     free(r.mem);
     t_free(&d);
@@ -208,20 +224,16 @@ static void scales__equal_scales_keep_the_bytes(void **state)
 {
     (void)state;
     char ep[128];
-    t_ipc(ep, sizeof(ep), "sc-c");
     eng p, d;
-    make(&p, "p", TDM_KVX_ROLE_PREFILL, ep, TDM_DTYPE_FP8_E4M3, H, 0, 9, TDM_KVX_TRANSPORT_ZMQ);
-    make(&d, "d", TDM_KVX_ROLE_DECODE, NULL, TDM_DTYPE_FP8_E4M3, H, 0, 10, TDM_KVX_TRANSPORT_ZMQ);
+    make_pair(&p, &d, ep, "sc-c", 9, TDM_DTYPE_FP8_E4M3, H, 0, 10);
     t_fill(&p, 11);   /* any bytes, NaNs too */
     float ks[L] = { 0.5f, 2.0f, 0.1f }, vs[L] = { 0.3f, 7.0f, 1.0f };
     assert_int_equal(tdm_kvx_set_kv_scales(p.kvx, TDM_KV_SCALE_TENSOR, ks, vs, 1), TDM_OK);
     assert_int_equal(tdm_kvx_set_kv_scales(d.kvx, TDM_KV_SCALE_TENSOR, ks, vs, 1), TDM_OK);
     uint32_t peer = connect_to(&d, ep);
-    assert_int_equal(d.kvx->peers[peer & 0xffff].scales_same, 1);
+    assert_int_equal(scales_same(&d, peer), 1);
     uint32_t n = 11, src[NB], dst[NB];
-    t_ids(src, n, NB, 12);
-    t_ids(dst, n, NB, 13);
-    transfer(&p, &d, peer, 3, src, dst, n);
+    transfer_scattered(&p, &d, peer, 3, src, dst, n, 12);
     assert_int_equal(t_compare(&p, src, &d, dst, 0, n), 0);
     t_free(&d);
 
@@ -233,14 +245,10 @@ static void scales__equal_scales_keep_the_bytes(void **state)
         for (uint32_t h = 0; h < 2; h++) { dk[l * 2 + h] = ks[l]; dv[l * 2 + h] = vs[l]; }
     assert_int_equal(tdm_kvx_set_kv_scales(d.kvx, TDM_KV_SCALE_HEAD, dk, dv, 2), TDM_OK);
     peer = connect_to(&d, ep);
-    assert_int_equal(d.kvx->peers[peer & 0xffff].scales_same, 1);
+    assert_int_equal(scales_same(&d, peer), 1);
     transfer(&p, &d, peer, 4, src, dst, n);
-    for (uint32_t l = 0; l < L; l++)
-        for (uint32_t i = 0; i < n; i++)
-            for (int kv = 0; kv < 2; kv++)
-                for (uint32_t t = 0; t < BS; t++)
-                    for (uint32_t h = 0; h < 2; h++)
-                        assert_memory_equal(t_row(&p, l, kv, src[i], t, h + 1), t_row(&d, l, kv, dst[i], t, h), D);
+    FOR_EACH_ROW(n, 2)
+        assert_memory_equal(t_row(&p, l, kv, src[i], t, h + 1), t_row(&d, l, kv, dst[i], t, h), D);
     t_free(&d);
     t_free(&p);
 }
@@ -278,9 +286,7 @@ static void scales__direct_reads_only_with_equal_scales(void **state)
     uint32_t peer = connect_to(&d, ep);
     assert_non_null(d.kvx->peers[peer & 0xffff].rkv);   /* mapped: direct reads */
     uint32_t n = 6, src[NB], dst[NB];
-    t_ids(src, n, NB, 17);
-    t_ids(dst, n, NB, 18);
-    transfer(&p, &d, peer, 5, src, dst, n);
+    transfer_scattered(&p, &d, peer, 5, src, dst, n, 17);
     assert_int_equal(t_compare(&p, src, &d, dst, 0, n), 0);
     t_free(&d);
     make(&d, "d2", TDM_KVX_ROLE_DECODE, NULL, TDM_DTYPE_FP8_E4M3, H, 0, 19, shm);
@@ -291,10 +297,7 @@ static void scales__direct_reads_only_with_equal_scales(void **state)
     eng r;
     ref_cache(&r, &d.lay);
     tdm_kv_convert_opts o;
-    tdm_kv_convert_opts_init(&o);
-    o.src_scale_kind = o.dst_scale_kind = TDM_KV_SCALE_TENSOR;
-    o.src_k_scale = ks; o.src_v_scale = vs; o.src_scale_layer_stride = 1;
-    o.dst_k_scale = dk; o.dst_v_scale = vs; o.dst_scale_layer_stride = 1;
+    scale_opts(&o, TDM_KV_SCALE_TENSOR, ks, vs, 1, dk, vs, 1);
     ref_convert(&p, src, &r, dst, n, &o);
     assert_int_equal(t_compare(&r, dst, &d, dst, 0, n), 0);
     assert_int_not_equal(t_compare(&p, src, &d, dst, 0, n), 0);
@@ -383,6 +386,15 @@ static void hello_of(tdm__kvx_msg *m, uint32_t type, const char *id, uint32_t ro
     snprintf(m->hello.host_id, sizeof(m->hello.host_id), "elsewhere");
 }
 
+/* The hello's scales: `kind`, `count` per layer, K and V. */
+static void hello_scales(tdm__kvx_msg *m, uint32_t kind, uint32_t count, const float *k, const float *v)
+{
+    m->hello.scale_kind = kind;
+    m->hello.scale_count = count;
+    m->hello.k_scales = k;
+    m->hello.v_scales = v;
+}
+
 static size_t enc(const tdm__kvx_msg *m)
 {
     size_t len;
@@ -434,10 +446,7 @@ static void forged__hello_with_bad_scales_is_refused(void **state)
         if (cases[c].bad_index >= 0) ks[cases[c].bad_index] = cases[c].bad;
         tdm__kvx_msg m;
         hello_of(&m, TDM__KVX_HELLO, "raw", TDM_KVX_ROLE_PREFILL, cases[c].fp16 ? &fp16 : &d.lay);
-        m.hello.scale_kind = cases[c].kind;
-        m.hello.scale_count = cases[c].count;
-        m.hello.k_scales = ks;
-        m.hello.v_scales = vs;
+        hello_scales(&m, cases[c].kind, cases[c].count, ks, vs);
         size_t len = enc(&m);
         assert_true(zmq_send(s, big, len, 0) >= 0);
         tdm__kvx_msg a = recv_ack(s);
@@ -450,10 +459,7 @@ static void forged__hello_with_bad_scales_is_refused(void **state)
     for (uint32_t i = 0; i < L * H; i++) { ks[i] = 0.5f * (float)(i + 1); vs[i] = 3.0f; }
     tdm__kvx_msg m;
     hello_of(&m, TDM__KVX_HELLO, "raw", TDM_KVX_ROLE_PREFILL, &d.lay);
-    m.hello.scale_kind = TDM_KV_SCALE_HEAD;
-    m.hello.scale_count = H;
-    m.hello.k_scales = ks;
-    m.hello.v_scales = vs;
+    hello_scales(&m, TDM_KV_SCALE_HEAD, H, ks, vs);
     size_t len = enc(&m);
     assert_true(zmq_send(s, big, len, 0) >= 0);
     tdm__kvx_msg a = recv_ack(s);
@@ -495,10 +501,7 @@ static void *fake_main(void *arg)
     float ks[L] = { 1.0f, f->bad, 1.0f }, vs[L] = { 1.0f, 1.0f, 1.0f };
     tdm__kvx_msg a;
     hello_of(&a, TDM__KVX_HELLO_ACK, "fake", TDM_KVX_ROLE_PREFILL, &f->lay);
-    a.hello.scale_kind = TDM_KV_SCALE_TENSOR;
-    a.hello.scale_count = 1;
-    a.hello.k_scales = ks;
-    a.hello.v_scales = vs;
+    hello_scales(&a, TDM_KV_SCALE_TENSOR, 1, ks, vs);
     size_t len;
     if (tdm__kvx_msg_encode(&a, out, sizeof(out), &len) != TDM_OK) return NULL;
     zmq_send(f->sock, rt, (size_t)rl, ZMQ_SNDMORE);
@@ -562,10 +565,7 @@ static void wire__scales_round_trip_and_size_bounds(void **state)
     static float k[TDM__KVX_MAX_SCALES], v[TDM__KVX_MAX_SCALES];
     for (uint32_t i = 0; i < TDM__KVX_MAX_SCALES; i++) { k[i] = 1.0f / (float)(i + 1); v[i] = (float)i + 0.5f; }
     hello_of(&m, TDM__KVX_HELLO_ACK, "x", 1, &wide);
-    m.hello.scale_kind = TDM_KV_SCALE_HEAD;
-    m.hello.scale_count = 128;
-    m.hello.k_scales = k;
-    m.hello.v_scales = v;
+    hello_scales(&m, TDM_KV_SCALE_HEAD, 128, k, v);
     len = enc(&m);
     assert_true(len > TDM__KVX_MAX_HEADER);
     assert_int_equal(tdm__kvx_msg_decode(big, len, &m2, why, sizeof(why)), TDM_OK);

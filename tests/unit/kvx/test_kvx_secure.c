@@ -46,6 +46,19 @@ static int file_is(const char *path, const char *text)
     return strcmp(buf, text) == 0;
 }
 
+/* A unix stream socket bound at path (not listening); returns its descriptor. */
+static int bind_unix(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof(a));
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
+
 static void secure__existing_ipc_path_is_refused_and_left_alone(void **state)
 {
     (void)state;
@@ -66,24 +79,19 @@ static void secure__existing_ipc_path_is_refused_and_left_alone(void **state)
     unlink(path);
 
     /* someone else's listening socket */
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_un a;
-    memset(&a, 0, sizeof(a));
-    a.sun_family = AF_UNIX;
-    snprintf(a.sun_path, sizeof(a.sun_path), "/tmp/tdm-kvx-test-%d-other.sock", (int)getpid());
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    snprintf(path, sizeof(path), "/tmp/tdm-kvx-test-%d-other.sock", (int)getpid());
+    int fd = bind_unix(path);
     assert_int_equal(listen(fd, 1), 0);
     struct stat before, after;
-    assert_int_equal(lstat(a.sun_path, &before), 0);
-    snprintf(ep, sizeof(ep), "ipc://%s", a.sun_path);
+    assert_int_equal(lstat(path, &before), 0);
+    snprintf(ep, sizeof(ep), "ipc://%s", path);
     t_config(&c, "e", TDM_KVX_ROLE_BOTH, ep);
     assert_int_equal(tdm_kvx_create(&c, &k), TDM_E_EXISTS);
     assert_non_null(strstr(tdm_kvx_errmsg(NULL), "a socket"));
-    assert_int_equal(lstat(a.sun_path, &after), 0);
+    assert_int_equal(lstat(path, &after), 0);
     assert_true(S_ISSOCK(after.st_mode) && after.st_ino == before.st_ino);
     close(fd);
-    unlink(a.sun_path);
+    unlink(path);
 
     /* our own socket: created, usable, removed on destroy */
     snprintf(path, sizeof(path), "/tmp/tdm-kvx-test-%d-own.sock", (int)getpid());
@@ -244,6 +252,17 @@ static void engine_name(char *buf, size_t n, const char *tag)
     snprintf(buf, n, "/tdm-kvx-%llu-%d-%s-%016x", ns, (int)getpid(), tag, 0xabc000u + seq++);
 }
 
+/* An engine with SLOT-byte chunks (the shared-memory slot size) over the default cache. */
+static void slot_engine(eng *e, const char *id, const char *ep, uint64_t seed)
+{
+    tdm_kvx_config c;
+    t_config(&c, id, TDM_KVX_ROLE_BOTH, ep);
+    c.max_chunk_bytes = SLOT;
+    tdm_kv_layout l;
+    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    t_engine_cfg(e, &c, &l, seed);
+}
+
 static void expect_refused(eng *e, const tdm__kvx_msg *hello, const char *what)
 {
     raw r;
@@ -258,49 +277,44 @@ static void expect_refused(eng *e, const tdm__kvx_msg *hello, const char *what)
     raw_close(&r);
 }
 
+/* A victim segment (size bytes, mode) named in a HELLO that offers hello_size bytes: refused
+ * for `what`, the victim intact; then removed. */
+static void victim_in_hello_refused(eng *e, const char *victim, size_t size, mode_t mode, uint64_t hello_size,
+                                    const char *what)
+{
+    victim_make(victim, size, mode);
+    tdm__kvx_msg h = hello_for(e, TDM_KVX_ROLE_BOTH, victim, hello_size);
+    expect_refused(e, &h, what);
+    assert_true(victim_intact(victim, size));
+    shm_unlink(victim);
+}
+
 static void secure__hello_naming_a_foreign_segment_is_refused_victim_intact(void **state)
 {
     (void)state;
     const size_t vsize = 64 * SLOT;
     eng p;
-    tdm_kvx_config c;
-    t_config(&c, "server", TDM_KVX_ROLE_BOTH, "tcp://127.0.0.1:*");
-    c.max_chunk_bytes = SLOT;
-    tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    t_engine_cfg(&p, &c, &l, 5);
+    slot_engine(&p, "server", "tcp://127.0.0.1:*", 5);
 
     /* the attack of issue 11: any name, the victim's size */
     char victim[TDM__KVX_ID_LEN];
     snprintf(victim, sizeof(victim), "/tdm-test-victim-%d", (int)getpid());
-    victim_make(victim, vsize, 0600);
-    tdm__kvx_msg h = hello_for(&p, TDM_KVX_ROLE_BOTH, victim, vsize);
-    expect_refused(&p, &h, "engine-generated");
-    assert_true(victim_intact(victim, vsize));
-    shm_unlink(victim);
+    victim_in_hello_refused(&p, victim, vsize, 0600, vsize, "engine-generated");
 
     /* an engine-like name, but the size differs from the HELLO's */
     engine_name(victim, sizeof(victim), "tx0");
-    victim_make(victim, vsize + 4096, 0600);
-    h = hello_for(&p, TDM_KVX_ROLE_BOTH, victim, vsize);
-    expect_refused(&p, &h, "bytes");
-    assert_true(victim_intact(victim, vsize + 4096));
-    shm_unlink(victim);
+    victim_in_hello_refused(&p, victim, vsize + 4096, 0600, vsize, "bytes");
 
     /* an engine-like name and size, readable by others: not an engine's segment */
     engine_name(victim, sizeof(victim), "tx1");
-    victim_make(victim, vsize, 0644);
-    h = hello_for(&p, TDM_KVX_ROLE_BOTH, victim, vsize);
-    expect_refused(&p, &h, "mode");
-    assert_true(victim_intact(victim, vsize));
-    shm_unlink(victim);
+    victim_in_hello_refused(&p, victim, vsize, 0644, vsize, "mode");
 
     /* a FIFO under an engine-like name: refused at once, not waited on */
     engine_name(victim, sizeof(victim), "tx3");
     char fifo[96];
     snprintf(fifo, sizeof(fifo), "/dev/shm%s", victim);
     assert_int_equal(mkfifo(fifo, 0600), 0);
-    h = hello_for(&p, TDM_KVX_ROLE_BOTH, victim, vsize);
+    tdm__kvx_msg h = hello_for(&p, TDM_KVX_ROLE_BOTH, victim, vsize);
     expect_refused(&p, &h, "not a shared-memory object");
     struct stat fst;
     assert_int_equal(lstat(fifo, &fst), 0);
@@ -344,12 +358,7 @@ static void secure__peer_segment_only_read_own_segment_carries_data(void **state
     (void)state;
     const size_t vsize = 64 * SLOT;
     eng p;
-    tdm_kvx_config c;
-    t_config(&c, "server", TDM_KVX_ROLE_BOTH, "tcp://127.0.0.1:*");
-    c.max_chunk_bytes = SLOT;
-    tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    t_engine_cfg(&p, &c, &l, 9);
+    slot_engine(&p, "server", "tcp://127.0.0.1:*", 9);
     /* a same-user segment of the right shape: accepted, but only ever read */
     char seg[TDM__KVX_ID_LEN];
     engine_name(seg, sizeof(seg), "tx2");
@@ -377,11 +386,7 @@ static void secure__peer_segment_only_read_own_segment_carries_data(void **state
     /* pull 4 blocks */
     uint32_t src[4] = { 3, 17, 8, 60 };
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 7;
-    sd.num_blocks = 4;
-    sd.block_ids = src;
-    sd.num_blocks_ready = 4;
+    t_send_desc(&sd, 7, src, 4, 4);
     uint64_t sh;
     assert_int_equal(tdm_kvx_send(p.kvx, &sd, &sh), TDM_OK);
     tdm__kvx_msg q;
@@ -477,12 +482,7 @@ static int connect_to_fake(const char *shm, uint64_t size, char *why, size_t why
     f.ack.hello.shm_size = size;
     f.ack.hello.slot_bytes = SLOT;
     eng d;
-    tdm_kvx_config c;
-    t_config(&c, "client", TDM_KVX_ROLE_BOTH, NULL);
-    c.max_chunk_bytes = SLOT;
-    tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    t_engine_cfg(&d, &c, &l, 3);
+    slot_engine(&d, "client", NULL, 3);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, fake_server, &f), 0);
     uint32_t peer;
@@ -495,29 +495,30 @@ static int connect_to_fake(const char *shm, uint64_t size, char *why, size_t why
     return rc;
 }
 
+/* A victim segment (size bytes, mode) named in a raw server's ACK offering ack_size bytes:
+ * tdm_kvx_connect fails for `what`, the victim intact; then removed. */
+static void victim_in_ack_refused(const char *victim, size_t size, mode_t mode, uint64_t ack_size,
+                                  const char *what)
+{
+    char why[256];
+    victim_make(victim, size, mode);
+    assert_int_equal(connect_to_fake(victim, ack_size, why, sizeof(why)), TDM_E_PROTOCOL);
+    assert_non_null(strstr(why, what));
+    assert_true(victim_intact(victim, size));
+    shm_unlink(victim);
+}
+
 static void secure__ack_naming_a_foreign_segment_fails_connect_victim_intact(void **state)
 {
     (void)state;
     const size_t vsize = 8 * SLOT;
-    char victim[TDM__KVX_ID_LEN], why[256];
+    char victim[TDM__KVX_ID_LEN];
     snprintf(victim, sizeof(victim), "/tdm-test-victim-%d", (int)getpid());
-    victim_make(victim, vsize, 0600);
-    assert_int_equal(connect_to_fake(victim, vsize, why, sizeof(why)), TDM_E_PROTOCOL);
-    assert_non_null(strstr(why, "malformed HELLO_ACK"));
-    assert_true(victim_intact(victim, vsize));
-    shm_unlink(victim);
+    victim_in_ack_refused(victim, vsize, 0600, vsize, "malformed HELLO_ACK");
     engine_name(victim, sizeof(victim), "tx5");
-    victim_make(victim, vsize, 0640);
-    assert_int_equal(connect_to_fake(victim, vsize, why, sizeof(why)), TDM_E_PROTOCOL);
-    assert_non_null(strstr(why, "mode"));
-    assert_true(victim_intact(victim, vsize));
-    shm_unlink(victim);
+    victim_in_ack_refused(victim, vsize, 0640, vsize, "mode");
     engine_name(victim, sizeof(victim), "tx6");
-    victim_make(victim, vsize, 0600);
-    assert_int_equal(connect_to_fake(victim, 2 * vsize, why, sizeof(why)), TDM_E_PROTOCOL);
-    assert_non_null(strstr(why, "bytes"));
-    assert_true(victim_intact(victim, vsize));
-    shm_unlink(victim);
+    victim_in_ack_refused(victim, vsize, 0600, 2 * vsize, "bytes");
 }
 
 static void secure__startup_sweeps_dead_owners_segments_only(void **state)
@@ -549,13 +550,7 @@ static void secure__startup_sweeps_dead_owners_segments_only(void **state)
     assert_non_null(mkdtemp(dlive));
     assert_non_null(mkdtemp(dother));
     snprintf(sock, sizeof(sock), "%s/kvx.sock", ddead);
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un a;
-    memset(&a, 0, sizeof(a));
-    a.sun_family = AF_UNIX;
-    snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    close(fd);
+    close(bind_unix(sock));
     snprintf(other, sizeof(other), "%s/kvx.sock", dother);
     write_file(other, "not a socket\n");
     tdm_kvx_config c;

@@ -15,6 +15,26 @@ typedef struct raw {
     void *ctx, *sock;
 } raw;
 
+/* A decode engine d on an ephemeral tcp port and a raw DEALER socket r connected to it. */
+static void raw_open(eng *d, raw *r)
+{
+    t_engine(d, "decode", TDM_KVX_ROLE_DECODE, "tcp://127.0.0.1:*", TDM_KVX_TRANSPORT_ZMQ, 3);
+    char ep[256];
+    assert_int_equal(tdm_kvx_get_endpoint(d->kvx, ep, sizeof(ep)), TDM_OK);
+    r->ctx = zmq_ctx_new();
+    r->sock = zmq_socket(r->ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_connect(r->sock, ep), 0);
+}
+
+static void raw_close(eng *d, raw *r)
+{
+    zmq_close(r->sock);
+    zmq_ctx_term(r->ctx);
+    t_free(d);
+}
+
 static void raw_send(raw *r, const tdm__kvx_msg *m, const void *payload, size_t plen)
 {
     uint8_t buf[TDM__KVX_MAX_HEADER];
@@ -49,12 +69,8 @@ static void wait_rejected(eng *e, uint64_t n)
 static uint64_t start_recv(eng *d, uint32_t peer, uint64_t rid, const uint32_t *dst, raw *r)
 {
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = rid;
+    t_recv_desc(&rd, peer, rid, dst, 4, 0);
     rd.transfer_id = 1;
-    rd.num_blocks = 4;
-    rd.block_ids = dst;
     uint64_t h;
     assert_int_equal(tdm_kvx_recv(d->kvx, &rd, &h), TDM_OK);
     tdm__kvx_msg m = raw_recv(r);
@@ -97,15 +113,8 @@ static void wire__malformed_messages_are_refused_engine_keeps_working(void **sta
 {
     (void)state;
     eng d;
-    t_engine(&d, "decode", TDM_KVX_ROLE_DECODE, "tcp://127.0.0.1:*", TDM_KVX_TRANSPORT_ZMQ, 3);
-    char ep[256];
-    assert_int_equal(tdm_kvx_get_endpoint(d.kvx, ep, sizeof(ep)), TDM_OK);
     raw r;
-    r.ctx = zmq_ctx_new();
-    r.sock = zmq_socket(r.ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(r.sock, ZMQ_LINGER, &zero, sizeof(zero));
-    assert_int_equal(zmq_connect(r.sock, ep), 0);
+    raw_open(&d, &r);
 
     /* before any handshake */
     uint8_t junk[3000];
@@ -201,24 +210,15 @@ static void wire__malformed_messages_are_refused_engine_keeps_working(void **sta
     raw_send(&r, &m, NULL, 0);
     for (int i = 0; i < 1000 && t_stats(&d).num_peers; i++) t_sleep_ms(5);
     assert_int_equal(t_stats(&d).num_peers, 0);
-    zmq_close(r.sock);
-    zmq_ctx_term(r.ctx);
-    t_free(&d);
+    raw_close(&d, &r);
 }
 
 static void wire__other_protocol_version_gets_a_version_refusal(void **state)
 {
     (void)state;
     eng d;
-    t_engine(&d, "decode", TDM_KVX_ROLE_DECODE, "tcp://127.0.0.1:*", TDM_KVX_TRANSPORT_ZMQ, 3);
-    char ep[256];
-    assert_int_equal(tdm_kvx_get_endpoint(d.kvx, ep, sizeof(ep)), TDM_OK);
     raw r;
-    r.ctx = zmq_ctx_new();
-    r.sock = zmq_socket(r.ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(r.sock, ZMQ_LINGER, &zero, sizeof(zero));
-    assert_int_equal(zmq_connect(r.sock, ep), 0);
+    raw_open(&d, &r);
     tdm__kvx_msg m;
     tdm__kvx_msg_init(&m, TDM__KVX_HELLO);
     m.version = 7;
@@ -229,9 +229,7 @@ static void wire__other_protocol_version_gets_a_version_refusal(void **state)
     assert_int_equal(m.type, TDM__KVX_HELLO_ACK);
     assert_int_equal(m.status, TDM_E_VERSION);
     assert_int_equal(t_stats(&d).num_peers, 0);
-    zmq_close(r.sock);
-    zmq_ctx_term(r.ctx);
-    t_free(&d);
+    raw_close(&d, &r);
 }
 
 int main(void)

@@ -32,6 +32,20 @@ static void pair_up(pair *x, const char *ep, uint32_t transports)
     assert_int_equal(tdm_kvx_find_peer(x->p.kvx, "decode-0", &x->peer_on_p), TDM_OK);
 }
 
+/* pair_up on a fresh ipc endpoint (`tag`). */
+static void pair_up_ipc(pair *x, const char *tag, uint32_t transports)
+{
+    char ep[128];
+    t_ipc(ep, sizeof(ep), tag);
+    pair_up(x, ep, transports);
+}
+
+/* Waits (up to 5 s) until e has received at least `bytes` bytes. */
+static void wait_received(eng *e, uint64_t bytes)
+{
+    for (int i = 0; i < 1000 && t_stats(e).bytes_received < bytes; i++) t_sleep_ms(5);
+}
+
 static void pair_down(pair *x)
 {
     t_free(&x->d);
@@ -46,6 +60,13 @@ static void check_idle(eng *e)
     assert_int_equal(st.num_recv_active, 0);
 }
 
+/* Neither engine of the pair holds a reservation or a transfer. */
+static void check_pair_idle(pair *x)
+{
+    check_idle(&x->d);
+    check_idle(&x->p);
+}
+
 /* A full pull of n blocks, skipping `skip`; returns after both DONE events. */
 static void run_pull(pair *x, uint32_t n, uint32_t skip, uint64_t seed)
 {
@@ -53,21 +74,12 @@ static void run_pull(pair *x, uint32_t n, uint32_t skip, uint64_t seed)
     t_ids(src, n, T_BLOCKS, seed);
     t_ids(dst, n, T_BLOCKS, seed * 7 + 3);
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = seed;
-    sd.num_blocks = n;
-    sd.block_ids = src;
-    sd.num_blocks_ready = n;
+    t_send_desc(&sd, seed, src, n, n);
     uint64_t hs, hr;
     assert_int_equal(tdm_kvx_send(x->p.kvx, &sd, &hs), TDM_OK);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = x->peer_on_d;
-    rd.request_id = seed;
+    t_recv_desc(&rd, x->peer_on_d, seed, dst, n, skip);
     rd.transfer_id = 1;
-    rd.num_blocks = n;
-    rd.block_ids = dst;
-    rd.num_skip = skip;
     assert_int_equal(tdm_kvx_recv(x->d.kvx, &rd, &hr), TDM_OK);
     tdm_kvx_event ev = t_wait(&x->d);
     if (ev.type != TDM_KVX_EV_DONE) fail_msg("receiver event %u status %d: %s", ev.type, ev.status, ev.reason);
@@ -80,8 +92,7 @@ static void run_pull(pair *x, uint32_t n, uint32_t skip, uint64_t seed)
     assert_int_equal(ev.handle, hs);
     assert_int_equal(ev.side, TDM_KVX_SIDE_SEND);
     assert_int_equal(t_compare(&x->p, src, &x->d, dst, skip, n), 0);
-    check_idle(&x->d);
-    check_idle(&x->p);
+    check_pair_idle(x);
     assert_int_equal(t_stats(&x->d).msgs_rejected, 0);   /* a clean exchange */
     assert_int_equal(t_stats(&x->p).msgs_rejected, 0);
 }
@@ -89,10 +100,8 @@ static void run_pull(pair *x, uint32_t n, uint32_t skip, uint64_t seed)
 static void pull__ipc_zmq_moves_every_byte(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "pull");
     pair x;
-    pair_up(&x, ep, ZMQ_ONLY);
+    pair_up_ipc(&x, "pull", ZMQ_ONLY);
     run_pull(&x, 16, 0, 101);
     run_pull(&x, 33, 0, 102);
     pair_down(&x);
@@ -111,10 +120,8 @@ static void pull__tcp_loopback_moves_every_byte(void **state)
 static void pull__shared_memory_moves_every_byte(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "shm");
     pair x;
-    pair_up(&x, ep, WITH_SHM);
+    pair_up_ipc(&x, "shm", WITH_SHM);
     /* 4 slots of 16 KiB and 40 blocks of 2 KiB: the slots are reused through credits */
     run_pull(&x, 40, 0, 301);
     run_pull(&x, 7, 0, 302);
@@ -127,10 +134,8 @@ static void pull__shared_memory_moves_every_byte(void **state)
 static void pull__prefix_skip_sends_only_the_rest(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "skip");
     pair x;
-    pair_up(&x, ep, ZMQ_ONLY);
+    pair_up_ipc(&x, "skip", ZMQ_ONLY);
     uint32_t src[T_BLOCKS], dst[T_BLOCKS];
     t_ids(src, 12, T_BLOCKS, 5);
     t_ids(dst, 12, T_BLOCKS, 5 * 7 + 3);   /* as run_pull picks them */
@@ -200,14 +205,10 @@ static void push__tcp_sender_first_then_announce(void **state)
     t_ids(src, n, T_BLOCKS, 8);
     t_ids(dst, n, T_BLOCKS, 9);
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
+    t_send_desc(&sd, 42, src, n, n);
     sd.mode = TDM_KVX_PUSH;
     sd.peer = x.peer_on_p;
-    sd.request_id = 42;
     sd.transfer_id = 3;
-    sd.num_blocks = n;
-    sd.block_ids = src;
-    sd.num_blocks_ready = n;
     uint64_t hs, hr;
     assert_int_equal(tdm_kvx_send(x.p.kvx, &sd, &hs), TDM_OK);
     /* a PUSH needs the receiving peer */
@@ -215,13 +216,9 @@ static void push__tcp_sender_first_then_announce(void **state)
     assert_int_equal(tdm_kvx_send(x.p.kvx, &sd, &hs), TDM_E_INVAL);
     t_sleep_ms(20);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
+    t_recv_desc(&rd, x.peer_on_d, 42, dst, n, 0);
     rd.mode = TDM_KVX_PUSH;
-    rd.peer = x.peer_on_d;
-    rd.request_id = 42;
     rd.transfer_id = 3;
-    rd.num_blocks = n;
-    rd.block_ids = dst;
     assert_int_equal(tdm_kvx_recv(x.d.kvx, &rd, &hr), TDM_OK);
     tdm_kvx_event ev = t_wait(&x.d);
     assert_int_equal(ev.type, TDM_KVX_EV_DONE);
@@ -236,34 +233,24 @@ static void push__tcp_sender_first_then_announce(void **state)
 static void stream__blocks_flow_before_the_prompt_is_complete(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "stream");
     pair x;
-    pair_up(&x, ep, WITH_SHM);
+    pair_up_ipc(&x, "stream", WITH_SHM);
     uint32_t n = 10, src[T_BLOCKS], dst[T_BLOCKS];
     t_ids(src, n, T_BLOCKS, 77);
     t_ids(dst, n, T_BLOCKS, 78);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = x.peer_on_d;
-    rd.request_id = 9;
+    t_recv_desc(&rd, x.peer_on_d, 9, dst, n, 0);
     rd.transfer_id = 1;
-    rd.num_blocks = n;
-    rd.block_ids = dst;
     uint64_t hs, hr;
     assert_int_equal(tdm_kvx_recv(x.d.kvx, &rd, &hr), TDM_OK);
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 9;
-    sd.num_blocks = n;
-    sd.block_ids = src;
-    sd.num_blocks_ready = 0;   /* nothing computed yet */
+    t_send_desc(&sd, 9, src, n, 0);   /* nothing computed yet */
     assert_int_equal(tdm_kvx_send(x.p.kvx, &sd, &hs), TDM_OK);
     /* first prefill chunk: 3 blocks of the first two layers */
     assert_int_equal(tdm_kvx_send_ready(x.p.kvx, hs, 0, 2, 3), TDM_OK);
     size_t unit = (size_t)2 * T_BS * T_HEADS * T_DIM * 2;
     uint64_t want = 2 * 3 * unit;
-    for (int i = 0; i < 1000 && t_stats(&x.d).bytes_received < want; i++) t_sleep_ms(5);
+    wait_received(&x.d, want);
     assert_int_equal(t_stats(&x.d).bytes_received, want);
     uint32_t got = 0;
     tdm_kvx_event ev;
@@ -283,36 +270,34 @@ static void stream__blocks_flow_before_the_prompt_is_complete(void **state)
     pair_down(&x);
 }
 
+/* A decode engine `id` over layout l (seed 2); transports 0: the default ones. */
+static void decode_with_layout(eng *d, const char *id, uint32_t transports, const tdm_kv_layout *l)
+{
+    tdm_kvx_config c;
+    t_config(&c, id, TDM_KVX_ROLE_DECODE, NULL);
+    if (transports) c.transports = transports;
+    t_engine_cfg(d, &c, l, 2);
+}
+
 static void layout__different_arrangement_same_format_is_accepted(void **state)
 {
     (void)state;
     char ep[128];
     t_ipc(ep, sizeof(ep), "fi");
     eng p, d;
-    tdm_kvx_config c;
     tdm_kv_layout l;
     t_engine(&p, "p", TDM_KVX_ROLE_PREFILL, ep, ZMQ_ONLY, 1);
-    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
-    c.transports = ZMQ_ONLY;
     t_layout(&l, 3, T_LAYERS, 40, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);   /* FlashInfer, fewer blocks */
-    t_engine_cfg(&d, &c, &l, 2);
+    decode_with_layout(&d, "d", ZMQ_ONLY, &l);
     uint32_t peer;
     assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_OK);
     uint32_t src[8] = { 60, 1, 2, 33, 4, 5, 63, 7 }, dst[8] = { 39, 0, 12, 13, 20, 21, 3, 8 };
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 1;
-    sd.num_blocks = 8;
-    sd.block_ids = src;
-    sd.num_blocks_ready = 8;
+    t_send_desc(&sd, 1, src, 8, 8);
     uint64_t h;
     assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_OK);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 1;
-    rd.num_blocks = 8;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, peer, 1, dst, 8, 0);
     assert_int_equal(tdm_kvx_recv(d.kvx, &rd, &h), TDM_OK);
     assert_int_equal(t_wait(&d).type, TDM_KVX_EV_DONE);
     assert_int_equal(t_compare(&p, src, &d, dst, 0, 8), 0);
@@ -331,12 +316,10 @@ static void layout__mismatch_is_refused_with_the_reason(void **state)
     char ep[128];
     t_ipc(ep, sizeof(ep), "mis");
     eng p, d;
-    tdm_kvx_config c;
     tdm_kv_layout l;
     t_engine(&p, "p", TDM_KVX_ROLE_PREFILL, ep, ZMQ_ONLY, 1);
-    t_config(&c, "d", TDM_KVX_ROLE_DECODE, NULL);
     t_layout(&l, 1, T_LAYERS + 1, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    t_engine_cfg(&d, &c, &l, 2);
+    decode_with_layout(&d, "d", 0, &l);
     uint32_t peer = 777;
     assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_E_LAYOUT);
     assert_non_null(strstr(tdm_kvx_errmsg(d.kvx), "num_layers"));
@@ -385,19 +368,11 @@ static void curve__unknown_client_is_refused_allowed_one_works(void **state)
     assert_int_equal(tdm_kvx_connect(good.kvx, ep, spub, &peer), TDM_OK);
     uint32_t src[4] = { 1, 2, 3, 4 }, dst[4] = { 9, 8, 7, 6 };
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 5;
-    sd.num_blocks = 4;
-    sd.block_ids = src;
-    sd.num_blocks_ready = 4;
+    t_send_desc(&sd, 5, src, 4, 4);
     uint64_t h;
     assert_int_equal(tdm_kvx_send(p.kvx, &sd, &h), TDM_OK);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = peer;
-    rd.request_id = 5;
-    rd.num_blocks = 4;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, peer, 5, dst, 4, 0);
     assert_int_equal(tdm_kvx_recv(good.kvx, &rd, &h), TDM_OK);
     assert_int_equal(t_wait(&good).type, TDM_KVX_EV_DONE);
     assert_int_equal(t_compare(&p, src, &good, dst, 0, 4), 0);
@@ -410,27 +385,17 @@ static void curve__unknown_client_is_refused_allowed_one_works(void **state)
 static void cancel__by_receiver_waits_for_the_ack(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "cancel");
     pair x;
-    pair_up(&x, ep, ZMQ_ONLY);
+    pair_up_ipc(&x, "cancel", ZMQ_ONLY);
     uint32_t src[6] = { 1, 2, 3, 4, 5, 6 }, dst[6] = { 6, 5, 4, 3, 2, 1 };
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 3;
-    sd.num_blocks = 6;
-    sd.block_ids = src;
-    sd.num_blocks_ready = 1;   /* the rest never becomes ready */
+    t_send_desc(&sd, 3, src, 6, 1);   /* the rest never becomes ready */
     uint64_t hs, hr;
     assert_int_equal(tdm_kvx_send(x.p.kvx, &sd, &hs), TDM_OK);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = x.peer_on_d;
-    rd.request_id = 3;
-    rd.num_blocks = 6;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, x.peer_on_d, 3, dst, 6, 0);
     assert_int_equal(tdm_kvx_recv(x.d.kvx, &rd, &hr), TDM_OK);
-    for (int i = 0; i < 1000 && t_stats(&x.d).bytes_received == 0; i++) t_sleep_ms(5);
+    wait_received(&x.d, 1);
     assert_int_equal(tdm_kvx_cancel(x.d.kvx, hr), TDM_OK);
     tdm_kvx_event ev = t_wait(&x.d);
     assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
@@ -441,24 +406,18 @@ static void cancel__by_receiver_waits_for_the_ack(void **state)
     assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
     assert_int_equal(ev.handle, hs);
     assert_int_equal(tdm_kvx_cancel(x.d.kvx, hr), TDM_E_NOT_FOUND);
-    check_idle(&x.d);
-    check_idle(&x.p);
+    check_pair_idle(&x);
     pair_down(&x);
 }
 
 static void cancel__by_sender_and_before_any_request(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "cancel2");
     pair x;
-    pair_up(&x, ep, WITH_SHM);
+    pair_up_ipc(&x, "cancel2", WITH_SHM);
     uint32_t src[3] = { 1, 2, 3 }, dst[3] = { 4, 5, 6 };
     tdm_kvx_send_desc sd;
-    tdm_kvx_send_desc_init(&sd);
-    sd.request_id = 4;
-    sd.num_blocks = 3;
-    sd.block_ids = src;
+    t_send_desc(&sd, 4, src, 3, 0);
     uint64_t hs, hr;
     /* not yet asked for: cancelled at once */
     assert_int_equal(tdm_kvx_send(x.p.kvx, &sd, &hs), TDM_OK);
@@ -469,39 +428,28 @@ static void cancel__by_sender_and_before_any_request(void **state)
     sd.num_blocks_ready = 1;
     assert_int_equal(tdm_kvx_send(x.p.kvx, &sd, &hs), TDM_OK);
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = x.peer_on_d;
-    rd.request_id = 4;
-    rd.num_blocks = 3;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, x.peer_on_d, 4, dst, 3, 0);
     assert_int_equal(tdm_kvx_recv(x.d.kvx, &rd, &hr), TDM_OK);
     /* one ready block flows: once it has landed, the request has matched */
-    for (int i = 0; i < 1000 && t_stats(&x.d).bytes_received == 0; i++) t_sleep_ms(5);
+    wait_received(&x.d, 1);
     assert_int_not_equal(t_stats(&x.d).bytes_received, 0);
     assert_int_equal(tdm_kvx_cancel(x.p.kvx, hs), TDM_OK);
     ev = t_wait(&x.p);
     assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
     ev = t_wait(&x.d);
     assert_int_equal(ev.type, TDM_KVX_EV_CANCELLED);
-    check_idle(&x.d);
-    check_idle(&x.p);
+    check_pair_idle(&x);
     pair_down(&x);
 }
 
 static void timeout__receiver_without_sender_fails_and_releases(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "tmo");
     pair x;
-    pair_up(&x, ep, ZMQ_ONLY);
+    pair_up_ipc(&x, "tmo", ZMQ_ONLY);
     uint32_t dst[5] = { 10, 11, 12, 13, 14 };
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = x.peer_on_d;
-    rd.request_id = 99;
-    rd.num_blocks = 5;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, x.peer_on_d, 99, dst, 5, 0);
     rd.timeout_ms = 150;
     uint64_t h, h2;
     assert_int_equal(tdm_kvx_recv(x.d.kvx, &rd, &h), TDM_OK);
@@ -525,17 +473,11 @@ static void timeout__receiver_without_sender_fails_and_releases(void **state)
 static void recv__all_blocks_held_is_done_at_once(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "held");
     pair x;
-    pair_up(&x, ep, ZMQ_ONLY);
+    pair_up_ipc(&x, "held", ZMQ_ONLY);
     uint32_t dst[2] = { 1, 2 };
     tdm_kvx_recv_desc rd;
-    tdm_kvx_recv_desc_init(&rd);
-    rd.peer = x.peer_on_d;
-    rd.num_blocks = 2;
-    rd.num_skip = 2;
-    rd.block_ids = dst;
+    t_recv_desc(&rd, x.peer_on_d, 0, dst, 2, 2);
     uint64_t h;
     assert_int_equal(tdm_kvx_recv(x.d.kvx, &rd, &h), TDM_OK);
     int fd = -1;
@@ -551,10 +493,8 @@ static void recv__all_blocks_held_is_done_at_once(void **state)
 static void api__rejects_bad_arguments(void **state)
 {
     (void)state;
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "api");
     pair x;
-    pair_up(&x, ep, ZMQ_ONLY);
+    pair_up_ipc(&x, "api", ZMQ_ONLY);
     uint64_t h = 0;
     uint32_t ids[2] = { 1, 2 };
     tdm_kvx_recv_desc rd;
@@ -602,12 +542,10 @@ static void peers__slots_are_reused_ids_are_not(void **state)
     char ep[128];
     t_ipc(ep, sizeof(ep), "churn");
     eng p, bad;
-    tdm_kvx_config c;
     tdm_kv_layout l;
     t_engine(&p, "p", TDM_KVX_ROLE_PREFILL, ep, ZMQ_ONLY, 1);
-    t_config(&c, "bad", TDM_KVX_ROLE_DECODE, NULL);
     t_layout(&l, 1, T_LAYERS + 1, 8, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    t_engine_cfg(&bad, &c, &l, 2);
+    decode_with_layout(&bad, "bad", 0, &l);
     uint32_t peer, last = 0, first = 0;
     /* more refused handshakes than there are peer slots (256) */
     for (int i = 0; i < 300; i++) assert_int_equal(tdm_kvx_connect(bad.kvx, ep, NULL, &peer), TDM_E_LAYOUT);
@@ -656,18 +594,12 @@ static void alloc__failures_are_reported_and_leave_no_state(void **state)
     }
     assert_true(ok);
     /* recv/send under injected failures: an error leaves no reservation behind */
-    char ep[128];
-    t_ipc(ep, sizeof(ep), "inj");
     pair x;
-    pair_up(&x, ep, ZMQ_ONLY);
+    pair_up_ipc(&x, "inj", ZMQ_ONLY);
     uint32_t ids[4] = { 1, 2, 3, 4 };
     for (long n = 1; n < 8; n++) {
         tdm_kvx_recv_desc rd;
-        tdm_kvx_recv_desc_init(&rd);
-        rd.peer = x.peer_on_d;
-        rd.request_id = (uint64_t)n;
-        rd.num_blocks = 4;
-        rd.block_ids = ids;
+        t_recv_desc(&rd, x.peer_on_d, (uint64_t)n, ids, 4, 0);
         rd.timeout_ms = 50;
         uint64_t h = 0;
         tdm__alloc_fail_after(n);
@@ -682,10 +614,7 @@ static void alloc__failures_are_reported_and_leave_no_state(void **state)
             assert_int_equal(ev.type, TDM_KVX_EV_FAILED);
         }
         tdm_kvx_send_desc sd;
-        tdm_kvx_send_desc_init(&sd);
-        sd.request_id = 1000 + (uint64_t)n;
-        sd.num_blocks = 4;
-        sd.block_ids = ids;
+        t_send_desc(&sd, 1000 + (uint64_t)n, ids, 4, 0);
         h = 0;
         tdm__alloc_fail_after(n);
         rc = tdm_kvx_send(x.p.kvx, &sd, &h);

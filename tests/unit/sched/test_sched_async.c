@@ -30,11 +30,7 @@ static void add_req(tdm_sched *s, uint64_t id, uint32_t num_prompt, uint32_t max
     assert_true(num_prompt <= 64);
     for (uint32_t i = 0; i < num_prompt; i++) p[i] = (tdm_token)(100 + 7 * id + i);
     tdm_request_desc d;
-    assert_int_equal(tdm_request_desc_init(&d), TDM_OK);
-    d.id = id;
-    d.prompt = p;
-    d.num_prompt_tokens = num_prompt;
-    d.max_tokens = max_tokens;
+    assert_int_equal(tsd_desc(&d, id, p, num_prompt, max_tokens), TDM_OK);
     d.eos_token_id = eos;
     d.arrival_time = (double)id * 1e-3;
     assert_int_equal(tdm_sched_add(s, &d), TDM_OK);

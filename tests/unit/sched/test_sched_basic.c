@@ -433,11 +433,7 @@ static void update__records_timings_from_host_clock(void **state)
     tdm_token p[8];
     tsd_prompt(1, 8, p);
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = 1;
-    d.prompt = p;
-    d.num_prompt_tokens = 8;
-    d.max_tokens = 3;
+    tsd_desc(&d, 1, p, 8, 3);
     d.arrival_time = 0.5;
     assert_int_equal(tdm_sched_add(s, &d), TDM_OK);
     tdm_request_info i;

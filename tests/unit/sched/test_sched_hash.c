@@ -130,11 +130,7 @@ static int add_req(tdm_sched *s, uint64_t id, const tdm_token *p, uint32_t n, ui
                    const char *salt, const void *hashes, uint32_t nh, uint32_t hsize)
 {
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = id;
-    d.prompt = p;
-    d.num_prompt_tokens = n;
-    d.max_tokens = max_tokens;
+    tsd_desc(&d, id, p, n, max_tokens);
     d.cache_salt = salt;
     d.cache_salt_len = salt ? (uint32_t)strlen(salt) : 0;
     d.block_hashes = hashes;

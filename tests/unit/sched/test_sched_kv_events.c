@@ -33,6 +33,14 @@ static void drain(tdm_sched *s, tdm_kv_event_batch *e)
     assert_int_equal(tdm_sched_kv_events(s, e), TDM_OK);
 }
 
+/* Drain, expecting exactly one event, of `kind`. */
+static void drain_one(tdm_sched *s, tdm_kv_event_batch *e, uint32_t kind)
+{
+    drain(s, e);
+    assert_int_equal(e->num_events, 1);
+    assert_int_equal(e->kinds[0], kind);
+}
+
 static uint32_t nhash(const tdm_kv_event_batch *e, uint32_t i) { return e->hash_offsets[i + 1] - e->hash_offsets[i]; }
 static const uint8_t *hash_at(const tdm_kv_event_batch *e, uint32_t i, uint32_t k)
 {
@@ -46,6 +54,13 @@ static void cycle(tdm_sched *s, double *now, tdm_token tok)
     tsd_step(s, *now, &b);
     tsd_update(s, &b, tok, *now + 0.01, NULL);
     *now += 0.02;
+}
+
+/* Step and update until every request is done (at most max_steps), then the end checks. */
+static void run_to_end(tdm_sched *s, double *now, int max_steps)
+{
+    (void)tsd_run(s, max_steps, now);
+    tsd_done(s);
 }
 
 static void kv_events__disabled_records_nothing(void **state)
@@ -62,8 +77,7 @@ static void kv_events__disabled_records_nothing(void **state)
     int64_t v = -1;
     assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_ENABLE_KV_EVENTS, &v), TDM_OK);
     assert_int_equal(v, 0);
-    (void)tsd_run(s, 100, &now);
-    tsd_done(s);
+    run_to_end(s, &now, 100);
 }
 
 static void kv_events__prompt_blocks_stored_then_decode_block_with_parent(void **state)
@@ -76,9 +90,7 @@ static void kv_events__prompt_blocks_stored_then_decode_block_with_parent(void *
     double now = 1.0;
     cycle(s, &now, 3); /* 40 prompt tokens computed: blocks 0 and 1 are full */
     tdm_kv_event_batch e;
-    drain(s, &e);
-    assert_int_equal(e.num_events, 1);
-    assert_int_equal(e.kinds[0], TDM_KV_EVENT_STORED);
+    drain_one(s, &e, TDM_KV_EVENT_STORED);
     assert_int_equal(nhash(&e, 0), 2);
     assert_int_equal(e.hash_sizes[0], 32); /* SHA-256 by default */
     assert_int_equal(e.has_parent[0], 0);
@@ -93,9 +105,7 @@ static void kv_events__prompt_blocks_stored_then_decode_block_with_parent(void *
     assert_true(tdm__sched_is_cached(s, second));
     /* Decode to 48 tokens: block 2 fills, parent = block 1's digest. */
     for (int i = 0; i < 8; i++) cycle(s, &now, 3);
-    drain(s, &e);
-    assert_int_equal(e.num_events, 1);
-    assert_int_equal(e.kinds[0], TDM_KV_EVENT_STORED);
+    drain_one(s, &e, TDM_KV_EVENT_STORED);
     assert_int_equal(nhash(&e, 0), 1);
     assert_int_equal(e.has_parent[0], 1);
     assert_memory_equal(e.parent_hashes, second, 32);
@@ -117,11 +127,7 @@ static void kv_events__host_digests_come_back(void **state)
     uint8_t hh[2][16];
     for (int i = 0; i < 2; i++) memset(hh[i], 0xa0 + i, 16);
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = 4;
-    d.prompt = p;
-    d.num_prompt_tokens = 33;
-    d.max_tokens = 2;
+    tsd_desc(&d, 4, p, 33, 2);
     d.block_hashes = hh;
     d.num_block_hashes = 2;
     d.block_hash_size = 16;
@@ -138,9 +144,7 @@ static void kv_events__host_digests_come_back(void **state)
     (void)tsd_run(s, 100, &now);
     /* Reset with nothing running: one ALL_CLEARED, no REMOVED. */
     assert_int_equal(tdm_sched_reset_prefix_cache(s, 0), TDM_OK);
-    drain(s, &e);
-    assert_int_equal(e.num_events, 1);
-    assert_int_equal(e.kinds[0], TDM_KV_EVENT_ALL_CLEARED);
+    drain_one(s, &e, TDM_KV_EVENT_ALL_CLEARED);
     assert_int_equal(nhash(&e, 0), 0);
     assert_int_equal(tdm__sched_num_cached(s), 0);
     tsd_done(s);
@@ -180,8 +184,7 @@ static void kv_events__eviction_removed_before_stored(void **state)
     tsd_stats(s, &st);
     assert_int_equal(st.evictions, 2);
     assert_int_equal(st.kv_events_dropped, 0);
-    (void)tsd_run(s, 10, &now);
-    tsd_done(s);
+    run_to_end(s, &now, 10);
 }
 
 static void kv_events__reset_with_running_clears(void **state)
@@ -194,11 +197,8 @@ static void kv_events__reset_with_running_clears(void **state)
     tdm_kv_event_batch e;
     drain(s, &e);
     assert_int_equal(tdm_sched_reset_prefix_cache(s, 1), TDM_OK);
-    drain(s, &e);
-    assert_int_equal(e.num_events, 1);
-    assert_int_equal(e.kinds[0], TDM_KV_EVENT_ALL_CLEARED);
-    (void)tsd_run(s, 100, &now);
-    tsd_done(s);
+    drain_one(s, &e, TDM_KV_EVENT_ALL_CLEARED);
+    run_to_end(s, &now, 100);
 }
 
 static void kv_events__overflow_counted_not_silent(void **state)
@@ -221,8 +221,7 @@ static void kv_events__overflow_counted_not_silent(void **state)
     drain(s, &e);
     assert_int_equal(e.overflowed, 0); /* the next batch starts afresh */
     assert_int_equal(e.num_dropped, 0);
-    (void)tsd_run(s, 10, &now);
-    tsd_done(s);
+    run_to_end(s, &now, 10);
 }
 
 static void kv_events__steady_state_allocates_nothing(void **state)
@@ -277,8 +276,7 @@ static void kv_events__drained_arrays_valid_until_next_drain(void **state)
     drain(s, &f);
     assert_true(f.num_events >= 2);
     assert_true(f.hashes != e.hashes);
-    (void)tsd_run(s, 100, &now);
-    tsd_done(s);
+    run_to_end(s, &now, 100);
 }
 
 static void kv_events__bad_arguments(void **state)
@@ -317,8 +315,7 @@ static void kv_events__bad_arguments(void **state)
     assert_int_equal(tdm_sched_configure(s, "{\"enable_kv_events\": true, \"kv_events_capacity\": 8}"), TDM_OK);
     assert_int_equal(tdm_sched_kv_events(s, &e), TDM_OK);
     assert_int_equal(e.num_events, 0);
-    (void)tsd_run(s, 100, &now);
-    tsd_done(s);
+    run_to_end(s, &now, 100);
 }
 
 int main(void)

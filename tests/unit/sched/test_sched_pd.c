@@ -20,18 +20,11 @@
 static int add_flags(tdm_sched *s, uint64_t id, uint32_t n, uint32_t max_tokens, uint32_t flags,
                      uint32_t num_remote)
 {
-    tdm_token p[256];
-    assert_true(n <= 256);
-    tsd_prompt(id, n, p);
-    tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = id;
-    d.prompt = p;
-    d.num_prompt_tokens = n;
-    d.max_tokens = max_tokens;
-    d.flags = flags;
-    d.num_remote_tokens = num_remote;
-    return tdm_sched_add(s, &d);
+    tsd_req r;
+    tsd_req_init(&r, id, n, max_tokens);
+    r.d.flags = flags;
+    r.d.num_remote_tokens = num_remote;
+    return tdm_sched_add(s, &r.d);
 }
 
 static tdm_sched *decode_side(int64_t failure, int64_t timeout_ms)
@@ -71,6 +64,54 @@ static void finish_all(tdm_sched *s, double now)
 {
     tsd_run(s, 100, &now);
     tsd_done(s);
+}
+
+/* The batch holds request id alone. */
+static void expect_only(const tdm_batch *b, uint64_t id)
+{
+    assert_int_equal(b->num_reqs, 1);
+    assert_int_equal(b->req_ids[0], id);
+}
+
+/* The batch holds request id alone, computing `tokens` tokens from `computed`. */
+static void expect_only_chunk(const tdm_batch *b, uint64_t id, uint32_t computed, uint32_t tokens)
+{
+    expect_only(b, id);
+    assert_int_equal(b->num_computed[0], computed);
+    assert_int_equal(b->num_tokens[0], tokens);
+}
+
+/* Request id has finished with `reason` and is still known. */
+static void expect_finished(const tdm_sched *s, uint64_t id, uint32_t reason)
+{
+    tdm_request_info i;
+    tsd_info(s, id, &i);
+    assert_int_equal(i.state, TDM_STATE_FINISHED);
+    assert_int_equal(i.finish_reason, reason);
+}
+
+/* Request id is no longer known to the scheduler. */
+static void expect_gone(const tdm_sched *s, uint64_t id)
+{
+    tdm_request_info i;
+    tdm_request_info_init(&i);
+    assert_int_equal(tdm_sched_request_info(s, id, &i), TDM_E_NOT_FOUND);
+}
+
+/* On a RECOMPUTE decode side: reserve request 1 (num_remote of its 40 tokens remote, 0: all),
+ * report its receive (ok, num_valid tokens), and check that the next step computes it from
+ * `computed` for `tokens` tokens; then run to the end. */
+static void receive_then_compute(uint32_t num_remote, int ok, uint32_t num_valid,
+                                 uint32_t computed, uint32_t tokens)
+{
+    tdm_sched *s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
+    reserve_remote(s, 1.0, num_remote);
+    assert_int_equal(tdm_sched_remote_kv_done(s, 1, ok, num_valid), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.1, &b);
+    expect_only_chunk(&b, 1, computed, tokens);
+    tsd_update(s, &b, 7, 1.15, NULL);
+    finish_all(s, 2.0);
 }
 
 static void remote_prefill__reserved_then_computes_last_token(void **state)
@@ -137,9 +178,7 @@ static void remote_prefill__local_prefix_hit_reduces_remote_part(void **state)
     assert_int_equal(tdm_sched_request_blocks(s, 1, &t, &n), TDM_OK);
     assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
     tsd_step(s, 2.1, &b);
-    assert_int_equal(b.num_reqs, 1);
-    assert_int_equal(b.num_computed[0], 39);
-    assert_int_equal(b.num_tokens[0], 1);
+    expect_only_chunk(&b, 1, 39, 1);
     tsd_update(s, &b, 7, 2.15, NULL);
     finish_all(s, 3.0);
 }
@@ -162,8 +201,7 @@ static void remote_prefill__received_requests_keep_queue_order(void **state)
     assert_int_equal(b.recv_ready_ids[1], 2);
     assert_int_equal(tsd_add(s, 3, 20, 2), TDM_OK); /* runs while 1 and 2 receive */
     tsd_step(s, 1.1, &b);
-    assert_int_equal(b.num_reqs, 1);
-    assert_int_equal(b.req_ids[0], 3);
+    expect_only(&b, 3);
     tsd_update(s, &b, 7, 1.15, NULL);
     assert_int_equal(tsd_add(s, 4, 20, 2), TDM_OK); /* arrives after 1 and 2 */
     assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
@@ -211,54 +249,17 @@ static void remote_prefill__received_request_gets_lookahead_slots(void **state)
 static void remote_prefill__partial_remote_tokens_compute_the_rest(void **state)
 {
     (void)state;
-    tdm_sched *s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
-    reserve_remote(s, 1.0, 32);
-    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
-    tdm_batch b;
-    tsd_step(s, 1.1, &b);
-    assert_int_equal(b.num_reqs, 1);
-    assert_int_equal(b.num_computed[0], 32);
-    assert_int_equal(b.num_tokens[0], 8);
-    tsd_update(s, &b, 7, 1.15, NULL);
-    finish_all(s, 2.0);
+    receive_then_compute(32, 1, 0, 32, 8);
 }
 
 static void remote_prefill__failure_recompute_keeps_valid_tokens(void **state)
 {
     (void)state;
-    tdm_sched *s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
-    reserve_remote(s, 1.0, 0);
-    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 0, 16), TDM_OK);
-    tdm_batch b;
-    tsd_step(s, 1.1, &b);
-    assert_int_equal(b.num_reqs, 1);
-    assert_int_equal(b.req_ids[0], 1);
-    assert_int_equal(b.num_computed[0], 16);
-    assert_int_equal(b.num_tokens[0], 24);
-    tsd_update(s, &b, 7, 1.15, NULL);
-    finish_all(s, 2.0);
-
+    receive_then_compute(0, 0, 16, 16, 24);
     /* vLLM's recompute policy truncates to the first invalid block: 20 valid tokens keep one
      * whole block */
-    s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
-    reserve_remote(s, 1.0, 0);
-    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 0, 20), TDM_OK);
-    tsd_step(s, 1.1, &b);
-    assert_int_equal(b.num_reqs, 1);
-    assert_int_equal(b.num_computed[0], 16);
-    assert_int_equal(b.num_tokens[0], 24);
-    tsd_update(s, &b, 7, 1.15, NULL);
-    finish_all(s, 2.0);
-
-    s = decode_side(TDM_REMOTE_KV_RECOMPUTE, 0);
-    reserve_remote(s, 1.0, 0);
-    assert_int_equal(tdm_sched_remote_kv_done(s, 1, 0, 0), TDM_OK);
-    tsd_step(s, 1.1, &b);
-    assert_int_equal(b.num_reqs, 1);
-    assert_int_equal(b.num_computed[0], 0);
-    assert_int_equal(b.num_tokens[0], 40);
-    tsd_update(s, &b, 7, 1.15, NULL);
-    finish_all(s, 2.0);
+    receive_then_compute(0, 0, 20, 16, 24);
+    receive_then_compute(0, 0, 0, 0, 40);
 }
 
 static void remote_prefill__failure_fail_policy_finishes_with_error(void **state)
@@ -267,10 +268,7 @@ static void remote_prefill__failure_fail_policy_finishes_with_error(void **state
     tdm_sched *s = decode_side(TDM_REMOTE_KV_FAIL, 0);
     reserve_remote(s, 1.0, 0);
     assert_int_equal(tdm_sched_remote_kv_done(s, 1, 0, 0), TDM_OK);
-    tdm_request_info i;
-    tsd_info(s, 1, &i);
-    assert_int_equal(i.state, TDM_STATE_FINISHED);
-    assert_int_equal(i.finish_reason, TDM_FINISH_ERROR);
+    expect_finished(s, 1, TDM_FINISH_ERROR);
     assert_int_equal(tdm__sched_blocks_in_use(s), 0);
     tdm_batch b;
     tsd_step(s, 1.1, &b);
@@ -299,9 +297,7 @@ static void remote_prefill__abort_while_waiting_frees_on_done(void **state)
     assert_int_equal(tdm_sched_remote_kv_done(s, 1, 1, 0), TDM_OK);
     assert_int_equal(tdm__sched_blocks_in_use(s), 0);
     tsd_step(s, 1.2, &b);
-    tdm_request_info i;
-    tdm_request_info_init(&i);
-    assert_int_equal(tdm_sched_request_info(s, 1, &i), TDM_E_NOT_FOUND);
+    expect_gone(s, 1);
     tsd_done(s);
 
     /* aborted before its blocks were reserved: freed at once */
@@ -386,19 +382,23 @@ static void remote_kv_done__rejects_unknown_and_local_requests(void **state)
     finish_all(s, 2.0);
 }
 
-static tdm_sched *prefill_side(int64_t delay_ms)
+/* A prefill side (delayed free after delay_ms) running request 1 (40 tokens, REMOTE_DECODE,
+ * max_tokens): *b is its first step, at `now`. */
+static tdm_sched *prefill_side_running(int64_t delay_ms, uint32_t max_tokens, double now,
+                                       tdm_batch *b)
 {
     const int64_t kv[] = { TDM_SCHED_ROLE, TDM_ROLE_PREFILL, TDM_SCHED_DELAY_FREE_TIMEOUT_MS, delay_ms, 0 };
-    return tsd_newp(kv);
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(add_flags(s, 1, 40, max_tokens, TDM_REQ_REMOTE_DECODE, 0), TDM_OK);
+    tsd_step(s, now, b);
+    return s;
 }
 
 static void remote_decode__blocks_held_until_release(void **state)
 {
     (void)state;
-    tdm_sched *s = prefill_side(120000);
-    assert_int_equal(add_flags(s, 1, 40, 1, TDM_REQ_REMOTE_DECODE, 0), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 1.0, &b);
+    tdm_sched *s = prefill_side_running(120000, 1, 1.0, &b);
     assert_int_equal(tdm_sched_release(s, 1), TDM_E_STATE); /* running: nothing held */
     tdm_update_result r;
     tsd_update(s, &b, 7, 1.1, &r);
@@ -425,10 +425,8 @@ static void remote_decode__blocks_held_until_release(void **state)
 static void remote_decode__release_frees_held_blocks(void **state)
 {
     (void)state;
-    tdm_sched *s = prefill_side(120000);
-    assert_int_equal(add_flags(s, 1, 40, 1, TDM_REQ_REMOTE_DECODE, 0), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 1.0, &b);
+    tdm_sched *s = prefill_side_running(120000, 1, 1.0, &b);
     tsd_update(s, &b, 7, 1.1, NULL);
     tsd_step(s, 1.2, &b);
     tsd_step(s, 1.3, &b);
@@ -442,9 +440,7 @@ static void remote_decode__release_frees_held_blocks(void **state)
     assert_true(tdm_sched_release(s, 1) != TDM_OK);
     assert_int_equal(tdm_sched_release(s, 77), TDM_E_NOT_FOUND);
     tsd_step(s, 1.4, &b);
-    tdm_request_info i;
-    tdm_request_info_init(&i);
-    assert_int_equal(tdm_sched_request_info(s, 1, &i), TDM_E_NOT_FOUND);
+    expect_gone(s, 1);
     tsd_done(s);
 }
 
@@ -453,10 +449,8 @@ static void remote_decode__release_frees_held_blocks(void **state)
 static void remote_decode__abort_frees_without_holding(void **state)
 {
     (void)state;
-    tdm_sched *s = prefill_side(120000);
-    assert_int_equal(add_flags(s, 1, 40, 5, TDM_REQ_REMOTE_DECODE, 0), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 1.0, &b);
+    tdm_sched *s = prefill_side_running(120000, 5, 1.0, &b);
     tsd_update(s, &b, 7, 1.1, NULL);
     assert_int_equal(tdm_sched_abort(s, 1), TDM_OK);
     tdm_request_info i;
@@ -471,10 +465,8 @@ static void remote_decode__abort_frees_without_holding(void **state)
 static void remote_decode__held_blocks_freed_after_timeout(void **state)
 {
     (void)state;
-    tdm_sched *s = prefill_side(1000);
-    assert_int_equal(add_flags(s, 1, 40, 1, TDM_REQ_REMOTE_DECODE, 0), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 0.5, &b);
+    tdm_sched *s = prefill_side_running(1000, 1, 0.5, &b);
     tsd_update(s, &b, 7, 1.0, NULL); /* finished (and held) at 1.0 */
     tsd_step(s, 1.5, &b);
     assert_int_equal(tsd_state(s, 1), TDM_STATE_FINISHED_HELD);
@@ -554,8 +546,7 @@ static void prefill_first__prompt_steps_then_decode_steps(void **state)
         tsd_step(s, t += 0.05, &b);
         assert_true(b.num_reqs >= 1);
         if (b.num_prefill_reqs == 0) break;
-        assert_int_equal(b.num_reqs, 1);
-        assert_int_equal(b.req_ids[0], 1);
+        expect_only(&b, 1);
         chunks++;
         tsd_update(s, &b, 7, t + 0.01, NULL);
     }
@@ -567,8 +558,7 @@ static void prefill_first__prompt_steps_then_decode_steps(void **state)
     /* a new prompt takes the next step alone */
     assert_int_equal(tsd_add(s, 5, 40, 3), TDM_OK);
     tsd_step(s, t += 0.05, &b);
-    assert_int_equal(b.num_reqs, 1);
-    assert_int_equal(b.req_ids[0], 5);
+    expect_only(&b, 5);
     assert_int_equal(b.num_tokens[0], 40);
     tsd_update(s, &b, 7, t + 0.01, NULL);
     tsd_step(s, t += 0.05, &b);
@@ -595,16 +585,14 @@ static void prefill_first__decodes_run_when_no_prompt_fits(void **state)
     double t = 1.01;
     for (int k = 0; k < 5; k++) {
         tsd_step(s, t += 0.01, &b);
-        assert_int_equal(b.num_reqs, 1);
-        assert_int_equal(b.req_ids[0], 1);
+        expect_only(&b, 1);
         assert_int_equal(b.num_tokens[0], 1);
         assert_int_equal(b.num_prefill_reqs, 0);
         tsd_update(s, &b, 7, t + 0.005, NULL);
     }
     assert_int_equal(tsd_state(s, 1), TDM_STATE_FINISHED);
     tsd_step(s, t += 0.01, &b); /* request 1's blocks come back: 2 runs its prompt alone */
-    assert_int_equal(b.num_reqs, 1);
-    assert_int_equal(b.req_ids[0], 2);
+    expect_only(&b, 2);
     assert_int_equal(b.num_tokens[0], 100);
     tsd_update(s, &b, 7, t + 0.005, NULL);
     finish_all(s, t + 1.0);
@@ -622,8 +610,7 @@ static void decode_first__max_num_partial_prefills_limits_prefills(void **state)
     tdm_batch b;
     for (int k = 0; k < 4; k++) {
         tsd_step(s, 1.0 + k, &b);
-        assert_int_equal(b.num_reqs, 1);
-        assert_int_equal(b.req_ids[0], 1);
+        expect_only(&b, 1);
         tsd_update(s, &b, 7, 1.05 + k, NULL);
     }
     tsd_step(s, 5.0, &b); /* request 1's prompt is done: request 2 may start */
@@ -646,6 +633,24 @@ static double linear_cost(void *ctx, const tdm_step_shape *sh)
     return COST_BASE + COST_DECODE * sh->num_decode_reqs + COST_PREFILL_TOKEN * sh->num_prefill_tokens;
 }
 
+/* A scheduler configured by kv with linear_cost as its cost model (counting calls in *cc)
+ * and ten 10-token requests (ids 1..10, max_tokens 100): *b is the first step, at 1.0. */
+static tdm_sched *ten_requests_with_cost_model(const int64_t *kv, cost_ctx *cc, tdm_batch *b)
+{
+    tdm_sched *s = tsd_newp(kv);
+    cc->calls = 0;
+    tdm_cost_model cm = { TDM_COST_MODEL_VERSION, cc, linear_cost };
+    assert_int_equal(tdm_sched_set_cost_model(s, &cm), TDM_OK);
+    for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tsd_add(s, id, 10, 100), TDM_OK);
+    tsd_step(s, 1.0, b);
+    return s;
+}
+
+static void abort_ten(tdm_sched *s)
+{
+    for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tdm_sched_abort(s, id), TDM_OK);
+}
+
 /* The predicted cost of a batch under linear_cost, classifying entries from the scheduler. */
 static double batch_cost(const tdm_sched *s, const tdm_batch *b, uint32_t *prefill_tokens,
                          uint32_t *decodes)
@@ -666,14 +671,9 @@ static void decode_first__tbt_target_bounds_predicted_cost(void **state)
     (void)state;
     const int64_t kv[] = { TDM_SCHED_MODE, TDM_MODE_DECODE_FIRST, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 8192,
                            TDM_SCHED_TBT_TARGET_US, 10000, 0 };
-    tdm_sched *s = tsd_newp(kv);
     static cost_ctx cc;
-    cc.calls = 0;
-    tdm_cost_model cm = { TDM_COST_MODEL_VERSION, &cc, linear_cost };
-    assert_int_equal(tdm_sched_set_cost_model(s, &cm), TDM_OK);
-    for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tsd_add(s, id, 10, 100), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 1.0, &b);
+    tdm_sched *s = ten_requests_with_cost_model(kv, &cc, &b);
     tsd_update(s, &b, 7, 1.01, NULL);
     assert_int_equal(tsd_add(s, 100, 4000, 2), TDM_OK);
     for (int k = 0; k < 3; k++) {
@@ -693,7 +693,7 @@ static void decode_first__tbt_target_bounds_predicted_cost(void **state)
     bad.version = TDM_COST_MODEL_VERSION;
     bad.estimate = NULL;
     assert_int_equal(tdm_sched_set_cost_model(s, &bad), TDM_E_INVAL);
-    for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tdm_sched_abort(s, id), TDM_OK);
+    abort_ten(s);
     assert_int_equal(tdm_sched_abort(s, 100), TDM_OK);
     tsd_step(s, 9.0, &b);
     tsd_done(s);
@@ -705,14 +705,9 @@ static void decode_first__tbt_exceeded_by_decodes_adds_no_prefill(void **state)
 {
     (void)state;
     const int64_t kv[] = { TDM_SCHED_MODE, TDM_MODE_DECODE_FIRST, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 8192, 0 };
-    tdm_sched *s = tsd_newp(kv);
     static cost_ctx cc;
-    cc.calls = 0;
-    tdm_cost_model cm = { TDM_COST_MODEL_VERSION, &cc, linear_cost };
-    assert_int_equal(tdm_sched_set_cost_model(s, &cm), TDM_OK);
-    for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tsd_add(s, id, 10, 100), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 1.0, &b); /* no target yet: all ten admitted */
+    tdm_sched *s = ten_requests_with_cost_model(kv, &cc, &b); /* no target yet: all ten admitted */
     assert_int_equal(b.num_reqs, 10);
     tsd_update(s, &b, 7, 1.01, NULL);
     /* 10 decodes cost 1 ms + 10 x 0.1 ms = 2 ms > 1.5 ms */
@@ -727,7 +722,7 @@ static void decode_first__tbt_exceeded_by_decodes_adds_no_prefill(void **state)
         assert_int_equal(tsd_state(s, 100), TDM_STATE_WAITING);
         tsd_update(s, &b, 7, 2.05 + k, NULL);
     }
-    for (uint64_t id = 1; id <= 10; id++) assert_int_equal(tdm_sched_abort(s, id), TDM_OK);
+    abort_ten(s);
     tsd_step(s, 9.0, &b); /* alone, the prompt runs: at least a block's worth */
     int k = tsd_find(&b, 100);
     assert_true(k >= 0);

@@ -24,18 +24,11 @@ static tdm_sched *priority_sched(int64_t max_seqs)
 static void add_prio(tdm_sched *s, uint64_t id, int32_t prio, double arrival, uint32_t n,
                      uint32_t max_tokens)
 {
-    tdm_token p[256];
-    assert_true(n <= 256);
-    tsd_prompt(id, n, p);
-    tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = id;
-    d.prompt = p;
-    d.num_prompt_tokens = n;
-    d.max_tokens = max_tokens;
-    d.priority = prio;
-    d.arrival_time = arrival;
-    assert_int_equal(tdm_sched_add(s, &d), TDM_OK);
+    tsd_req r;
+    tsd_req_init(&r, id, n, max_tokens);
+    r.d.priority = prio;
+    r.d.arrival_time = arrival;
+    assert_int_equal(tdm_sched_add(s, &r.d), TDM_OK);
 }
 
 static void expect_order(tdm_sched *s, const uint64_t *ids, uint32_t n)
@@ -59,44 +52,52 @@ static void finish_everything(tdm_sched *s)
     tsd_done(s);
 }
 
+/* Under PRIORITY with room for all: requests 0..n-1 (10-token prompts) with prios[i] and
+ * arrivals[i] are admitted in one step in the order `want`. */
+static void expect_priority_order(const int32_t *prios, const double *arrivals, uint32_t n,
+                                  const uint64_t *want)
+{
+    tdm_sched *s = priority_sched(16);
+    for (uint32_t i = 0; i < n; i++) add_prio(s, i, prios[i], arrivals[i], 10, 2);
+    expect_order(s, want, n);
+    finish_everything(s);
+}
+
+static void expect_policy_param(const tdm_sched *s, int64_t policy)
+{
+    int64_t v = -1;
+    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_POLICY, &v), TDM_OK);
+    assert_int_equal(v, policy);
+}
+
 /* vLLM test_priority_scheduling_basic_ordering */
 static void priority__orders_by_priority_value(void **state)
 {
     (void)state;
-    tdm_sched *s = priority_sched(16);
-    add_prio(s, 0, 2, 1.0, 10, 2);
-    add_prio(s, 1, 0, 2.0, 10, 2);
-    add_prio(s, 2, 1, 3.0, 10, 2);
+    const int32_t prios[3] = { 2, 0, 1 };
+    const double arrivals[3] = { 1.0, 2.0, 3.0 };
     const uint64_t want[3] = { 1, 2, 0 };
-    expect_order(s, want, 3);
-    finish_everything(s);
+    expect_priority_order(prios, arrivals, 3, want);
 }
 
 /* vLLM test_priority_scheduling_arrival_time_tiebreaker / test_priority_scheduling_fcfs_fallback */
 static void priority__equal_priority_falls_back_to_arrival(void **state)
 {
     (void)state;
-    tdm_sched *s = priority_sched(16);
-    add_prio(s, 0, 1, 3.0, 10, 2);
-    add_prio(s, 1, 1, 1.0, 10, 2);
-    add_prio(s, 2, 1, 2.0, 10, 2);
+    const int32_t prios[3] = { 1, 1, 1 };
+    const double arrivals[3] = { 3.0, 1.0, 2.0 };
     const uint64_t want[3] = { 1, 2, 0 };
-    expect_order(s, want, 3);
-    finish_everything(s);
+    expect_priority_order(prios, arrivals, 3, want);
 }
 
 /* vLLM test_priority_scheduling_mixed_priority_and_arrival */
 static void priority__mixed_priority_and_arrival(void **state)
 {
     (void)state;
-    tdm_sched *s = priority_sched(16);
-    add_prio(s, 0, 2, 1.0, 10, 2);
-    add_prio(s, 1, 1, 3.0, 10, 2);
-    add_prio(s, 2, 1, 2.0, 10, 2);
-    add_prio(s, 3, 0, 4.0, 10, 2);
+    const int32_t prios[4] = { 2, 1, 1, 0 };
+    const double arrivals[4] = { 1.0, 3.0, 2.0, 4.0 };
     const uint64_t want[4] = { 3, 2, 1, 0 };
-    expect_order(s, want, 4);
-    finish_everything(s);
+    expect_priority_order(prios, arrivals, 4, want);
 }
 
 /* Admit one request per step (max_num_seqs 1), finishing each before the next. */
@@ -321,24 +322,39 @@ static tdm_policy make_policy(pol_ctx *c, int (*cmp)(void *, const tdm_request_v
     return p;
 }
 
-static void policy__custom_compare_orders_admission(void **state)
+/* Install a fresh test policy on s: compare `cmp`, pick_victim `victim` (may be NULL), the
+ * context *c zeroed (it counts destroy and pick_victim calls). */
+static void install_policy(tdm_sched *s, pol_ctx *c,
+                           int (*cmp)(void *, const tdm_request_view *, const tdm_request_view *),
+                           uint32_t (*victim)(void *, const tdm_request_view *const *, uint32_t))
 {
-    (void)state;
-    const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
-    tdm_sched *s = tsd_newp(kv);
-    static pol_ctx c;
-    c = (pol_ctx){ 0, 0 };
-    tdm_policy p = make_policy(&c, cmp_short_first);
+    *c = (pol_ctx){ 0, 0 };
+    tdm_policy p = make_policy(c, cmp);
+    p.pick_victim = victim;
     assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
-    int64_t v = -1;
-    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_POLICY, &v), TDM_OK);
-    assert_int_equal(v, TDM_POLICY_CUSTOM);
+}
+
+/* With max_num_seqs 1 and a shortest-prompt-first policy installed: four requests (prompts of
+ * 50, 10, 30, 20 tokens) are admitted shortest first, then a last step. */
+static void expect_shortest_first_admission(tdm_sched *s)
+{
     const uint32_t lens[4] = { 50, 10, 30, 20 };
     for (uint64_t i = 0; i < 4; i++) assert_int_equal(tsd_add(s, i + 1, lens[i], 3), TDM_OK);
     const uint64_t want[4] = { 2, 4, 3, 1 };
     admit_one_by_one(s, want, 4);
     tdm_batch b;
     tsd_step(s, 9.0, &b);
+}
+
+static void policy__custom_compare_orders_admission(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    static pol_ctx c;
+    install_policy(s, &c, cmp_short_first, NULL);
+    expect_policy_param(s, TDM_POLICY_CUSTOM);
+    expect_shortest_first_admission(s);
     assert_int_equal(c.destroyed, 0);
     tsd_done(s);
     assert_int_equal(c.destroyed, 1); /* destroy(ctx) on tdm_sched_destroy */
@@ -353,10 +369,7 @@ static void policy__pick_victim_honoured_and_undone(void **state)
                            TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
     tdm_sched *s = tsd_newp(kv);
     static pol_ctx c;
-    c = (pol_ctx){ 0, 0 };
-    tdm_policy p = make_policy(&c, cmp_arrival);
-    p.pick_victim = victim_oldest;
-    assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
+    install_policy(s, &c, cmp_arrival, victim_oldest);
     for (uint64_t id = 1; id <= 3; id++) assert_int_equal(tsd_add(s, id, 48, 20), TDM_OK);
     tdm_batch b;
     tsd_step(s, 1.0, &b);
@@ -396,9 +409,7 @@ static void policy__set_rejected_while_waiting_and_bad_tables(void **state)
     assert_int_equal(tsd_add(s, 1, 10, 2), TDM_OK);
     assert_int_equal(tdm_sched_set_policy(s, &p), TDM_E_STATE);
     assert_true(tdm_sched_errmsg(s)[0] != '\0');
-    int64_t v = -1;
-    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_POLICY, &v), TDM_OK);
-    assert_int_equal(v, TDM_POLICY_FCFS);
+    expect_policy_param(s, TDM_POLICY_FCFS);
     tsd_run(s, 20, NULL);
     /* replacing a custom policy destroys the old one */
     static pol_ctx c2;
@@ -435,9 +446,7 @@ static void policy__compare_ties_follow_arrival_time(void **state)
     const int64_t seqs[] = { TDM_SCHED_MAX_NUM_SEQS, 1, 0 };
     tdm_sched *s = tsd_newp(seqs);
     static pol_ctx c;
-    c = (pol_ctx){ 0, 0 };
-    tdm_policy p = make_policy(&c, cmp_tie);
-    assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
+    install_policy(s, &c, cmp_tie, NULL);
     add_prio(s, 0, 0, 3.0, 10, 3);
     add_prio(s, 1, 0, 1.0, 10, 3);
     add_prio(s, 2, 0, 2.0, 10, 3);
@@ -452,16 +461,11 @@ static void policy__default_victim_and_bad_victim_index(void **state)
 {
     (void)state;
     static pol_ctx c;
-    tdm_policy p;
-    tdm_sched *s;
     for (int bad = 0; bad < 2; bad++) {
         const int64_t kv[] = { TDM_SCHED_NUM_BLOCKS, 8, TDM_SCHED_BLOCK_SIZE, 16,
                                TDM_SCHED_ENABLE_PREFIX_CACHING, 0, 0 };
-        s = tsd_newp(kv);
-        c = (pol_ctx){ 0, 0 };
-        p = make_policy(&c, cmp_short_first);
-        if (bad) p.pick_victim = victim_out_of_range;
-        assert_int_equal(tdm_sched_set_policy(s, &p), TDM_OK);
+        tdm_sched *s = tsd_newp(kv);
+        install_policy(s, &c, cmp_short_first, bad ? victim_out_of_range : NULL);
         assert_int_equal(tsd_add(s, 1, 47, 20), TDM_OK);
         tdm_batch b;
         tsd_step(s, 1.0, &b);
@@ -506,12 +510,7 @@ static void load_policy__shared_object_changes_admission_order(void **state)
     tdm_sched *s = tsd_newp(kv);
     int rc = tdm_sched_load_policy(s, path, NULL);
     if (rc != TDM_OK) fail_msg("load_policy -> %d: %s", rc, tdm_sched_errmsg(s));
-    const uint32_t lens[4] = { 50, 10, 30, 20 };
-    for (uint64_t i = 0; i < 4; i++) assert_int_equal(tsd_add(s, i + 1, lens[i], 3), TDM_OK);
-    const uint64_t want[4] = { 2, 4, 3, 1 };
-    admit_one_by_one(s, want, 4);
-    tdm_batch b;
-    tsd_step(s, 9.0, &b);
+    expect_shortest_first_admission(s);
     tsd_done(s);
 }
 
@@ -532,9 +531,7 @@ static void load_policy__errors_report_plugin_and_keep_policy(void **state)
         assert_int_equal(tdm_sched_load_policy(s, path, "tdm_policy_entry_fails"), TDM_E_PLUGIN);
         assert_true(tdm_sched_errmsg(s)[0] != '\0');
     }
-    int64_t v = -1;
-    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_POLICY, &v), TDM_OK);
-    assert_int_equal(v, TDM_POLICY_FCFS);
+    expect_policy_param(s, TDM_POLICY_FCFS);
     tsd_done(s);
 }
 

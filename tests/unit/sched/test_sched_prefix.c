@@ -317,11 +317,7 @@ static int add_salted(tdm_sched *s, uint64_t id, const tdm_token *p, uint32_t n,
                       const char *salt)
 {
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = id;
-    d.prompt = p;
-    d.num_prompt_tokens = n;
-    d.max_tokens = 3;
+    tsd_desc(&d, id, p, n, 3);
     d.cache_salt = salt;
     d.cache_salt_len = salt ? (uint32_t)strlen(salt) : 0;
     return tdm_sched_add(s, &d);
@@ -364,11 +360,7 @@ static void prefix__disabled_or_skipped_gives_no_hit(void **state)
         tsd_step(s, 1.0, &b);
         tsd_update(s, &b, 7, 1.1, NULL);
         tdm_request_desc d;
-        tdm_request_desc_init(&d);
-        d.id = 2;
-        d.prompt = p;
-        d.num_prompt_tokens = 40;
-        d.max_tokens = 3;
+        tsd_desc(&d, 2, p, 40, 3);
         d.flags = mode == 0 ? 0 : TDM_REQ_SKIP_PREFIX_CACHE;
         assert_int_equal(tdm_sched_add(s, &d), TDM_OK);
         int k = step_expect(s, 1.2, &b, 2);

@@ -205,11 +205,7 @@ static void op_add(world *w)
         p[i] = i < shared ? (tdm_token)(100 + fam * 1000 + i) : (tdm_token)(50000 + below(r, 40000));
     tdm_token stops[1] = { 5 };
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = w->next_id++;
-    d.prompt = p;
-    d.num_prompt_tokens = np;
-    d.max_tokens = 1 + below(r, 40);
+    tsd_desc(&d, w->next_id++, p, np, 1 + below(r, 40));
     d.min_tokens = chance(r, 20) ? below(r, 4) : 0;
     d.eos_token_id = chance(r, 50) ? 3 : -1;
     if (chance(r, 30)) {

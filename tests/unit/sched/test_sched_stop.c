@@ -7,6 +7,7 @@
  * drafts, a late output with drafts for a request preempted in flight, and the outputs a
  * report may hold (a replayed update, a token for a non-final prefill chunk: TDM_E_STATE).
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,17 +16,21 @@
 #if TDM_HAVE_SCHED_IMPL
 
 #define EOS 2
+#define ANY INT_MIN /* expect_result: this field is not checked */
 
-/* Two running requests after their prefill, each with one output token (100). */
-static tdm_sched *two_decoding(const tdm_request_desc *d0, const tdm_request_desc *d1,
-                               tdm_token *prompt)
+/* The prompt of the two requests two_decoding() starts. */
+static const tdm_token PROMPT[4] = { 501, 502, 503, 504 };
+
+/* Two running requests (ids 0 and 1, prompt PROMPT) after their prefill, each with one
+ * output token (100). */
+static tdm_sched *two_decoding(const tdm_request_desc *d0, const tdm_request_desc *d1)
 {
     const int64_t kv[] = { TDM_SCHED_NUM_LOOKAHEAD_TOKENS, 2, 0 };
     tdm_sched *s = tsd_newp(kv);
     tdm_request_desc d[2] = { *d0, *d1 };
     for (int i = 0; i < 2; i++) {
         d[i].id = (uint64_t)i;
-        d[i].prompt = prompt;
+        d[i].prompt = PROMPT;
         d[i].num_prompt_tokens = 4;
         assert_int_equal(tdm_sched_add(s, &d[i]), TDM_OK);
     }
@@ -43,15 +48,37 @@ static void desc_default(tdm_request_desc *d, uint32_t max_tokens)
     d->eos_token_id = EOS;
 }
 
-/* Report explicit outputs for requests 0 and 1. */
-static void update_two(tdm_sched *s, const tdm_token *t0, uint32_t n0, const tdm_token *t1,
-                       uint32_t n1, tdm_update_result *r)
+/* two_decoding() with the default request (max_tokens 10, EOS) for both. */
+static tdm_sched *two_decoding_default(void)
+{
+    tdm_request_desc d;
+    desc_default(&d, 10);
+    return two_decoding(&d, &d);
+}
+
+static void set_drafts(tdm_sched *s, uint64_t id, const tdm_token *drafts, uint32_t n)
+{
+    assert_int_equal(tdm_sched_set_draft_tokens(s, id, drafts, n), TDM_OK);
+}
+
+/* Set drafts for request 0 (n0 of them) and request 1 (n1), then step at 2.0. */
+static void step_with_drafts(tdm_sched *s, const tdm_token *dr0, uint32_t n0,
+                             const tdm_token *dr1, uint32_t n1, tdm_batch *b)
+{
+    if (n0) set_drafts(s, 0, dr0, n0);
+    if (n1) set_drafts(s, 1, dr1, n1);
+    tsd_step(s, 2.0, b);
+}
+
+/* Report explicit outputs for requests 0 and 1 at 2.1; returns the update status. */
+static int try_update_two(tdm_sched *s, const tdm_token *t0, uint32_t n0, const tdm_token *t1,
+                          uint32_t n1, tdm_update_result *r)
 {
     uint64_t ids[2] = { 0, 1 };
     uint32_t offs[3] = { 0, n0, n0 + n1 };
     tdm_token toks[16];
-    memcpy(toks, t0, n0 * sizeof(*toks));
-    memcpy(toks + n0, t1, n1 * sizeof(*toks));
+    if (n0) memcpy(toks, t0, n0 * sizeof(*toks));
+    if (n1) memcpy(toks + n0, t1, n1 * sizeof(*toks));
     tdm_step_output o;
     tdm_step_output_init(&o);
     o.num_reqs = 2;
@@ -60,7 +87,15 @@ static void update_two(tdm_sched *s, const tdm_token *t0, uint32_t n0, const tdm
     o.tokens = toks;
     o.now = 2.1;
     tdm_update_result_init(r);
-    assert_int_equal(tdm_sched_update(s, &o, r), TDM_OK);
+    return tdm_sched_update(s, &o, r);
+}
+
+/* try_update_two() that must succeed. */
+static void update_two(tdm_sched *s, const tdm_token *t0, uint32_t n0, const tdm_token *t1,
+                       uint32_t n1, tdm_update_result *r)
+{
+    int rc = try_update_two(s, t0, n0, t1, n1, r);
+    if (rc != TDM_OK) fail_msg("update -> %d: %s", rc, tdm_sched_errmsg(s));
 }
 
 static int result_index(const tdm_update_result *r, uint64_t id)
@@ -71,6 +106,53 @@ static int result_index(const tdm_update_result *r, uint64_t id)
     return -1;
 }
 
+/* What the update did for request id: new tokens, finish reason, stop token (ANY: not
+ * checked). */
+static void expect_result(const tdm_update_result *r, uint64_t id, int num_new, int finish,
+                          int stop_token)
+{
+    int k = result_index(r, id);
+    if (num_new != ANY) assert_int_equal(r->num_new_tokens[k], num_new);
+    if (finish != ANY) assert_int_equal(r->finish_reasons[k], finish);
+    if (stop_token != ANY) assert_int_equal(r->stop_tokens[k], stop_token);
+}
+
+/* Batch entry k schedules `tokens` tokens, `spec` of them drafts. */
+static void expect_entry(const tdm_batch *b, int k, uint32_t tokens, uint32_t spec)
+{
+    assert_true(k >= 0);
+    assert_int_equal(b->num_tokens[k], tokens);
+    assert_int_equal(b->num_spec[k], spec);
+}
+
+/* Request id's tokens are PROMPT then outs[0..n). */
+static void expect_output(const tdm_sched *s, uint64_t id, const tdm_token *outs, uint32_t n)
+{
+    tsd_assert_tokens(s, id, PROMPT, 4, outs, n);
+}
+
+static void expect_computed(const tdm_sched *s, uint64_t id, uint32_t n)
+{
+    tdm_request_info i;
+    tsd_info(s, id, &i);
+    assert_int_equal(i.num_computed_tokens, n);
+}
+
+/* One last step at `now` (it hands back what finished), then the clean-state checks. */
+static void step_and_done(tdm_sched *s, double now)
+{
+    tdm_batch b;
+    tsd_step(s, now, &b);
+    tsd_done(s);
+}
+
+/* Run what is left to the end from `now`, then the clean-state checks. */
+static void run_and_done(tdm_sched *s, double now, int max_steps)
+{
+    tsd_run(s, max_steps, &now);
+    tsd_done(s);
+}
+
 static void finish_all(tdm_sched *s)
 {
     for (uint64_t id = 0; id < 2; id++) {
@@ -78,47 +160,34 @@ static void finish_all(tdm_sched *s)
         tsd_info(s, id, &i);
         if (i.state != TDM_STATE_FINISHED) assert_int_equal(tdm_sched_abort(s, id), TDM_OK);
     }
-    tdm_batch b;
-    tsd_step(s, 9.0, &b);
-    tsd_done(s);
+    step_and_done(s, 9.0);
 }
 
 /* vLLM test_stop_via_update_from_output, EOS case with drafts [10, 42] and [13]. */
 static void update__eos_stops_and_trims_after_it(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
-    tdm_request_desc d;
-    desc_default(&d, 10);
-    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_sched *s = two_decoding_default();
     const tdm_token dr0[2] = { 10, 42 }, dr1[1] = { 13 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr0, 2), TDM_OK);
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr1, 1), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 2.0, &b);
+    step_with_drafts(s, dr0, 2, dr1, 1, &b);
     assert_int_equal(b.num_reqs, 2);
-    assert_int_equal(b.num_tokens[0], 3);
-    assert_int_equal(b.num_spec[0], 2);
-    assert_int_equal(b.num_tokens[1], 2);
-    assert_int_equal(b.num_spec[1], 1);
+    expect_entry(&b, 0, 3, 2);
+    expect_entry(&b, 1, 2, 1);
     const tdm_token o0[2] = { EOS, 10 }, o1[2] = { 10, 11 };
     tdm_update_result r;
     update_two(s, o0, 2, o1, 2, &r);
-    int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
-    assert_int_equal(r.num_new_tokens[i0], 1);
-    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_STOP);
-    assert_int_equal(r.num_new_tokens[i1], 2);
-    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_NONE);
+    expect_result(&r, 0, 1, TDM_FINISH_STOP, ANY);
+    expect_result(&r, 1, 2, TDM_FINISH_NONE, ANY);
     const tdm_token e0[2] = { 100, EOS }, e1[3] = { 100, 10, 11 };
-    tsd_assert_tokens(s, 0, prompt, 4, e0, 2);
-    tsd_assert_tokens(s, 1, prompt, 4, e1, 3);
+    expect_output(s, 0, e0, 2);
+    expect_output(s, 1, e1, 3);
     tdm_request_info i;
     tsd_info(s, 0, &i);
     assert_int_equal(i.state, TDM_STATE_FINISHED);
     assert_int_equal(i.finish_reason, TDM_FINISH_STOP);
     assert_int_equal(i.num_output_tokens, 2);
-    tsd_info(s, 1, &i);
-    assert_int_equal(i.num_computed_tokens, 6); /* one draft, accepted: nothing rejected */
+    expect_computed(s, 1, 6); /* one draft, accepted: nothing rejected */
     finish_all(s);
 }
 
@@ -126,30 +195,23 @@ static void update__eos_stops_and_trims_after_it(void **state)
 static void update__stop_token_sets_reason_and_trims(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
     const tdm_token stops[2] = { 42, 43 };
     tdm_request_desc d;
     desc_default(&d, 10);
     d.stop_token_ids = stops;
     d.num_stop_token_ids = 2;
-    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_sched *s = two_decoding(&d, &d);
     const tdm_token dr0[2] = { 10, 42 }, dr1[1] = { 13 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr0, 2), TDM_OK);
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr1, 1), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 2.0, &b);
+    step_with_drafts(s, dr0, 2, dr1, 1, &b);
     const tdm_token o0[3] = { 10, 42, 12 }, o1[2] = { 13, 14 };
     tdm_update_result r;
     update_two(s, o0, 3, o1, 2, &r);
-    int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
-    assert_int_equal(r.num_new_tokens[i0], 2);
-    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_STOP);
-    assert_int_equal(r.stop_tokens[i0], 42);
-    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_NONE);
-    assert_int_equal(r.stop_tokens[i1], -1);
+    expect_result(&r, 0, 2, TDM_FINISH_STOP, 42);
+    expect_result(&r, 1, ANY, TDM_FINISH_NONE, -1);
     const tdm_token e0[3] = { 100, 10, 42 }, e1[3] = { 100, 13, 14 };
-    tsd_assert_tokens(s, 0, prompt, 4, e0, 3);
-    tsd_assert_tokens(s, 1, prompt, 4, e1, 3);
+    expect_output(s, 0, e0, 3);
+    expect_output(s, 1, e1, 3);
     finish_all(s);
 }
 
@@ -157,29 +219,23 @@ static void update__stop_token_sets_reason_and_trims(void **state)
 static void update__max_tokens_caps_and_trims(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
     tdm_request_desc d0, d1;
     desc_default(&d0, 3);
     desc_default(&d1, 10);
-    tdm_sched *s = two_decoding(&d0, &d1, prompt);
+    tdm_sched *s = two_decoding(&d0, &d1);
     const tdm_token dr0[2] = { 10, 11 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr0, 2), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 2.0, &b);
+    step_with_drafts(s, dr0, 2, NULL, 0, &b);
     int k = tsd_find(&b, 0);
     assert_true(k >= 0);
     assert_int_equal(b.num_spec[k], 2); /* vLLM schedules the drafts as given */
     const tdm_token o0[3] = { 10, 11, 12 }, o1[1] = { 13 };
     tdm_update_result r;
     update_two(s, o0, 3, o1, 1, &r);
-    int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
-    assert_int_equal(r.num_new_tokens[i0], 2);
-    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_LENGTH);
-    assert_int_equal(r.stop_tokens[i0], -1);
-    assert_int_equal(r.num_new_tokens[i1], 1);
-    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_NONE);
+    expect_result(&r, 0, 2, TDM_FINISH_LENGTH, -1);
+    expect_result(&r, 1, 1, TDM_FINISH_NONE, ANY);
     const tdm_token e0[3] = { 100, 10, 11 };
-    tsd_assert_tokens(s, 0, prompt, 4, e0, 3);
+    expect_output(s, 0, e0, 3);
     finish_all(s);
 }
 
@@ -187,25 +243,21 @@ static void update__max_tokens_caps_and_trims(void **state)
 static void update__ignore_eos_runs_to_max_tokens(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
     tdm_request_desc d0, d1;
     desc_default(&d0, 3);
     d0.flags = TDM_REQ_IGNORE_EOS;
     desc_default(&d1, 10);
-    tdm_sched *s = two_decoding(&d0, &d1, prompt);
+    tdm_sched *s = two_decoding(&d0, &d1);
     /* the prefill step already produced 100; now EOS, then EOS + drafts */
     const tdm_token dr0[2] = { 5, 6 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr0, 2), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 2.0, &b);
+    step_with_drafts(s, dr0, 2, NULL, 0, &b);
     const tdm_token o0[3] = { EOS, 10, 11 }, o1[1] = { 13 };
     tdm_update_result r;
     update_two(s, o0, 3, o1, 1, &r);
-    int i0 = result_index(&r, 0);
-    assert_int_equal(r.num_new_tokens[i0], 2);
-    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_LENGTH);
+    expect_result(&r, 0, 2, TDM_FINISH_LENGTH, ANY);
     const tdm_token e0[3] = { 100, EOS, 10 };
-    tsd_assert_tokens(s, 0, prompt, 4, e0, 3);
+    expect_output(s, 0, e0, 3);
     finish_all(s);
 }
 
@@ -215,35 +267,28 @@ static void update__ignore_eos_runs_to_max_tokens(void **state)
 static void update__stop_on_max_tokens_th_token_reports_stop(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
     const tdm_token stops[1] = { 42 };
     tdm_request_desc d0, d1;
     desc_default(&d0, 2);
     desc_default(&d1, 2);
     d1.stop_token_ids = stops;
     d1.num_stop_token_ids = 1;
-    tdm_sched *s = two_decoding(&d0, &d1, prompt);
+    tdm_sched *s = two_decoding(&d0, &d1);
     tdm_batch b;
     tsd_step(s, 2.0, &b);
     const tdm_token o0[1] = { EOS }, o1[1] = { 42 };
     tdm_update_result r;
     update_two(s, o0, 1, o1, 1, &r);
-    int i0 = result_index(&r, 0), i1 = result_index(&r, 1);
-    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_STOP);
-    assert_int_equal(r.stop_tokens[i0], EOS);
-    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_STOP);
-    assert_int_equal(r.stop_tokens[i1], 42);
+    expect_result(&r, 0, ANY, TDM_FINISH_STOP, EOS);
+    expect_result(&r, 1, ANY, TDM_FINISH_STOP, 42);
     finish_all(s);
     /* the same requests sampling ordinary tokens: LENGTH, no stop token */
-    s = two_decoding(&d0, &d1, prompt);
+    s = two_decoding(&d0, &d1);
     tsd_step(s, 2.0, &b);
     const tdm_token p0[1] = { 11 }, p1[1] = { 12 };
     update_two(s, p0, 1, p1, 1, &r);
-    i0 = result_index(&r, 0);
-    i1 = result_index(&r, 1);
-    assert_int_equal(r.finish_reasons[i0], TDM_FINISH_LENGTH);
-    assert_int_equal(r.finish_reasons[i1], TDM_FINISH_LENGTH);
-    assert_int_equal(r.stop_tokens[i1], -1);
+    expect_result(&r, 0, ANY, TDM_FINISH_LENGTH, ANY);
+    expect_result(&r, 1, ANY, TDM_FINISH_LENGTH, -1);
     finish_all(s);
 }
 
@@ -252,12 +297,11 @@ static void update__min_tokens_defers_eos_and_stop_tokens(void **state)
 {
     (void)state;
     tdm_sched *s = tsd_new(NULL);
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
     const tdm_token stops[1] = { 42 };
     tdm_request_desc d;
     desc_default(&d, 10);
     d.id = 9;
-    d.prompt = prompt;
+    d.prompt = PROMPT;
     d.num_prompt_tokens = 4;
     d.min_tokens = 3;
     d.stop_token_ids = stops;
@@ -274,10 +318,8 @@ static void update__min_tokens_defers_eos_and_stop_tokens(void **state)
         assert_int_equal(r.num_new_tokens[0], 1);
         assert_int_equal(r.finish_reasons[0], k < 2 ? TDM_FINISH_NONE : TDM_FINISH_STOP);
     }
-    tsd_assert_tokens(s, 9, prompt, 4, outs, 3);
-    tdm_batch b;
-    tsd_step(s, 9.0, &b);
-    tsd_done(s);
+    expect_output(s, 9, outs, 3);
+    step_and_done(s, 9.0);
 }
 
 /* Spec decode: rejected drafts roll num_computed_tokens back (num_rejected = drafts -
@@ -285,14 +327,10 @@ static void update__min_tokens_defers_eos_and_stop_tokens(void **state)
 static void update__rejected_drafts_correct_num_computed(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
-    tdm_request_desc d;
-    desc_default(&d, 10);
-    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_sched *s = two_decoding_default();
     const tdm_token dr[2] = { 13, 14 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 2), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 2.0, &b);
+    step_with_drafts(s, NULL, 0, dr, 2, &b);
     int k = tsd_find(&b, 1);
     assert_int_equal(b.num_computed[k], 4);
     assert_int_equal(b.num_tokens[k], 3);
@@ -305,10 +343,8 @@ static void update__rejected_drafts_correct_num_computed(void **state)
     assert_int_equal(i.num_computed_tokens, 5);
     tsd_step(s, 3.0, &b);
     k = tsd_find(&b, 1);
-    assert_true(k >= 0);
+    expect_entry(&b, k, 1, 0); /* drafts are used once */
     assert_int_equal(b.num_computed[k], 5);
-    assert_int_equal(b.num_tokens[k], 1);
-    assert_int_equal(b.num_spec[k], 0); /* drafts are used once */
     tsd_update(s, &b, 7, 3.1, NULL);
     finish_all(s);
 }
@@ -328,28 +364,21 @@ static void step__drafts_truncated_to_budget(void **state)
     assert_int_equal(b.num_reqs, 2);
     tsd_update(s, &b, 7, 1.05, NULL);
     const tdm_token dr[3] = { 11, 12, 13 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 0, dr, 3), TDM_OK);
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 3), TDM_OK);
+    set_drafts(s, 0, dr, 3);
+    set_drafts(s, 1, dr, 3);
     tsd_step(s, 1.1, &b);
     assert_int_equal(b.num_reqs, 2);
-    assert_int_equal(b.num_tokens[0], 4);
-    assert_int_equal(b.num_spec[0], 3);
-    assert_int_equal(b.num_tokens[1], 2);
-    assert_int_equal(b.num_spec[1], 1);
+    expect_entry(&b, 0, 4, 3);
+    expect_entry(&b, 1, 2, 1);
     tsd_update(s, &b, 7, 1.15, NULL); /* every scheduled draft accepted */
     tdm_request_info i;
     tsd_info(s, 1, &i);
     assert_int_equal(i.num_output_tokens, 3);
     assert_int_equal(i.num_computed_tokens, 4);
     tsd_step(s, 1.2, &b);
-    int k = tsd_find(&b, 1);
-    assert_true(k >= 0);
-    assert_int_equal(b.num_spec[k], 0);
-    assert_int_equal(b.num_tokens[k], 1);
+    expect_entry(&b, tsd_find(&b, 1), 1, 0);
     tsd_update(s, &b, 7, 1.25, NULL);
-    double now = 2.0;
-    tsd_run(s, 40, &now);
-    tsd_done(s);
+    run_and_done(s, 2.0, 40);
 }
 
 static void update__max_model_len_stops_with_length(void **state)
@@ -382,8 +411,7 @@ static void update__max_model_len_stops_with_length(void **state)
     tsd_update(s, &b, 7, 21.1, &r);
     assert_int_equal(r.num_new_tokens[0], 1);
     assert_int_equal(r.finish_reasons[0], TDM_FINISH_LENGTH);
-    tsd_step(s, 22.0, &b);
-    tsd_done(s);
+    step_and_done(s, 22.0);
 }
 
 /* vLLM applies a late output to a request preempted while its batch was in flight, also
@@ -392,39 +420,21 @@ static void update__max_model_len_stops_with_length(void **state)
 static void update__late_output_with_drafts_after_preemption_applied(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
-    tdm_request_desc d;
-    desc_default(&d, 10);
-    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_sched *s = two_decoding_default();
     const tdm_token dr[2] = { 11, 12 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 2), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 2.0, &b);
+    step_with_drafts(s, NULL, 0, dr, 2, &b);
     assert_int_equal(b.num_spec[tsd_find(&b, 1)], 2);
     /* the host preempts everything while the batch runs */
     assert_int_equal(tdm_sched_reset_prefix_cache(s, 1), TDM_OK);
     assert_int_equal(tsd_state(s, 1), TDM_STATE_PREEMPTED);
     const tdm_token o0[1] = { 20 }, o1[3] = { 11, 12, 13 };
-    uint64_t ids[2] = { 0, 1 };
-    uint32_t offs[3] = { 0, 1, 4 };
-    tdm_token toks[4] = { o0[0], o1[0], o1[1], o1[2] };
-    tdm_step_output o;
-    tdm_step_output_init(&o);
-    o.num_reqs = 2;
-    o.req_ids = ids;
-    o.token_offsets = offs;
-    o.tokens = toks;
-    o.now = 2.1;
     tdm_update_result r;
-    tdm_update_result_init(&r);
-    int rc = tdm_sched_update(s, &o, &r);
-    if (rc != TDM_OK) fail_msg("update -> %d: %s", rc, tdm_sched_errmsg(s));
+    update_two(s, o0, 1, o1, 3, &r);
     const tdm_token e0[2] = { 100, 20 }, e1[4] = { 100, 11, 12, 13 };
-    tsd_assert_tokens(s, 0, prompt, 4, e0, 2);
-    tsd_assert_tokens(s, 1, prompt, 4, e1, 4);
-    tdm_request_info i;
-    tsd_info(s, 1, &i);
-    assert_int_equal(i.num_computed_tokens, 0);
+    expect_output(s, 0, e0, 2);
+    expect_output(s, 1, e1, 4);
+    expect_computed(s, 1, 0);
     finish_all(s);
 }
 
@@ -433,10 +443,7 @@ static void update__late_output_with_drafts_after_preemption_applied(void **stat
 static void update__late_stop_of_preempted_request_finishes_it(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
-    tdm_request_desc d;
-    desc_default(&d, 10);
-    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_sched *s = two_decoding_default();
     tdm_batch b;
     tsd_step(s, 2.0, &b);
     assert_int_equal(b.num_reqs, 2);
@@ -444,10 +451,8 @@ static void update__late_stop_of_preempted_request_finishes_it(void **state)
     const tdm_token o0[1] = { EOS }, o1[1] = { 20 };
     tdm_update_result r;
     update_two(s, o0, 1, o1, 1, &r);
-    assert_int_equal(r.finish_reasons[result_index(&r, 0)], TDM_FINISH_STOP);
-    tdm_request_info i;
-    tsd_info(s, 0, &i);
-    assert_int_equal(i.state, TDM_STATE_FINISHED);
+    expect_result(&r, 0, ANY, TDM_FINISH_STOP, ANY);
+    assert_int_equal(tsd_state(s, 0), TDM_STATE_FINISHED);
     tdm_sched_stats st;
     tsd_stats(s, &st);
     assert_int_equal(st.num_waiting, 1);
@@ -459,9 +464,7 @@ static void update__late_stop_of_preempted_request_finishes_it(void **state)
     assert_true(k >= 0);
     assert_int_equal(b.kinds[k], TDM_ENTRY_RESUMED);
     tsd_update(s, &b, 7, 2.3, NULL);
-    double now = 3.0;
-    tsd_run(s, 20, &now);
-    tsd_done(s);
+    run_and_done(s, 3.0, 20);
 }
 
 /* A malformed report: no token for a decode entry that had drafts scheduled (the contract
@@ -471,27 +474,13 @@ static void update__late_stop_of_preempted_request_finishes_it(void **state)
 static void update__empty_output_for_drafted_decode_keeps_state_consistent(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
-    tdm_request_desc d;
-    desc_default(&d, 10);
-    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_sched *s = two_decoding_default();
     const tdm_token dr[2] = { 11, 12 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr, 2), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 2.0, &b);
+    step_with_drafts(s, NULL, 0, dr, 2, &b);
     const tdm_token o0[1] = { 20 };
     tdm_update_result r;
-    tdm_update_result_init(&r);
-    uint64_t ids[2] = { 0, 1 };
-    uint32_t offs[3] = { 0, 1, 1 }; /* request 1: no token */
-    tdm_step_output o;
-    tdm_step_output_init(&o);
-    o.num_reqs = 2;
-    o.req_ids = ids;
-    o.token_offsets = offs;
-    o.tokens = o0;
-    o.now = 2.1;
-    int rc = tdm_sched_update(s, &o, &r);
+    int rc = try_update_two(s, o0, 1, NULL, 0, &r); /* request 1: no token */
     assert_true(rc == TDM_OK || rc == TDM_E_INVAL);
     tdm_request_info i;
     tsd_info(s, 1, &i);
@@ -503,9 +492,7 @@ static void update__empty_output_for_drafted_decode_keeps_state_consistent(void 
         tsd_step(s, 3.0 + k, &b);
         tsd_update(s, &b, 7, 3.05 + k, NULL);
     }
-    double now = 4.0;
-    tsd_run(s, 40, &now);
-    tsd_done(s);
+    run_and_done(s, 4.0, 40);
 }
 
 /* Drafts set while the request's previous step is still in flight (not yet reported): the
@@ -514,14 +501,11 @@ static void update__empty_output_for_drafted_decode_keeps_state_consistent(void 
 static void set_draft_tokens__while_step_in_flight_keeps_batches_consistent(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
-    tdm_request_desc d;
-    desc_default(&d, 10);
-    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_sched *s = two_decoding_default();
     const tdm_token dr1[1] = { 11 };
-    assert_int_equal(tdm_sched_set_draft_tokens(s, 1, dr1, 1), TDM_OK);
     tdm_batch b;
-    tsd_step(s, 2.0, &b); /* request 1: its last token + 1 draft; not reported yet */
+    /* request 1: its last token + 1 draft; not reported yet */
+    step_with_drafts(s, NULL, 0, dr1, 1, &b);
     const tdm_token dr2[2] = { 21, 22 };
     int rc = tdm_sched_set_draft_tokens(s, 1, dr2, 2);
     assert_true(rc == TDM_OK || rc == TDM_E_STATE);
@@ -535,9 +519,7 @@ static void set_draft_tokens__while_step_in_flight_keeps_batches_consistent(void
     tdm_request_info i;
     tsd_info(s, 1, &i);
     assert_true(i.num_computed_tokens <= i.num_prompt_tokens + i.num_output_tokens);
-    double now = 3.0;
-    tsd_run(s, 40, &now);
-    tsd_done(s);
+    run_and_done(s, 3.0, 40);
 }
 
 /* Issue 11, defect 6: the same update sent three times after one step gave three tokens.
@@ -546,10 +528,7 @@ static void set_draft_tokens__while_step_in_flight_keeps_batches_consistent(void
 static void update__replayed_update_refused_and_applied_once(void **state)
 {
     (void)state;
-    tdm_token prompt[4] = { 501, 502, 503, 504 };
-    tdm_request_desc d;
-    desc_default(&d, 10);
-    tdm_sched *s = two_decoding(&d, &d, prompt);
+    tdm_sched *s = two_decoding_default();
     tdm_batch b;
     tsd_step(s, 2.0, &b);
     assert_int_equal(b.num_reqs, 2);
@@ -613,9 +592,7 @@ static void update__token_for_non_final_prefill_chunk_refused(void **state)
     tsd_info(s, 7, &i);
     assert_int_equal(i.num_output_tokens, 1);
     assert_true(i.first_token_time == 1.5);
-    double now = 2.0;
-    tsd_run(s, 20, &now);
-    tsd_done(s);
+    run_and_done(s, 2.0, 20);
 }
 
 int main(void)

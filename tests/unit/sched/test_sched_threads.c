@@ -65,11 +65,7 @@ static void run_workload(run_result *res)
             uint32_t n = 8 + (uint32_t)(RND() % 150), fam = (uint32_t)(RND() % 3);
             for (uint32_t i = 0; i < n; i++) p[i] = i < 48 ? (tdm_token)(100 + fam * 100 + i) : (tdm_token)(1000 + RND() % 9000);
             tdm_request_desc d;
-            tdm_request_desc_init(&d);
-            d.id = next;
-            d.prompt = p;
-            d.num_prompt_tokens = n;
-            d.max_tokens = 4 + (uint32_t)(RND() % 40);
+            tsd_desc(&d, next, p, n, 4 + (uint32_t)(RND() % 40));
             d.arrival_time = now;
             RUN_CHECK(tdm_sched_add(s, &d) == TDM_OK, "add");
             plen[next++] = n;

@@ -47,9 +47,7 @@ static void sim_command__closed_loop_as_a_benchmark_user_types_it(void **state)
     if (!file_has(out, "closed loop at concurrency 32")) fail_msg("header lacks the load");
     if (!file_has(out, "model llama-3.1-70b (tp 4, bf16) on h200")) fail_msg("header lacks the model");
     if (!file_has(out, "first 32 requests excluded as warm-up")) fail_msg("no warm-up line");
-    json_error_t je;
-    json_t *o = json_load_file(js, 0, &je);
-    assert_non_null(o);
+    json_t *o = load_json(js);
     assert_string_equal(json_string_value(json_object_get(o, "model")), "llama-3.1-70b");
     assert_string_equal(json_string_value(json_object_get(o, "hw")), "h200");
     assert_int_equal(json_integer_value(json_object_get(o, "tp")), 4);
@@ -111,9 +109,7 @@ static void sim_command__step_csv_and_chrome_trace_load_in_python(void **state)
         fail_msg("steps CSV header");
     if (run_cmd("python3 -c 'import json' 2>/dev/null") != 0) {
         printf("[ SKIP     ] python3 not installed: the Chrome trace was checked by jansson only\n");
-        json_error_t je;
-        json_t *o = json_load_file(tr, 0, &je);
-        assert_non_null(o);
+        json_t *o = load_json(tr);
         json_decref(o);
     } else {
         /* tracks: 4 instances + 2 prefill links; every slice an X event with ts and dur */
@@ -152,9 +148,7 @@ static void sim_command__slo_classes_from_the_trace(void **state)
     assert_int_equal(SH("%s sim --trace %s --quiet >/dev/null 2>&1", g_tool, tr), 1);
     assert_int_equal(SH("%s sim --trace %s --quiet --slo-class chat:0.001:0.001 --json %s >/dev/null",
                         g_tool, tr, js), 0);
-    json_error_t je;
-    json_t *o = json_load_file(js, 0, &je);
-    assert_non_null(o);
+    json_t *o = load_json(js);
     /* 1 us TTFT for chat cannot be met; the best-effort batch request meets it by definition */
     double att = json_number_value(json_object_get(json_object_get(o, "slo"), "ttft_attainment"));
     assert_float_equal(att, 1.0 / 3.0, 1e-9);
@@ -198,9 +192,7 @@ static double cost_total(const char *batch)
     write_tmp(out, sizeof out, "cb.json", "");
     if (SH("%s cost --model llama-3-8b --hw h100-sxm --batch '%s' --json > %s", g_tool, batch, out) != 0)
         fail_msg("cost --batch '%s' failed", batch);
-    json_error_t je;
-    json_t *o = json_load_file(out, 0, &je);
-    assert_non_null(o);
+    json_t *o = load_json(out);
     double v = json_number_value(json_object_get(json_object_get(o, "step"), "total_ms"));
     json_decref(o);
     unlink(out);

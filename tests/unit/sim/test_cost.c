@@ -122,17 +122,42 @@ static void toy(tdm_sim_cost *c, uint32_t tp)
 /* the per-layer kernel floor of the toy's 2 layers */
 #define FLOOR2 (2 * TDM_SIM_LAYER_FLOOR_US * 1e-6)
 
+/* n decoding requests (one token each) reading ctx context tokens in all. */
+static tdm_sim_shape decode_shape(uint32_t n, uint64_t ctx)
+{
+    tdm_sim_shape s = {0};
+    s.decode_reqs = n;
+    s.emit_seqs = n;
+    s.decode_ctx = ctx;
+    return s;
+}
+
+/* One request's prefill chunk of `tokens` tokens (sampling its first token). */
+static tdm_sim_shape prefill_shape(uint64_t tokens, double attn, uint64_t kv_read)
+{
+    tdm_sim_shape s = {0};
+    s.prefill_tokens = tokens;
+    s.prefill_reqs = 1;
+    s.emit_seqs = 1;
+    s.prefill_attn = attn;
+    s.prefill_kv_read = kv_read;
+    return s;
+}
+
+/* The step time of shape s on the toy at tensor-parallel degree tp, its terms in *t. */
+static double toy_step(uint32_t tp, const tdm_sim_shape *s, tdm_sim_cost_terms *t)
+{
+    tdm_sim_cost c;
+    toy(&c, tp);
+    return tdm_sim_cost_step(&c, s, t);
+}
+
 static void cost_step__decode_hand_computed(void **state)
 {
     (void)state;
-    tdm_sim_cost c;
-    toy(&c, 1);
-    tdm_sim_shape s = {0};
-    s.decode_reqs = 10;
-    s.emit_seqs = 10;
-    s.decode_ctx = 1000;
+    tdm_sim_shape s = decode_shape(10, 1000);
     tdm_sim_cost_terms t;
-    double total = tdm_sim_cost_step(&c, &s, &t);
+    double total = toy_step(1, &s, &t);
     /* weights 42 MB / 500 GB/s = 84 us (binds over 8.4 us of GEMM FLOPs); element-wise
      * 8 x 3000 x 2 B x 2 layers x 10 tokens / 500 GB/s = 1.92 us; KV 8000 B x 1000 / 500 GB/s
      * = 16 us; overhead 1000 us; plus the kernel floor of 2 layers. */
@@ -148,16 +173,9 @@ static void cost_step__decode_hand_computed(void **state)
 static void cost_step__prefill_hand_computed(void **state)
 {
     (void)state;
-    tdm_sim_cost c;
-    toy(&c, 1);
-    tdm_sim_shape s = {0};
-    s.prefill_tokens = 1000;
-    s.prefill_reqs = 1;
-    s.emit_seqs = 1;
-    s.prefill_attn = 1000 * 500.0;
-    s.prefill_kv_read = 1000;
+    tdm_sim_shape s = prefill_shape(1000, 1000 * 500.0, 1000);
     tdm_sim_cost_terms t;
-    double total = tdm_sim_cost_step(&c, &s, &t);
+    double total = toy_step(1, &s, &t);
     /* GEMMs (2 x 20M x 1000 + 2 x 1M) / 50 TFLOP/s = 800.04 us (compute-bound); element-wise
      * 192 us; attention 4 x 2 x 10 x 100 x 500000 / 50e12 = 80 us; overhead 1000 us. */
     assert_float_equal(t.linear_compute_s, 800.04e-6, 1e-12);
@@ -169,14 +187,9 @@ static void cost_step__prefill_hand_computed(void **state)
 static void cost_step__tensor_parallel_divides_and_adds_allreduce(void **state)
 {
     (void)state;
-    tdm_sim_cost c;
-    toy(&c, 2);
-    tdm_sim_shape s = {0};
-    s.decode_reqs = 10;
-    s.emit_seqs = 10;
-    s.decode_ctx = 1000;
+    tdm_sim_shape s = decode_shape(10, 1000);
     tdm_sim_cost_terms t;
-    double total = tdm_sim_cost_step(&c, &s, &t);
+    double total = toy_step(2, &s, &t);
     /* weights 42 us, element-wise 1.28 us, KV 8 us; 4 all-reduces of 12 us plus
      * 80 kB x 2 (tp-1)/tp / 100 GB/s = 0.8 us. */
     assert_float_equal(t.linear_memory_s, 42e-6, 1e-12);
@@ -189,10 +202,8 @@ static void cost_step__tensor_parallel_divides_and_adds_allreduce(void **state)
 static void cost_step__empty_step_costs_nothing(void **state)
 {
     (void)state;
-    tdm_sim_cost c;
-    toy(&c, 1);
     tdm_sim_shape s = {0};
-    assert_float_equal(tdm_sim_cost_step(&c, &s, NULL), 0, 0);
+    assert_float_equal(toy_step(1, &s, NULL), 0, 0);
 }
 
 static void cost_estimate_cb__matches_the_step_model(void **state)
@@ -209,12 +220,10 @@ static void cost_estimate_cb__matches_the_step_model(void **state)
     sh.num_decode_tokens = 4;
     sh.decode_context_tokens = 400;
     sh.prefill_attn_work = 100 * 50;
-    tdm_sim_shape s = {0};
+    tdm_sim_shape s = decode_shape(4, 400);
     s.prefill_tokens = 100;
     s.prefill_reqs = 1;
-    s.decode_reqs = 4;
     s.emit_seqs = 5;
-    s.decode_ctx = 400;
     s.prefill_attn = 5000;
     assert_float_equal(tdm_sim_cost_estimate_cb(&c, &sh), tdm_sim_cost_step(&c, &s, NULL), 1e-15);
 }
@@ -241,10 +250,7 @@ static void hw_from_json__tandem_profile_output_runs(void **state)
     m.tp = 4;
     tdm_sim_cost c;
     tdm_sim_cost_init(&c, &m, &h);
-    tdm_sim_shape s = {0};
-    s.prefill_tokens = 1000;
-    s.prefill_reqs = 1;
-    s.emit_seqs = 1;
+    tdm_sim_shape s = prefill_shape(1000, 0, 0);
     tdm_sim_cost_terms t;
     double total = tdm_sim_cost_step(&c, &s, &t);
     assert_true(isfinite(total) && total > 0);

@@ -249,20 +249,43 @@ static void sim_run__too_long_requests_are_rejected_misses(void **state)
     tdm_sim_trace_free(&t);
 }
 
+/* The goodput search over n requests of the builtin trace (rate 10, seed 8) under the config
+ * json and the SLOs ttft / tpot (seconds); t, c and o are kept for the caller's runs. */
+static void goodput_search(size_t n, const char *json, double ttft, double tpot, tdm_sim_trace *t,
+                           tdm_sim_config *c, tdm_sim_run_opts *o, tdm_sim_goodput_out *go)
+{
+    builtin(t, n, 10, 8);
+    config(json, c);
+    tdm_sim_run_opts_init(o);
+    o->slo_ttft_s = ttft;
+    o->slo_tpot_s = tpot;
+    char err[TDM_SIM_ERRLEN];
+    if (tdm_sim_goodput(t, c, o, go, err, sizeof err) != 0) fail_msg("goodput: %s", err);
+}
+
+/* The summary of a run of t with its arrivals scaled by `scale`. */
+static tdm_sim_summary run_scaled(const tdm_sim_trace *t, double scale, const tdm_sim_config *c,
+                                  const tdm_sim_run_opts *o)
+{
+    tdm_sim_trace u;
+    assert_int_equal(tdm_sim_trace_scaled(t, scale, &u), 0);
+    tdm_sim_result r;
+    char err[TDM_SIM_ERRLEN];
+    if (tdm_sim_run(&u, c, o, &r, err, sizeof err) != 0) fail_msg("run: %s", err);
+    tdm_sim_summary sum = r.sum;
+    tdm_sim_result_free(&r);
+    tdm_sim_trace_free(&u);
+    return sum;
+}
+
 static void goodput__converges(void **state)
 {
     (void)state;
     tdm_sim_trace t;
-    builtin(&t, 300, 10, 8);
     tdm_sim_config c;
-    config("{\"mode\": \"decode_first\", \"tbt_target_ms\": 40}", &c);
     tdm_sim_run_opts o;
-    tdm_sim_run_opts_init(&o);
-    o.slo_ttft_s = 0.3;
-    o.slo_tpot_s = 0.03;
-    char err[TDM_SIM_ERRLEN];
     tdm_sim_goodput_out go;
-    assert_int_equal(tdm_sim_goodput(&t, &c, &o, &go, err, sizeof err), 0);
+    goodput_search(300, "{\"mode\": \"decode_first\", \"tbt_target_ms\": 40}", 0.3, 0.03, &t, &c, &o, &go);
     double g = go.req_s, s = go.scale;
     int runs = go.runs;
     assert_true(runs >= 2 && runs <= 16);
@@ -272,16 +295,8 @@ static void goodput__converges(void **state)
     double base = (double)t.n / tdm_sim_trace_span(&t);
     assert_float_equal(g, s * base, 1e-9);
     /* attainment at the found scale meets the target, and at 1.5x it no longer does */
-    for (int k = 0; k < 2; k++) {
-        tdm_sim_trace u;
-        assert_int_equal(tdm_sim_trace_scaled(&t, k ? s * 1.5 : s, &u), 0);
-        tdm_sim_result r;
-        assert_int_equal(tdm_sim_run(&u, &c, &o, &r, err, sizeof err), 0);
-        if (k == 0) assert_true(r.sum.attainment >= 0.9);
-        else assert_true(r.sum.attainment < 0.9);
-        tdm_sim_result_free(&r);
-        tdm_sim_trace_free(&u);
-    }
+    assert_true(run_scaled(&t, s, &c, &o).attainment >= 0.9);
+    assert_true(run_scaled(&t, s * 1.5, &c, &o).attainment < 0.9);
     tdm_sim_config_free(&c);
     tdm_sim_trace_free(&t);
 }
@@ -293,30 +308,18 @@ static void goodput__unreachable_reports_best_attainment(void **state)
 {
     (void)state;
     tdm_sim_trace t;
-    builtin(&t, 200, 10, 8);
     tdm_sim_config c;
-    config("{\"mode\": \"vllm\"}", &c);
     tdm_sim_run_opts o;
-    tdm_sim_run_opts_init(&o);
-    o.slo_ttft_s = 0.015;
-    o.slo_tpot_s = 0.05;
-    char err[TDM_SIM_ERRLEN];
     tdm_sim_goodput_out go;
-    assert_int_equal(tdm_sim_goodput(&t, &c, &o, &go, err, sizeof err), 0);
+    goodput_search(200, "{\"mode\": \"vllm\"}", 0.015, 0.05, &t, &c, &o, &go);
     assert_true(go.req_s == 0 && go.scale == 0);
     assert_int_equal(go.runs, 12);
     assert_true(go.best_attainment < 0.9);
     assert_true(go.best_scale > 0 && go.best_scale <= 1);
-    tdm_sim_trace u;
-    assert_int_equal(tdm_sim_trace_scaled(&t, go.best_scale, &u), 0);
-    tdm_sim_result r;
-    assert_int_equal(tdm_sim_run(&u, &c, &o, &r, err, sizeof err), 0);
-    assert_float_equal(r.sum.attainment, go.best_attainment, 1e-12);
-    tdm_sim_summary sum = r.sum;
+    tdm_sim_summary sum = run_scaled(&t, go.best_scale, &c, &o);
+    assert_float_equal(sum.attainment, go.best_attainment, 1e-12);
     tdm_sim_goodput_to_summary(&go, &sum);
     assert_true(sum.goodput_req_s == 0 && sum.goodput_best_attainment == go.best_attainment);
-    tdm_sim_result_free(&r);
-    tdm_sim_trace_free(&u);
     tdm_sim_config_free(&c);
     tdm_sim_trace_free(&t);
 }

@@ -29,9 +29,7 @@ static void cost_command__json_terms_and_bound(void **state)
     write_tmp(out, sizeof out, "cost.json", "");
     assert_int_equal(SH("%s cost --model llama-3-8b --hw h100-sxm --prefill 4096 --decode-batch 32 "
                         "--context 1024 --json > %s", g_tool, out), 0);
-    json_error_t je;
-    json_t *o = json_load_file(out, 0, &je);
-    assert_non_null(o);
+    json_t *o = load_json(out);
     json_t *p = json_object_get(o, "prefill"), *d = json_object_get(o, "decode");
     assert_string_equal(json_string_value(json_object_get(p, "bound")), "compute");
     assert_string_equal(json_string_value(json_object_get(d, "bound")), "memory");
@@ -52,9 +50,7 @@ static void sweep_command__pareto_marks_the_non_dominated(void **state)
     write_tmp(out, sizeof out, "sweep.json", "");
     assert_int_equal(SH("%s sweep --budget 256,1024,4096 --mode vllm,decode_first --tbt-ms 30 "
                         "--max-requests 200 --rate 30 --quiet --json %s >/dev/null", g_tool, out), 0);
-    json_error_t je;
-    json_t *o = json_load_file(out, 0, &je);
-    assert_non_null(o);
+    json_t *o = load_json(out);
     json_t *pts = json_object_get(o, "points");
     size_t n = json_array_size(pts);
     assert_int_equal(n, 6);

@@ -25,6 +25,29 @@ static void load_ok(const char *path, tdm_sim_trace_opts *o, tdm_sim_trace *t)
     assert_int_equal(rc, 0);
 }
 
+/* load_ok, and the trace has exactly n requests. */
+static void load_rows(const char *path, tdm_sim_trace_opts *o, tdm_sim_trace *t, size_t n)
+{
+    load_ok(path, o, t);
+    assert_int_equal(t->n, n);
+}
+
+/* Write text to the temporary file `name` (its path into p) and load it with the defaults. */
+static void load_tmp_ok(char *p, size_t n, const char *name, const char *text, tdm_sim_trace *t)
+{
+    write_tmp(p, n, name, text);
+    load_ok(p, NULL, t);
+}
+
+/* Loading path (options o, may be NULL) fails, the message holding `needle`. */
+static void load_fails(const char *path, tdm_sim_trace_opts *o, const char *needle)
+{
+    char err[TDM_SIM_ERRLEN] = "";
+    tdm_sim_trace t;
+    assert_int_equal(tdm_sim_trace_load(path, o, &t, err, sizeof err), -1);
+    if (!strstr(err, needle)) fail_msg("'%s' lacks '%s'", err, needle);
+}
+
 static void trace_load__azure_conv_all_rows(void **state)
 {
     (void)state;
@@ -33,8 +56,7 @@ static void trace_load__azure_conv_all_rows(void **state)
     tdm_sim_trace t;
     tdm_sim_trace_opts o;
     tdm_sim_trace_opts_init(&o);
-    load_ok(p, &o, &t);
-    assert_int_equal(t.n, 19366);
+    load_rows(p, &o, &t, 19366);
     double in = 0, out = 0;
     for (size_t i = 0; i < t.n; i++) {
         in += t.reqs[i].prompt_len;
@@ -55,8 +77,7 @@ static void trace_load__azure_code_all_rows(void **state)
     char p[512];
     NEED_SHARED("traces/azure2023_code.csv", p);
     tdm_sim_trace t;
-    load_ok(p, NULL, &t);
-    assert_int_equal(t.n, 8819);
+    load_rows(p, NULL, &t, 8819);
     /* 57.3 minutes; the first gap: 18:17:03.9799600 -> 18:17:04.0319600 = 52 ms */
     assert_true(fabs(tdm_sim_trace_span(&t) / 60 - 57.3) < 0.1);
     assert_float_equal(t.reqs[1].arrival, 0.052, 1e-6);
@@ -74,8 +95,7 @@ static void trace_load__mooncake_hash_ids_give_equal_token_blocks(void **state)
     tdm_sim_trace_opts o;
     tdm_sim_trace_opts_init(&o);
     o.jitter_s = 0;
-    load_ok(p, &o, &t);
-    assert_int_equal(t.n, 12031);
+    load_rows(p, &o, &t, 12031);
     assert_int_equal(t.hash_block, 512);
     /* the first two rows share hash id 0 (block 0) and nothing else */
     assert_int_equal(t.reqs[0].prompt_len, 6758);
@@ -100,8 +120,7 @@ static void trace_load__mooncake_default_jitter_spreads_bins(void **state)
     char p[512];
     NEED_SHARED("traces/mooncake_fast25_synthetic_trace.jsonl", p);
     tdm_sim_trace t;
-    load_ok(p, NULL, &t);
-    assert_int_equal(t.n, 3993);
+    load_rows(p, NULL, &t, 3993);
     size_t zero = 0;
     for (size_t i = 1; i < t.n; i++) zero += t.reqs[i].arrival == t.reqs[i - 1].arrival;
     assert_true(zero < 10);
@@ -118,14 +137,12 @@ static void trace_load__length_files_get_poisson_arrivals(void **state)
     tdm_sim_trace_opts o;
     tdm_sim_trace_opts_init(&o);
     o.rate = 4.0;
-    load_ok(p, &o, &t);
-    assert_int_equal(t.n, 30731);
+    load_rows(p, &o, &t, 30731);
     double rate = (double)(t.n - 1) / tdm_sim_trace_span(&t);
     assert_true(fabs(rate - 4.0) < 0.1);
     tdm_sim_trace_free(&t);
     o.max_len = 0;
-    load_ok(q, &o, &t);
-    assert_int_equal(t.n, 28257);
+    load_rows(q, &o, &t, 28257);
     tdm_sim_trace_free(&t);
 }
 
@@ -178,10 +195,9 @@ static void trace_load__vidur_trace_keeps_its_arrivals(void **state)
 {
     (void)state;
     char p[256];
-    write_tmp(p, sizeof p, "vidur.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
-                                        "10.5,200,20\n10.0,100,10\n12.25,300,5\n");
     tdm_sim_trace t;
-    load_ok(p, NULL, &t);
+    load_tmp_ok(p, sizeof p, "vidur.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                                          "10.5,200,20\n10.0,100,10\n12.25,300,5\n", &t);
     assert_int_equal(t.n, 3);
     static const double AT[3] = {0.0, 0.5, 2.25};
     static const uint32_t PL[3] = {100, 200, 300};
@@ -195,14 +211,11 @@ static void trace_load__vidur_trace_keeps_its_arrivals(void **state)
     tdm_sim_trace_opts_init(&o);
     o.fmt = TDM_SIM_FMT_VIDUR;
     write_tmp(p, sizeof p, "vidur2.csv", "num_prefill_tokens,num_decode_tokens\n5,6\n");
-    char err[TDM_SIM_ERRLEN];
-    assert_int_equal(tdm_sim_trace_load(p, &o, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, "arrived_at,num_prefill_tokens,num_decode_tokens"));
+    load_fails(p, &o, "arrived_at,num_prefill_tokens,num_decode_tokens");
     write_tmp(p, sizeof p, "vidur3.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0.1,5,6\nsoon,5,6\n");
-    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
     char want[300];
     snprintf(want, sizeof want, "%s:3:1: bad timestamp", p);
-    if (!strstr(err, want)) fail_msg("'%s' lacks '%s'", err, want);
+    load_fails(p, NULL, want);
     unlink(p);
 }
 
@@ -210,34 +223,30 @@ static void trace_load__slo_class_column_and_field(void **state)
 {
     (void)state;
     char p[256];
-    write_tmp(p, sizeof p, "cls.csv", "arrived_at,num_prefill_tokens,num_decode_tokens,slo_class\n"
-                                      "0,10,5,chat\n1,10,5,\n2,10,5,batch\n3,10,5,chat\n");
     tdm_sim_trace t;
-    load_ok(p, NULL, &t);
+    load_tmp_ok(p, sizeof p, "cls.csv", "arrived_at,num_prefill_tokens,num_decode_tokens,slo_class\n"
+                                        "0,10,5,chat\n1,10,5,\n2,10,5,batch\n3,10,5,chat\n", &t);
     assert_int_equal(t.n_slo, 2);
     assert_string_equal(t.slo_names[0], "chat");
     assert_string_equal(t.slo_names[1], "batch");
     static const uint32_t CL[4] = {1, 0, 2, 1};
     for (int i = 0; i < 4; i++) assert_int_equal(t.reqs[i].slo_class, CL[i]);
     tdm_sim_trace_free(&t);
-    write_tmp(p, sizeof p, "cls.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 9, \"output_tokens\": 3, \"slo_class\": \"chat\"}\n"
-                                        "{\"arrival_s\": 1, \"input_tokens\": 9, \"output_tokens\": 3}\n");
-    load_ok(p, NULL, &t);
+    load_tmp_ok(p, sizeof p, "cls.jsonl",
+                "{\"arrival_s\": 0, \"input_tokens\": 9, \"output_tokens\": 3, \"slo_class\": \"chat\"}\n"
+                "{\"arrival_s\": 1, \"input_tokens\": 9, \"output_tokens\": 3}\n", &t);
     assert_int_equal(t.n_slo, 1);
     assert_int_equal(t.reqs[0].slo_class, 1);
     assert_int_equal(t.reqs[1].slo_class, 0);
     tdm_sim_trace_free(&t);
     write_tmp(p, sizeof p, "cls2.jsonl", "{\"arrival_s\": 0, \"input_tokens\": 9, \"output_tokens\": 3, \"slo_class\": 7}\n");
-    char err[TDM_SIM_ERRLEN];
-    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, ":1:57: \"slo_class\" must be a string"));
+    load_fails(p, NULL, ":1:57: \"slo_class\" must be a string");
     /* more classes than the table holds is an error, not a silent merge */
     char big[4096] = "num_prefill_tokens,num_decode_tokens,slo_class\n";
     for (int i = 0; i <= TDM_SIM_MAX_SLO_CLASSES; i++)
         snprintf(big + strlen(big), sizeof big - strlen(big), "5,5,c%d\n", i);
     write_tmp(p, sizeof p, "cls3.csv", big);
-    assert_int_equal(tdm_sim_trace_load(p, NULL, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, "more than 16 SLO classes"));
+    load_fails(p, NULL, "more than 16 SLO classes");
     unlink(p);
 }
 
@@ -277,8 +286,7 @@ static void trace_load__window_cap_scale_and_clip(void **state)
     o.window_end = 3;
     o.rate_scale = 2;
     o.max_len = 4096;
-    load_ok(path, &o, &t);
-    assert_int_equal(t.n, 2);
+    load_rows(path, &o, &t, 2);
     assert_float_equal(t.reqs[0].arrival, 0.0, 1e-12);
     assert_float_equal(t.reqs[1].arrival, 0.5, 1e-12);
     assert_int_equal(t.reqs[0].prompt_len + t.reqs[0].output_len, 4096);
@@ -289,8 +297,7 @@ static void trace_load__window_cap_scale_and_clip(void **state)
     o.window_start = 0;
     o.window_end = 0;
     o.max_requests = 3;
-    load_ok(path, &o, &t);
-    assert_int_equal(t.n, 3);
+    load_rows(path, &o, &t, 3);
     tdm_sim_trace_free(&t);
     unlink(path);
 }
@@ -360,10 +367,7 @@ static void trace_load__malformed_jsonl_names_line_and_column(void **state)
 static void trace_load__missing_file_is_an_error(void **state)
 {
     (void)state;
-    char err[TDM_SIM_ERRLEN];
-    tdm_sim_trace t;
-    assert_int_equal(tdm_sim_trace_load("/nonexistent/x.csv", NULL, &t, err, sizeof err), -1);
-    assert_non_null(strstr(err, "/nonexistent/x.csv"));
+    load_fails("/nonexistent/x.csv", NULL, "/nonexistent/x.csv");
 }
 
 static void trace_builtin__shares_system_prompts(void **state)

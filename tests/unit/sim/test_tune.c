@@ -366,8 +366,7 @@ static void tune_command__out_reads_back_with_the_goodput_reported(void **state)
                         "--budget 8 --jobs 2 --quiet --out %s --json %s > %s", g_tool, w, out, js, log), 0);
     assert_true(file_has(log, "tune best="));
     assert_true(file_has(log, "evaluated="));
-    json_t *p = json_load_file(js, 0, NULL);
-    assert_non_null(p);
+    json_t *p = load_json(js);
     size_t best = (size_t)json_integer_value(json_object_get(p, "best"));
     json_t *pts = json_object_get(p, "points");
     assert_true(json_array_size(pts) >= 2);
@@ -380,8 +379,7 @@ static void tune_command__out_reads_back_with_the_goodput_reported(void **state)
     json_decref(p);
     /* the config tune wrote, run by tandem sim: the same goodput */
     assert_int_equal(SH("%s sim --config %s %s --goodput --quiet --json %s >/dev/null", g_tool, out, w, sim), 0);
-    json_t *s = json_load_file(sim, 0, NULL);
-    assert_non_null(s);
+    json_t *s = load_json(sim);
     double g = json_number_value(json_object_get(s, "goodput_req_s"));
     assert_true(fabs(g - bv) <= 1e-6 * bv);
     json_decref(s);
@@ -406,8 +404,7 @@ static void tune_command__azure_code_window(void **state)
     write_tmp(js, sizeof js, "tune-azure.json", "");
     assert_int_equal(SH("%s tune configs/vllm-default.json --trace %s --max-requests 300 --slo-ttft-ms 300 "
                         "--slo-tpot-ms 25 --budget 6 --quiet --json %s >/dev/null", g_tool, tr, js), 0);
-    json_t *p = json_load_file(js, 0, NULL);
-    assert_non_null(p);
+    json_t *p = load_json(js);
     json_t *pts = json_object_get(p, "points");
     size_t best = (size_t)json_integer_value(json_object_get(p, "best"));
     assert_true(json_number_value(json_object_get(json_array_get(pts, best), "value")) >=

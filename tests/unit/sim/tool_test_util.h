@@ -1,8 +1,8 @@
 /*
  * tool_test_util.h -- helpers of the tests that run the `tandem` command line: where the
  * built tool is (TANDEM_BUILD, falling back to build/), a skip with a message when it is not
- * built, and SH(fmt, ...) to format a shell command and get its exit status. Include after
- * cmocka.h (NEED_TOOL skips the running test).
+ * built, SH(fmt, ...) to format a shell command and get its exit status, and load_json to read
+ * the JSON a command wrote. Include after cmocka.h (NEED_TOOL skips the running test).
  */
 #ifndef TOOL_TEST_UTIL_H
 #define TOOL_TEST_UTIL_H
@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 static char g_tool[512];
 
@@ -46,5 +48,14 @@ static int run_cmd(const char *cmd)
         snprintf(cmd_, sizeof cmd_, __VA_ARGS__); \
         run_cmd(cmd_);                            \
     })
+
+/* The JSON document in the file at path; fails the test with the parser's reason otherwise. */
+static inline json_t *load_json(const char *path)
+{
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    if (!o) fail_msg("%s: %s (line %d)", path, je.text, je.line);
+    return o;
+}
 
 #endif
