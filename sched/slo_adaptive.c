@@ -29,13 +29,16 @@
 
 /* Safety margin on the TPOT target, the step cap without decodes (in TTFT targets: a step
  * delays every arrival behind it), the fraction of the predicted recovery a longer step may
- * spend, the shortest step target (in margined TPOTs: decodes behind their schedule lose no
- * more ground per token, and queued prefills still move), and the starvation bound (in TTFT
- * targets; seconds without one). */
+ * spend, the shortest step target (in margined TPOTs: decodes behind their schedule win back
+ * up to half a TPOT a token) and the prefill time a step at that floor keeps beyond the
+ * decode step (in margined TPOTs: where a decode step alone is most of the TPOT, as for a
+ * 70B model, half a TPOT would stop every queued prefill while any decode is behind), and
+ * the starvation bound (in TTFT targets; seconds without one). */
 #define AD_TPOT_MARGIN 0.95
 #define AD_CAP (1.0 / 6.0)
 #define AD_RECOVER_SHARE 0.5
-#define AD_FLOOR_TPOTS 1.0
+#define AD_FLOOR_TPOTS 0.5
+#define AD_FLOOR_PREFILL_TPOTS 0.25
 #define AD_STARVE_TTFTS 8.0
 #define AD_STARVE_DEFAULT_S 10.0
 /* The weight of one backlogged step in the smoothed prefill rate (about the last 20 steps:
@@ -268,7 +271,8 @@ double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec)
         if (allow < hard) hard = allow;
         if (allow + rec * AD_RECOVER_SHARE < soft) soft = allow + rec * AD_RECOVER_SHARE;
         if (allow + rec < full) full = allow + rec;
-        if (AD_FLOOR_TPOTS * g < floor) floor = AD_FLOOR_TPOTS * g;
+        double low = TDM_MAX(AD_FLOOR_TPOTS * g, dstep + AD_FLOOR_PREFILL_TPOTS * g);
+        if (low < floor) floor = low;
     }
     if (!isfinite(hard)) { /* no decode to protect: a step still delays the next arrivals */
         double cap = (double)s->prm.slo_ttft_us * 1e-6 * AD_CAP;

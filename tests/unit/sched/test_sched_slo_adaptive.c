@@ -160,17 +160,17 @@ static void slo_adaptive__admits_least_laxity_first(void **state)
     tdm_sched_destroy(s);
 }
 
-/* A decoding request (TPOT 25 ms, so a 23.75 ms step target with the 0.95 margin) and a
- * long prompt without a TTFT SLO: the chunk fills the target. Returns the chunk of request 2
- * in the step `lag` after the decode's next token is due less one target, with every step
- * before reported `slow` times its predicted length. */
-static uint32_t chunk_after(double slow, double lag)
+/* A decoding request (TPOT `tpot`; 25 ms makes a 23.75 ms step target with the 0.95 margin)
+ * and a long prompt without a TTFT SLO: the chunk fills the target. Returns the chunk of
+ * request 2 in the step `lag` after the decode's next token is due less one target, with
+ * every step before reported `slow` times its predicted length. */
+static uint32_t chunk_after_tpot(double slow, double lag, double tpot)
 {
     tdm_sched *s = make("{\"policy\": \"slo_adaptive\", \"max_num_batched_tokens\": 8192, \"num_blocks\": 2000,"
                         " \"enable_prefix_caching\": false}");
     tdm_batch b;
     tdm_batch_init(&b);
-    add(s, 1, 16, 1.0, 0, 0.025, 200, 0);
+    add(s, 1, 16, 1.0, 0, tpot, 200, 0);
     double t = 1.0;
     assert_int_equal(tdm_sched_step(s, t, &b), TDM_OK); /* its prompt: 2.16 ms */
     t += 0.00216 * slow;
@@ -184,13 +184,18 @@ static uint32_t chunk_after(double slow, double lag)
     }
     /* 11 tokens out: the 12th is due at first + 11 * G; step one target before that (plus a
      * lag: the host was late by that much). */
-    double now = first + 10 * G + lag;
+    double now = first + 10 * tpot * 0.95 + lag;
     add(s, 2, 8000, now, 0, 0, 1, 0);
     assert_int_equal(tdm_sched_step(s, now, &b), TDM_OK);
     assert_int_equal(tokens_of(&b, 1), 1);
     uint32_t n = tokens_of(&b, 2);
     tdm_sched_destroy(s);
     return n;
+}
+
+static uint32_t chunk_after(double slow, double lag)
+{
+    return chunk_after_tpot(slow, lag, 0.025);
 }
 
 static void slo_adaptive__budget_follows_tpot_bank_overrun_and_slow_steps(void **state)
@@ -202,18 +207,24 @@ static void slo_adaptive__budget_follows_tpot_bank_overrun_and_slow_steps(void *
     /* 10 ms ahead (banked): the next token is due in 33.75 ms -> n = 3165 */
     uint32_t ahead = chunk_after(1.0, -0.010);
     assert_in_range(ahead, FIT(G + 0.010) - 10, FIT(G + 0.010) + 1);
-    /* 10 ms late, and far behind (TPOT overrun): the floor, one target, so the decode loses
-     * no more ground per token and the prefill still moves -> n = 2165 */
+    /* 10 ms late: the next token is due in 13.75 ms -> n = 1165 */
     uint32_t late = chunk_after(1.0, 0.010);
-    assert_in_range(late, FIT(G) - 10, FIT(G) + 1);
+    assert_in_range(late, FIT(G - 0.010) - 10, FIT(G - 0.010) + 1);
+    /* far behind (TPOT overrun): the floor, half the target -> n = 977 */
     uint32_t overrun = chunk_after(1.0, 0.5);
-    assert_in_range(overrun, FIT(G) - 10, FIT(G) + 1);
+    assert_in_range(overrun, FIT(G / 2) - 10, FIT(G / 2) + 1);
+    /* TPOT 5 ms, far behind: half the 4.75 ms target (2.375 ms) would leave 27 tokens next to
+     * the 2.1 ms decode step; the floor keeps a quarter target of prefill beyond that step,
+     * 2.1 + 1.1875 ms -> n = 118 */
+    uint32_t heavy = chunk_after_tpot(1.0, 0.5, 0.005);
+    assert_in_range(heavy, FIT(BASE + PER_DECODE + 0.25 * 0.005 * 0.95) - 10,
+                    FIT(BASE + PER_DECODE + 0.25 * 0.005 * 0.95) + 1);
     /* steps measured 2x their prediction: the target in cost-model time shrinks by the
      * smoothed ratio, 1 + (1 - 0.8^11) = 1.91 after eleven reports -> n = 1031 */
     uint32_t slow = chunk_after(2.0, 0.0);
     double ratio = 2.0 - 0.0859; /* 0.8^11 = 0.0859 */
     assert_in_range(slow, FIT(G / ratio) - 10, FIT(G / ratio) + 1);
-    assert_true(slow < on_track && on_track < ahead);
+    assert_true(overrun < late && late < on_track && slow < on_track && on_track < ahead);
 }
 
 /* An n-token prompt with a TTFT of `ttft` arrives next to a decode on track (11 tokens out
@@ -385,7 +396,7 @@ static void slo_adaptive__lost_flagged_decode_does_not_limit_steps(void **state)
         got[f] = tokens_of(&b, 2);
         tdm_sched_destroy(s);
     }
-    assert_in_range(got[0], FIT(G) - 10, FIT(G) + 1); /* the floor */
+    assert_in_range(got[0], FIT(G / 2) - 10, FIT(G / 2) + 1); /* the floor */
     assert_int_equal(got[1], 8000);    /* the whole budget (8192 less the decode) */
 }
 
