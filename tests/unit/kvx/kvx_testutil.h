@@ -95,14 +95,20 @@ static inline void t_config(tdm_kvx_config *c, const char *id, uint32_t role, co
     c->shm_slots = 4;
 }
 
+/* An engine of config c over the default cache layout. */
+static inline void t_engine_default_cache(eng *e, const tdm_kvx_config *c, uint64_t seed)
+{
+    tdm_kv_layout l;
+    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
+    t_engine_cfg(e, c, &l, seed);
+}
+
 static inline void t_engine(eng *e, const char *id, uint32_t role, const char *ep, uint32_t transports, uint64_t seed)
 {
     tdm_kvx_config c;
     t_config(&c, id, role, ep);
     c.transports = transports;
-    tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    t_engine_cfg(e, &c, &l, seed);
+    t_engine_default_cache(e, &c, seed);
 }
 
 static inline void t_free(eng *e)

@@ -258,9 +258,7 @@ static void slot_engine(eng *e, const char *id, const char *ep, uint64_t seed)
     tdm_kvx_config c;
     t_config(&c, id, TDM_KVX_ROLE_BOTH, ep);
     c.max_chunk_bytes = SLOT;
-    tdm_kv_layout l;
-    t_layout(&l, 1, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
-    t_engine_cfg(e, &c, &l, seed);
+    t_engine_default_cache(e, &c, seed);
 }
 
 static void expect_refused(eng *e, const tdm__kvx_msg *hello, const char *what)
