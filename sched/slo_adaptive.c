@@ -253,7 +253,7 @@ void tdm__ad_arrived(tdm_sched *s, tdm__req *r)
  * the caller; INFINITY: no decode to protect). dec is the shape of the running decodes. */
 double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec)
 {
-    double hard = INFINITY, soft = INFINITY, full = INFINITY, floor = INFINITY;
+    double hard = INFINITY, soft = INFINITY, full = INFINITY, gmin = INFINITY;
     double dstep = tdm__cost_estimate(s, dec) * s->ad_ratio; /* a decode-only step */
     double mout = mean_output(s);
     for (uint32_t i = 0; i < s->num_running; i++) {
@@ -271,14 +271,15 @@ double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec)
         if (allow < hard) hard = allow;
         if (allow + rec * AD_RECOVER_SHARE < soft) soft = allow + rec * AD_RECOVER_SHARE;
         if (allow + rec < full) full = allow + rec;
-        double low = TDM_MAX(AD_FLOOR_TPOTS * g, dstep + AD_FLOOR_PREFILL_TPOTS * g);
-        if (low < floor) floor = low;
+        if (g < gmin) gmin = g;
     }
     if (!isfinite(hard)) { /* no decode to protect: a step still delays the next arrivals */
         double cap = (double)s->prm.slo_ttft_us * 1e-6 * AD_CAP;
         s->ad_soft = s->ad_full = INFINITY;
         return cap > 0 ? cap : INFINITY;
     }
+    /* the floor, from the tightest TPOT (it grows with the TPOT) */
+    double floor = TDM_MAX(AD_FLOOR_TPOTS * gmin, dstep + AD_FLOOR_PREFILL_TPOTS * gmin);
     if (hard < floor) hard = floor;
     if (soft < hard) soft = hard;
     if (full < soft) full = soft;
