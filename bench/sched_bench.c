@@ -17,60 +17,25 @@
  *            queue a heap; TTFT 2 s and TPOT 50 ms SLOs, half the requests with a priority or
  *            flagged TDM_REQ_SLO_DEPRIORITIZE) instead of FCFS (with SCHED_BENCH_ONLY=mixed).
  *   steady_allocs  heap allocations during the timed decode cycles: the library's own count
- *            (tdm__alloc_count) plus every libc malloc/calloc/realloc of the process (this file
- *            interposes them and forwards to glibc's __libc_* entry points).
+ *            (tdm__alloc_count) plus every libc malloc/calloc/realloc of the process (counted
+ *            by bench/common/alloc_count.c, linked into this benchmark only).
  * A baseline measured in the same run (touching 64 bytes per request, the least a scheduler
  * must do per request per step) is printed first. The last line is machine-readable.
  * Targets (printed, never enforced): decode <= 100 ns/req, mixed <= 100 us/step, 0 allocs.
  */
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/alloc_count.h"
 #include "internal.h"
 #include "tandem.h"
 #include "../sched/hash.h"
 
 #ifndef TDM_HAVE_SCHED_IMPL
 #define TDM_HAVE_SCHED_IMPL 1
-#endif
-
-/* ---- libc allocation counting (glibc) ---- */
-
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
-#define BENCH_COUNT_LIBC 1
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void __libc_free(void *);
-static atomic_ullong g_libc_allocs;
-void *malloc(size_t n);
-void *calloc(size_t n, size_t m);
-void *realloc(void *p, size_t n);
-void free(void *p);
-void *malloc(size_t n)
-{
-    atomic_fetch_add_explicit(&g_libc_allocs, 1, memory_order_relaxed);
-    return __libc_malloc(n);
-}
-void *calloc(size_t n, size_t m)
-{
-    atomic_fetch_add_explicit(&g_libc_allocs, 1, memory_order_relaxed);
-    return __libc_calloc(n, m);
-}
-void *realloc(void *p, size_t n)
-{
-    atomic_fetch_add_explicit(&g_libc_allocs, 1, memory_order_relaxed);
-    return __libc_realloc(p, n);
-}
-void free(void *p) { __libc_free(p); }
-static uint64_t libc_allocs(void) { return atomic_load(&g_libc_allocs); }
-#else
-#define BENCH_COUNT_LIBC 0
-static uint64_t libc_allocs(void) { return 0; }
 #endif
 
 static double now_s(void)
@@ -267,7 +232,7 @@ static double bench_decode(uint32_t n, uint64_t *allocs)
     for (int k = 0; k < 20; k++) host_cycle(&h); /* admit all, reach steady decode */
     const int cycles = 270;
     double per[CHUNKS];
-    uint64_t a0 = tdm__alloc_count(), l0 = libc_allocs();
+    uint64_t a0 = tdm__alloc_count(), l0 = tdm_bench_libc_allocs();
     uint64_t sched_reqs = 0;
     h.t_step = h.t_update = 0;
     for (int c = 0; c < CHUNKS; c++) {
@@ -277,12 +242,12 @@ static double bench_decode(uint32_t n, uint64_t *allocs)
         per[c] = h.t_lib * 1e9 / (double)(reqs ? reqs : 1);
         sched_reqs += reqs;
     }
-    uint64_t a1 = tdm__alloc_count(), l1 = libc_allocs();
+    uint64_t a1 = tdm__alloc_count(), l1 = tdm_bench_libc_allocs();
     if (sched_reqs != (uint64_t)cycles * n) {
         fprintf(stderr, "sched_bench: decode%u scheduled %llu of %llu request-steps\n", n,
                 (unsigned long long)sched_reqs, (unsigned long long)cycles * n);
     }
-    *allocs = BENCH_COUNT_LIBC ? (l1 - l0) : (a1 - a0);
+    *allocs = tdm_bench_libc_counting() ? (l1 - l0) : (a1 - a0);
     if (a1 - a0 > *allocs) *allocs = a1 - a0;
     double ns = median(per, CHUNKS);
     printf("decode%-5u %8.1f ns/req/cycle  (median of %d runs of %d cycles [%.1f .. %.1f]; step %.0f%%;"
@@ -455,7 +420,7 @@ int main(void)
     double p_sha = bench_prefix("sha256", 1);
     double p_xxh = bench_prefix("xxh3_128", 1);
     if (only && !strcmp(only, "prefix")) return 0;
-    uint64_t libc_before = libc_allocs();
+    uint64_t libc_before = tdm_bench_libc_allocs();
     double d256 = bench_decode(256, &al256);
     double d1024 = bench_decode(1024, &al1024);
     double d4096 = bench_decode(4096, &al4096);
@@ -463,9 +428,9 @@ int main(void)
     double mixed = bench_mixed("sha256", &add_sha);
     double mixed_xxh = bench_mixed("xxh3_128", &add_xxh);
     printf("libc allocations counted over the whole run: %llu (the counter works)\n",
-           (unsigned long long)(libc_allocs() - libc_before));
+           (unsigned long long)(tdm_bench_libc_allocs() - libc_before));
     printf("targets: decode <= 100 ns/req, mixed <= 100 us/step, steady_allocs 0%s\n",
-           BENCH_COUNT_LIBC ? "" : " (libc allocations not counted in this build)");
+           tdm_bench_libc_counting() ? "" : " (libc allocations not counted in this build)");
     printf("sched_bench decode256_ns_per_req=%.1f decode1024_ns_per_req=%.1f decode4096_ns_per_req=%.1f"
            " mixed_us_per_step=%.1f steady_allocs=%llu mixed_xxh3_us_per_step=%.1f"
            " hash_sha256_ns_per_block=%.1f hash_xxh3_128_ns_per_block=%.1f prefix_off_ns_per_block=%.1f"
