@@ -320,7 +320,11 @@ int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs);
 void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens);
 
 /* update: record a scheduled step whose output is awaited (finalize of each step) */
-void tdm__pend_push(tdm__req *r, bool samples);
+static inline void tdm__pend_push(tdm__req *r, bool samples)
+{
+    r->pend_bits = (r->pend_bits << 1) | (samples ? 1u : 0u);
+    if (r->pend_n < UINT32_MAX) r->pend_n++;
+}
 
 /* cost model */
 double tdm__cost_estimate(const tdm_sched *s, const tdm_step_shape *sh);

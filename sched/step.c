@@ -163,6 +163,9 @@ typedef struct step_ctx {
     uint32_t partial_prefills; /* prefills in this step (decode-first limit) */
     uint64_t out_blocks_bound; /* upper bound of the block ids the batch will list */
     uint32_t threshold;        /* long_prefill_token_threshold, 0 when one request is eligible */
+    uint32_t bs, look;         /* block_size, num_lookahead_tokens */
+    uint64_t max_len;          /* max_model_len */
+    bool caching;              /* enable_prefix_caching */
     bool stop_running;         /* a request preempted itself: the running pass ends (vLLM <= 0.32) */
 } step_ctx;
 
@@ -257,7 +260,7 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
     uint64_t n = r->num_computed < end ? end + r->num_spec - r->num_computed : 0;
     if (c->threshold && n > c->threshold) n = c->threshold;
     n = TDM_MIN(n, (uint64_t)c->budget);
-    uint64_t room = (uint64_t)s->prm.max_model_len - 1;
+    uint64_t room = c->max_len - 1;
     n = r->num_computed >= room ? 0 : TDM_MIN(n, room - r->num_computed);
     if (!decode && c->tbt)
         n = tbt_fit(s, &c->shape, r->num_computed, (uint32_t)n, s->num_entries == 0, c->target);
@@ -268,24 +271,33 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
         (*i)++;
         return;
     }
-    if (!reserve_blocks_for(c, r)) {
-        c->budget = 0;
-        return;
-    }
     uint32_t first_new = r->num_blocks;
-    for (;;) {
-        if (allocate(s, r, (uint32_t)n, 0, 0, (uint32_t)s->prm.num_lookahead_tokens, false, false)) break;
-        uint32_t v = tdm__policy_victim(s);
-        bool self = s->running[v] == r;
-        preempt_at(c, v);
-        /* r preempted itself: the requests after it rank higher (priority) and may still fit
-         * in the blocks it freed; *i already points at the next one (vLLM 0.33). vLLM 0.32
-         * and older end the running pass there. */
-        if (self) {
-            c->stop_running = !s->prm.continue_after_self_preemption;
+    uint64_t upto = (uint64_t)r->num_computed + n;
+    if (TDM_MIN(upto + c->look, c->max_len) <= (uint64_t)r->num_blocks * c->bs) {
+        /* The common decode step: r's blocks already hold the new tokens (and the lookahead),
+         * so the batch lists no new block of r; the blocks completed join the cache
+         * (allocate()'s first case, without its call). */
+        if (c->caching && upto >= (uint64_t)(r->num_cached_blocks + 1) * c->bs)
+            tdm__cache_full_blocks(s, r, (uint32_t)upto);
+    } else {
+        if (!reserve_blocks_for(c, r)) {
+            c->budget = 0;
             return;
         }
-        if (v < *i) (*i)--;
+        for (;;) {
+            if (allocate(s, r, (uint32_t)n, 0, 0, c->look, false, false)) break;
+            uint32_t v = tdm__policy_victim(s);
+            bool self = s->running[v] == r;
+            preempt_at(c, v);
+            /* r preempted itself: the requests after it rank higher (priority) and may still
+             * fit in the blocks it freed; *i already points at the next one (vLLM 0.33). vLLM
+             * 0.32 and older end the running pass there. */
+            if (self) {
+                c->stop_running = !s->prm.continue_after_self_preemption;
+                return;
+            }
+            if (v < *i) (*i)--;
+        }
     }
     uint32_t drafts = r->num_computed + n > end ? (uint32_t)(r->num_computed + n - end) : 0;
     r->num_spec_sched = TDM_MIN(drafts, r->num_spec);
@@ -500,6 +512,10 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     c.decode_first = s->prm.mode == TDM_MODE_DECODE_FIRST || c.adaptive;
     c.tbt = c.decode_first && (s->prm.tbt_target_us > 0 || c.adaptive);
     c.target = (double)s->prm.tbt_target_us * 1e-6;
+    c.bs = (uint32_t)s->prm.block_size;
+    c.look = (uint32_t)s->prm.num_lookahead_tokens;
+    c.max_len = (uint64_t)s->prm.max_model_len;
+    c.caching = s->prm.enable_prefix_caching != 0;
     /* The threshold keeps a long prefill from starving the others: with one eligible request
      * (running, waiting or receiving its KV) there is nobody to starve (vLLM 0.33). */
     if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) > 1)

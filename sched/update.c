@@ -27,12 +27,6 @@ static bool takes_output(const tdm__req *r)
     return r->tokens && (r->state == TDM_STATE_RUNNING || r->state == TDM_STATE_PREEMPTED);
 }
 
-void tdm__pend_push(tdm__req *r, bool samples)
-{
-    r->pend_bits = (r->pend_bits << 1) | (samples ? 1u : 0u);
-    if (r->pend_n < UINT32_MAX) r->pend_n++;
-}
-
 /* Whether the oldest awaited step of r may bring sampled tokens (r->pend_n > 0). A step
  * more than 64 steps old is a non-final prefill chunk: only the newest step of a request
  * can reach the end of its tokens, unless it was preempted and rescheduled with 64 chunks
@@ -96,7 +90,7 @@ static int validate(tdm_sched *s, const tdm_step_output *o)
                              "prefill chunk that does not complete its prompt (none may be reported)",
                              (unsigned long long)r->id, b - a);
         found[i] = r;
-        if (takes_output(r) && b - a > 1 + r->num_spec_sched)
+        if (b - a > 1 + r->num_spec_sched && takes_output(r))
             return tdm__fail(&s->err, TDM_E_INVAL,
                              "update: request %llu has %u sampled tokens but only %u draft(s) were scheduled",
                              (unsigned long long)r->id, b - a, r->num_spec_sched);
@@ -147,27 +141,36 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
         return tdm__fail(&s->err, TDM_E_NOMEM, "update: out of memory");
     if (o->now > s->now) s->now = o->now;
     double now = o->now;
-    uint32_t m = 0;
+    uint32_t m = 0, skipped = 0;
+    bool async = s->prm.async_scheduling != 0;
     s->in_update = true;
     tdm__req **found = s->upd_reqs.data;
+    uint64_t *ids = s->upd_ids.data;
+    uint32_t *nnew = s->upd_new.data;
+    uint8_t *reasons = s->upd_reason.data;
+    int32_t *stops = s->upd_stop.data;
     for (uint32_t i = 0; i < n; i++) {
         tdm__req *r = found[i]; /* finishing another request cannot change r */
         bool samples = pend_oldest_samples(r);
         pend_pop(r);
-        if (!takes_output(r)) continue; /* finished since it was scheduled: skipped, as in vLLM */
+        if (!takes_output(r)) { /* finished since it was scheduled: skipped, as in vLLM */
+            skipped++;
+            continue;
+        }
         uint32_t a = o->token_offsets[i], k = o->token_offsets[i + 1] - a;
         bool running = r->state == TDM_STATE_RUNNING; /* else preempted: a stale output */
-        if (k && r->num_spec_sched && running) {
-            uint32_t rejected = r->num_spec_sched - (k - 1);
-            r->num_computed = r->num_computed > rejected ? r->num_computed - rejected : 0;
-            r->num_placeholders = r->num_placeholders > rejected ? r->num_placeholders - rejected : 0;
+        if ((r->num_spec_sched | r->num_placeholders) && running) { /* drafts, async scheduling */
+            if (k && r->num_spec_sched) {
+                uint32_t rejected = r->num_spec_sched - (k - 1);
+                r->num_computed = r->num_computed > rejected ? r->num_computed - rejected : 0;
+                r->num_placeholders = r->num_placeholders > rejected ? r->num_placeholders - rejected : 0;
+            }
+            /* Async scheduling: the returned tokens resolve their placeholders (all of them,
+             * those trimmed at a stop too, as vLLM 0.33 does). */
+            if (r->num_placeholders) r->num_placeholders = r->num_placeholders > k ? r->num_placeholders - k : 0;
         }
         r->num_spec_sched = 0;
         r->in_flight = r->pend_bits != 0; /* a later step in flight may still bring a token */
-        /* Async scheduling: the returned tokens resolve their placeholders (all of them, those
-         * trimmed at a stop too, as vLLM 0.33 does). */
-        if (running && r->num_placeholders)
-            r->num_placeholders = r->num_placeholders > k ? r->num_placeholders - k : 0;
         /* No sample for a step that reached the end of its tokens (a decode, or the chunk that
          * completed the prompt): its last token must be computed again to get one; otherwise
          * the request would never be scheduled again. With async scheduling its placeholder
@@ -198,19 +201,20 @@ int tdm_sched_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *
         /* Async scheduling: the blocks the returned tokens complete, up to the positions whose
          * KV is computed (all but those of the steps still in flight), join the prefix cache
          * now, before a stop frees them (vLLM's AsyncScheduler caches them in the update). */
-        if (k && running && s->prm.async_scheduling && r->num_computed > r->num_placeholders)
+        if (k && running && async && r->num_computed > r->num_placeholders)
             tdm__cache_full_blocks(s, r, r->num_computed - r->num_placeholders);
-        TDM_VEC_AT(&s->upd_ids, uint64_t, m) = r->id;
-        TDM_VEC_AT(&s->upd_new, uint32_t, m) = appended;
-        TDM_VEC_AT(&s->upd_reason, uint8_t, m) = (uint8_t)reason;
-        TDM_VEC_AT(&s->upd_stop, int32_t, m) = stop_tok;
+        ids[m] = r->id;
+        nnew[m] = appended;
+        reasons[m] = (uint8_t)reason;
+        stops[m] = stop_tok;
         m++;
         if (reason) tdm__finish(s, r, reason, now);
     }
     s->in_update = false;
     /* Finished requests already reported in a batch were kept for the update of a step they
-     * were in (async scheduling, pipelining): the last such update frees them. */
-    for (uint32_t i = 0; i < n; i++) {
+     * were in (async scheduling, pipelining): the last such update frees them. (Only the
+     * skipped ones can be: a request finished by this update is reported by the next step.) */
+    for (uint32_t i = 0; skipped && i < n; i++) {
         tdm__req *r = found[i];
         if (!r->pend_n && r->reported && r->state == TDM_STATE_FINISHED) {
             tdm__map_del(s, r->id);
