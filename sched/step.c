@@ -324,10 +324,11 @@ static void run_waiting(step_ctx *c)
             c->partial_prefills >= (uint64_t)s->prm.max_num_partial_prefills)
             break;
         tdm__req *r = tdm__waiting_peek(s);
-        if (r->state == TDM_STATE_PREEMPTED && r->pend_n) {
-            /* Preempted with a step in flight: its late output is still applied, so resuming
-             * now could compute a position that output brings. It waits out this step, keeping
-             * its place (vLLM 0.31-0.33 skip it). */
+        if (r->state == TDM_STATE_PREEMPTED && r->pend_bits) {
+            /* Preempted with a step in flight that may sample: its late output is still
+             * applied, so resuming now could compute a position that output brings. It waits
+             * out this step, keeping its place (vLLM 0.31-0.33 skip it). A non-final prefill
+             * chunk in flight brings no token: its report (or its omission) changes nothing. */
             tdm__waiting_pop(s);
             tdm__list_push_back(&skipped, r);
             continue;
@@ -423,9 +424,13 @@ static void flush_and_expire(tdm_sched *s, double now)
         TDM_VEC_AT(&s->out_finished, uint64_t, s->out_finished.len++) = r->id;
         r->reported = true;
         /* Kept until the update of the last step it was scheduled in (freed there). */
-        if (r->state == TDM_STATE_FINISHED && !r->pend_n) {
-            tdm__map_del(s, r->id);
-            tdm__req_destroy(s, r);
+        if (r->state == TDM_STATE_FINISHED) {
+            if (!r->pend_n) {
+                tdm__map_del(s, r->id);
+                tdm__req_destroy(s, r);
+            } else { /* room: reserved at add for every live request */
+                TDM_VEC_AT(&s->lingering, tdm__req *, s->lingering.len++) = r;
+            }
         }
     }
     s->finished.len = 0;
@@ -461,10 +466,11 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
         r->in_flight = r->num_computed >= (uint64_t)r->num_tokens + r->num_placeholders;
         /* Async scheduling: a step that samples holds a placeholder per token it may bring. */
         if (r->in_flight && s->prm.async_scheduling) r->num_placeholders += 1 + e->num_spec;
-        tdm__pend_push(r, r->in_flight); /* the update that may report this entry */
+        tdm__pend_push(r, r->in_flight, s->step_no); /* the update that may report this entry */
         if (r->first_sched < 0) r->first_sched = c->now;
     }
     s->out_block_offsets[s->num_entries] = pos;
+    s->latest_awaited = s->num_entries > 0;
     s->out_blocks.len = pos;
     s->scheduled_tokens += total;
 
@@ -498,7 +504,8 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: batch is NULL or its struct_size is too small");
     if (!isfinite(now) || now < 0)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: now (%g) must be finite and >= 0", now);
-    if (reserve_outputs(s)) return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
+    if (reserve_outputs(s) || tdm__batch_reserve(s)) return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
+    tdm__batch_keep(s); /* the last batch, if it awaits a named report, before it is overwritten */
     if (now > s->now) s->now = now;
     s->step_no++;
     flush_and_expire(s, s->now);
