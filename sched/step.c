@@ -324,11 +324,10 @@ static void run_waiting(step_ctx *c)
             c->partial_prefills >= (uint64_t)s->prm.max_num_partial_prefills)
             break;
         tdm__req *r = tdm__waiting_peek(s);
-        if (r->state == TDM_STATE_PREEMPTED && r->pend_bits) {
-            /* Preempted with a step in flight that may sample: its late output is still
-             * applied, so resuming now could compute a position that output brings. It waits
-             * out this step, keeping its place (vLLM 0.31-0.33 skip it). A non-final prefill
-             * chunk in flight brings no token: its report (or its omission) changes nothing. */
+        if (r->state == TDM_STATE_PREEMPTED && r->pend_n) {
+            /* Preempted with a step in flight: its late output is still applied, so resuming
+             * now could compute a position that output brings. It waits out this step, keeping
+             * its place (vLLM 0.31-0.33 skip it). */
             tdm__waiting_pop(s);
             tdm__list_push_back(&skipped, r);
             continue;
