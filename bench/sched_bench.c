@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "common/alloc_count.h"
+#include "common/bench_host.h"
 #include "internal.h"
 #include "tandem.h"
 #include "../sched/hash.h"
@@ -45,79 +46,34 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void die(const char *what, int rc, const tdm_sched *s)
-{
-    fprintf(stderr, "sched_bench: %s failed: %d (%s)\n", what, rc, s ? tdm_sched_errmsg(s) : "");
-    exit(1);
-}
+static void die(const char *what, int rc, const tdm_sched *s) { bench_die("sched_bench", what, rc, s); }
 
-#define CHECK(call, s)                                  \
-    do {                                                \
-        int rc_ = (call);                               \
-        if (rc_ != TDM_OK) die(#call, rc_, (s));        \
-    } while (0)
+#define CHECK(call, s) BENCH_CHECK(die, call, s)
 
-/* ---- a tiny host: per-request bookkeeping and the fake model ---- */
+/* ---- the host (bench/common/bench_host.c), timed around the library calls ---- */
 
-typedef struct host {
-    tdm_sched *s;
-    uint32_t cap;            /* ids are 0..cap-1 */
-    uint32_t *prompt_len;
-    uint32_t *out_len;
-    uint8_t *done;
-    uint64_t *ids;           /* output arrays, sized for max_num_seqs entries */
-    uint32_t *offs;
-    tdm_token *toks;
-    uint32_t finished_since;
-    double clock;            /* the host clock passed to step/update */
-    double t_lib;            /* seconds spent in step + update */
-    double t_step, t_update; /* the same, split */
-    double t_add;            /* seconds spent in tdm_sched_add (prompt digests are made there) */
-    int slo;                 /* SCHED_BENCH_POLICY set: requests get priorities, SLOs, flags */
-} host;
+typedef bench_host host;
 
 static void host_init(host *h, tdm_sched *s, uint32_t cap, uint32_t max_entries)
 {
-    memset(h, 0, sizeof(*h));
-    h->s = s;
-    h->cap = cap;
-    h->prompt_len = calloc(cap, sizeof(uint32_t));
-    h->out_len = calloc(cap, sizeof(uint32_t));
-    h->done = calloc(cap, 1);
-    h->ids = calloc(max_entries + 1, sizeof(uint64_t));
-    h->offs = calloc(max_entries + 2, sizeof(uint32_t));
-    h->toks = calloc(max_entries + 1, sizeof(tdm_token));
-    if (!h->prompt_len || !h->out_len || !h->done || !h->ids || !h->offs || !h->toks) die("calloc", -2, NULL);
+    if (bench_host_init(h, s, cap, max_entries)) die("calloc", -2, NULL);
 }
 
-static void host_free(host *h)
-{
-    free(h->prompt_len);
-    free(h->out_len);
-    free(h->done);
-    free(h->ids);
-    free(h->offs);
-    free(h->toks);
-}
+static void host_free(host *h) { bench_host_free(h); }
 
 static void host_add(host *h, uint32_t id, const tdm_token *prompt, uint32_t n, uint32_t max_tokens)
 {
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = id;
-    d.prompt = prompt;
-    d.num_prompt_tokens = n;
-    d.max_tokens = max_tokens;
-    d.arrival_time = h->clock;
-    if (h->slo) {
-        d.priority = (int32_t)(id % 3);
-        d.ttft_slo = (id & 1) ? 2.0 : 0.0;
-        d.flags = (id & 2) ? TDM_REQ_SLO_DEPRIORITIZE : 0;
-    }
+    bench_host_desc(h, &d, id, prompt, n, max_tokens);
     double t0 = now_s();
     CHECK(tdm_sched_add(h->s, &d), h->s);
     h->t_add += now_s() - t0;
-    h->prompt_len[id] = n;
+}
+
+static tdm_token sample(void *ctx, uint64_t id)
+{
+    (void)ctx;
+    return (tdm_token)(100 + (id & 1023));
 }
 
 /* One cycle: step, fake outputs, update. Returns the number of scheduled requests. */
@@ -129,23 +85,8 @@ static uint32_t host_cycle(host *h)
     double t0 = now_s();
     CHECK(tdm_sched_step(h->s, h->clock, &b), h->s);
     double t1 = now_s();
-    uint32_t m = 0, nt = 0;
-    for (uint32_t i = 0; i < b.num_reqs; i++) {
-        uint64_t id = b.req_ids[i];
-        h->ids[m] = id;
-        h->offs[m] = nt;
-        if ((uint64_t)b.num_computed[i] + b.num_tokens[i] >= (uint64_t)h->prompt_len[id] + h->out_len[id])
-            h->toks[nt++] = (tdm_token)(100 + (id & 1023));
-        m++;
-    }
-    h->offs[m] = nt;
     tdm_step_output o;
-    tdm_step_output_init(&o);
-    o.num_reqs = m;
-    o.req_ids = h->ids;
-    o.token_offsets = h->offs;
-    o.tokens = h->toks;
-    o.now = h->clock + 0.01;
+    bench_host_output(h, &b, sample, NULL, &o);
     tdm_update_result r;
     tdm_update_result_init(&r);
     double t2 = now_s();
@@ -154,14 +95,7 @@ static uint32_t host_cycle(host *h)
     h->t_lib += (t1 - t0) + (t3 - t2);
     h->t_step += t1 - t0;
     h->t_update += t3 - t2;
-    for (uint32_t i = 0; i < r.num_reqs; i++) {
-        uint64_t id = r.req_ids[i];
-        h->out_len[id] += r.num_new_tokens[i];
-        if (r.finish_reasons[i] != TDM_FINISH_NONE && !h->done[id]) {
-            h->done[id] = 1;
-            h->finished_since++;
-        }
-    }
+    bench_host_account(h, &r);
     return b.num_reqs;
 }
 

@@ -11,9 +11,9 @@ IR_BASELINE  ?= bench/sched_ir.baseline
 IR_SCENARIOS ?=
 IR_SAVE      ?=
 
-$(SCHED_IR): bench/ir/sched_ir.c $(LIB_A) $(HEADERS)
+$(SCHED_IR): bench/ir/sched_ir.c bench/common/bench_host.c bench/common/bench_host.h $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -o $@ $< $(LIB_A) $(LINK_LIBS)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -o $@ $< bench/common/bench_host.c $(LIB_A) $(LINK_LIBS)
 
 benches: $(SCHED_IR)
 

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/bench_host.h"
 #include "tandem.h"
 
 /* ---- the measured calls (callgrind collects these and what they call) ---- */
@@ -41,32 +42,15 @@ IR_FN int ir_update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *r
 IR_FN int ir_add(tdm_sched *s, const tdm_request_desc *d) { return tdm_sched_add(s, d); }
 IR_FN int ir_drain(tdm_sched *s, tdm_kv_event_batch *b) { return tdm_sched_kv_events(s, b); }
 
-static void die(const char *what, int rc, tdm_sched *s)
-{
-    fprintf(stderr, "sched_ir: %s failed: %d (%s)\n", what, rc, s ? tdm_sched_errmsg(s) : "");
-    exit(1);
-}
+static void die(const char *what, int rc, const tdm_sched *s) { bench_die("sched_ir", what, rc, s); }
 
-#define CHECK(call, s)                           \
-    do {                                         \
-        int rc_ = (call);                        \
-        if (rc_ != TDM_OK) die(#call, rc_, (s)); \
-    } while (0)
+#define CHECK(call, s) BENCH_CHECK(die, call, s)
 
-/* ---- a tiny host ---- */
+/* ---- the host (bench/common/bench_host.c), calling through ir_* while measuring ---- */
 
 typedef struct host {
-    tdm_sched *s;
-    uint32_t cap;
-    uint32_t *prompt_len, *out_len;
-    uint8_t *done;
-    uint64_t *ids;
-    uint32_t *offs;
-    tdm_token *toks;
-    uint32_t finished_since;
-    double clock;
+    bench_host b;
     int measuring;              /* calls go through ir_* */
-    int slo;                    /* priorities, SLOs and flags on the requests */
     int stops;                  /* EOS, stop ids and min_tokens on the requests */
     int drain;                  /* KV events drained after each step */
     uint64_t rs;                /* xorshift state of the fake model and the workload */
@@ -83,46 +67,25 @@ static uint64_t rnd(host *h)
 
 static const tdm_token stop_ids[8] = { 7, 11, 13, 17, 19, 23, 29, 31 };
 
+/* Keeps the scenario's flags (slo, stops, drain). */
 static void host_init(host *h, tdm_sched *s, uint32_t cap, uint32_t max_entries)
 {
-    memset(h, 0, sizeof(*h));
-    h->s = s;
-    h->cap = cap;
+    int slo = h->b.slo;
+    if (bench_host_init(&h->b, s, cap, max_entries)) die("calloc", -2, NULL);
+    h->b.slo = slo;
     h->rs = 88172645463325252ull;
-    h->prompt_len = calloc(cap, sizeof(uint32_t));
-    h->out_len = calloc(cap, sizeof(uint32_t));
-    h->done = calloc(cap, 1);
-    h->ids = calloc(max_entries + 1, sizeof(uint64_t));
-    h->offs = calloc(max_entries + 2, sizeof(uint32_t));
-    h->toks = calloc(max_entries + 1, sizeof(tdm_token));
-    if (!h->prompt_len || !h->out_len || !h->done || !h->ids || !h->offs || !h->toks) die("calloc", -2, NULL);
 }
 
 static void host_free(host *h)
 {
-    free(h->prompt_len);
-    free(h->out_len);
-    free(h->done);
-    free(h->ids);
-    free(h->offs);
-    free(h->toks);
-    tdm_sched_destroy(h->s);
+    bench_host_free(&h->b);
+    tdm_sched_destroy(h->b.s);
 }
 
 static void host_add(host *h, uint32_t id, const tdm_token *prompt, uint32_t n, uint32_t max_tokens)
 {
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = id;
-    d.prompt = prompt;
-    d.num_prompt_tokens = n;
-    d.max_tokens = max_tokens;
-    d.arrival_time = h->clock;
-    if (h->slo) {
-        d.priority = (int32_t)(id % 3);
-        d.ttft_slo = (id & 1) ? 2.0 : 0.0;
-        d.flags = (id & 2) ? TDM_REQ_SLO_DEPRIORITIZE : 0;
-    }
+    bench_host_desc(&h->b, &d, id, prompt, n, max_tokens);
     if (h->stops) {
         d.eos_token_id = 2;
         d.stop_token_ids = stop_ids;
@@ -130,17 +93,17 @@ static void host_add(host *h, uint32_t id, const tdm_token *prompt, uint32_t n, 
         d.min_tokens = 4;
     }
     if (h->measuring) {
-        CHECK(ir_add(h->s, &d), h->s);
+        CHECK(ir_add(h->b.s, &d), h->b.s);
         h->blocks += n / 16;
     } else {
-        CHECK(tdm_sched_add(h->s, &d), h->s);
+        CHECK(tdm_sched_add(h->b.s, &d), h->b.s);
     }
-    h->prompt_len[id] = n;
 }
 
 /* The sampled token of a request that reached the end of its tokens. */
-static tdm_token sample(host *h, uint64_t id)
+static tdm_token sample(void *ctx, uint64_t id)
 {
+    host *h = ctx;
     if (h->stops && rnd(h) % 40 == 0) return stop_ids[rnd(h) % 8];
     return (tdm_token)(100 + (id & 1023));
 }
@@ -148,50 +111,30 @@ static tdm_token sample(host *h, uint64_t id)
 /* One cycle: step, (drain), fake outputs, update. */
 static void host_cycle(host *h)
 {
+    tdm_sched *s = h->b.s;
     tdm_batch b;
     tdm_batch_init(&b);
-    h->clock += 0.02;
-    if (h->measuring) CHECK(ir_step(h->s, h->clock, &b), h->s);
-    else CHECK(tdm_sched_step(h->s, h->clock, &b), h->s);
+    h->b.clock += 0.02;
+    if (h->measuring) CHECK(ir_step(s, h->b.clock, &b), s);
+    else CHECK(tdm_sched_step(s, h->b.clock, &b), s);
     if (h->drain) {
         tdm_kv_event_batch ev;
         tdm_kv_event_batch_init(&ev);
-        if (h->measuring) CHECK(ir_drain(h->s, &ev), h->s);
-        else CHECK(tdm_sched_kv_events(h->s, &ev), h->s);
+        if (h->measuring) CHECK(ir_drain(s, &ev), s);
+        else CHECK(tdm_sched_kv_events(s, &ev), s);
     }
-    uint32_t nt = 0;
-    for (uint32_t i = 0; i < b.num_reqs; i++) {
-        uint64_t id = b.req_ids[i];
-        h->ids[i] = id;
-        h->offs[i] = nt;
-        if ((uint64_t)b.num_computed[i] + b.num_tokens[i] >= (uint64_t)h->prompt_len[id] + h->out_len[id])
-            h->toks[nt++] = sample(h, id);
-    }
-    h->offs[b.num_reqs] = nt;
     tdm_step_output o;
-    tdm_step_output_init(&o);
-    o.num_reqs = b.num_reqs;
-    o.req_ids = h->ids;
-    o.token_offsets = h->offs;
-    o.tokens = h->toks;
-    o.now = h->clock + 0.01;
+    bench_host_output(&h->b, &b, sample, h, &o);
     tdm_update_result r;
     tdm_update_result_init(&r);
     if (h->measuring) {
-        CHECK(ir_update(h->s, &o, &r), h->s);
+        CHECK(ir_update(s, &o, &r), s);
         h->steps++;
         h->req_steps += b.num_reqs;
     } else {
-        CHECK(tdm_sched_update(h->s, &o, &r), h->s);
+        CHECK(tdm_sched_update(s, &o, &r), s);
     }
-    for (uint32_t i = 0; i < r.num_reqs; i++) {
-        uint64_t id = r.req_ids[i];
-        h->out_len[id] += r.num_new_tokens[i];
-        if (r.finish_reasons[i] != TDM_FINISH_NONE && !h->done[id]) {
-            h->done[id] = 1;
-            h->finished_since++;
-        }
-    }
+    bench_host_account(&h->b, &r);
 }
 
 static tdm_sched *make_sched(const char *json)
@@ -239,11 +182,7 @@ static void run_mixed(host *h, const char *extra, uint32_t warm, uint32_t cycles
     snprintf(json, sizeof(json), "{\"max_num_seqs\": 1024, \"max_num_batched_tokens\": 8192,"
              " \"long_prefill_token_threshold\": 512, \"num_blocks\": 60000,"
              " \"max_model_len\": 4096, \"block_size\": 16, \"prefix_hash\": \"sha256\"%s}", extra);
-    int slo = h->slo, stops = h->stops, drain = h->drain;
     host_init(h, make_sched(json), cap, 1024);
-    h->slo = slo;
-    h->stops = stops;
-    h->drain = drain;
     tdm_token prompt[600];
     uint32_t next = 0;
     for (; next < initial; next++) {
@@ -253,10 +192,10 @@ static void run_mixed(host *h, const char *extra, uint32_t warm, uint32_t cycles
     for (uint32_t k = 0; k < warm + cycles; k++) {
         if (k == warm) h->measuring = 1;
         host_cycle(h);
-        while (h->finished_since > 0 && next < cap) {
+        while (h->b.finished_since > 0 && next < cap) {
             uint32_t n = mixed_prompt(h, prompt);
             host_add(h, next++, prompt, n, 16 + (uint32_t)(rnd(h) % 200));
-            h->finished_since--;
+            h->b.finished_since--;
         }
     }
 }
@@ -274,7 +213,7 @@ static void run_prefix(host *h)
             prompt[i] = i < SHARED ? (tdm_token)(500 + (id % FAMILIES) * 4096 + i) : (tdm_token)(200000 + id * 64 + i);
         host_add(h, id, prompt, LEN, 1);
     }
-    while (h->finished_since < NREQ) host_cycle(h);
+    while (h->b.finished_since < NREQ) host_cycle(h);
 }
 
 int main(int argc, char **argv)
@@ -287,7 +226,7 @@ int main(int argc, char **argv)
     else if (!strcmp(sc, "decode4096")) run_decode(&h, 4096);
     else if (!strcmp(sc, "mixed_fcfs")) run_mixed(&h, "", 150, 30);
     else if (!strcmp(sc, "mixed_slo")) {
-        h.slo = 1;
+        h.b.slo = 1;
         run_mixed(&h, ", \"policy\": \"slo_adaptive\", \"slo_ttft_ms\": 2000, \"slo_tpot_ms\": 50", 150, 30);
     } else if (!strcmp(sc, "update_stops")) {
         h.stops = 1;
