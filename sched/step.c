@@ -503,7 +503,8 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: batch is NULL or its struct_size is too small");
     if (!isfinite(now) || now < 0)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: now (%g) must be finite and >= 0", now);
-    if (reserve_outputs(s) || tdm__batch_reserve(s)) return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
+    if (reserve_outputs(s) || tdm__batch_reserve(s))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
     tdm__batch_keep(s); /* the last batch, if it awaits a named report, before it is overwritten */
     if (now > s->now) s->now = now;
     s->step_no++;

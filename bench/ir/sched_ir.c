@@ -210,7 +210,8 @@ static void run_prefix(host *h)
     h->measuring = 1;
     for (uint32_t id = 0; id < NREQ; id++) {
         for (uint32_t i = 0; i < LEN; i++)
-            prompt[i] = i < SHARED ? (tdm_token)(500 + (id % FAMILIES) * 4096 + i) : (tdm_token)(200000 + id * 64 + i);
+            prompt[i] = i < SHARED ? (tdm_token)(500 + (id % FAMILIES) * 4096 + i)
+                                   : (tdm_token)(200000 + id * 64 + i);
         host_add(h, id, prompt, LEN, 1);
     }
     while (h->b.finished_since < NREQ) host_cycle(h);

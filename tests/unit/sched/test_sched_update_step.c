@@ -54,17 +54,10 @@ static int report_sampled(tdm_sched *s, const snap *c, tdm_token tok, double now
         n++;
     }
     if (listed) *listed = n;
-    tdm_step_output o;
-    tdm_step_output_init(&o);
-    o.num_reqs = n;
-    o.req_ids = ids;
-    o.token_offsets = offs;
-    o.tokens = toks;
-    o.now = now;
     tdm_update_result r;
-    tdm_update_result_init(&r);
-    int rc = tdm_sched_update_step(s, c->step, &o, &r);
-    for (uint32_t i = 0; rc == TDM_OK && outs && i < r.num_reqs; i++) outs[r.req_ids[i]] += r.num_new_tokens[i];
+    int rc = tsd_report_step(s, c->step, n, ids, offs, toks, now, &r);
+    for (uint32_t i = 0; rc == TDM_OK && outs && i < r.num_reqs; i++)
+        outs[r.req_ids[i]] += r.num_new_tokens[i];
     return rc;
 }
 
@@ -80,14 +73,7 @@ static int update_step_one(tdm_sched *s, uint64_t step, uint64_t id, const tdm_t
                            double now)
 {
     uint32_t offs[2] = { 0, n };
-    tdm_step_output o;
-    tdm_step_output_init(&o);
-    o.num_reqs = id == UINT64_MAX ? 0 : 1;
-    o.req_ids = &id;
-    o.token_offsets = offs;
-    o.tokens = toks;
-    o.now = now;
-    return tdm_sched_update_step(s, step, &o, NULL);
+    return tsd_report_step(s, step, id == UINT64_MAX ? 0 : 1, &id, offs, toks, now, NULL);
 }
 
 /* The issue's host: chunked prompts, only the requests that sampled are reported. Every
@@ -202,7 +188,8 @@ static void update_step__wrong_request_or_step_refused_without_change(void **sta
 static void update_step__pipelined_batches_oldest_first(void **state)
 {
     (void)state;
-    const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 4, TDM_SCHED_ASYNC_SCHEDULING, 1, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 24,
+    const int64_t kv[] = { TDM_SCHED_MAX_NUM_SEQS, 4, TDM_SCHED_ASYNC_SCHEDULING, 1,
+                           TDM_SCHED_MAX_NUM_BATCHED_TOKENS, 24,
                            TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, 16, 0 };
     tdm_sched *s = tsd_newp(kv);
     assert_int_equal(tsd_add(s, 1, 50, 6), TDM_OK);
