@@ -183,7 +183,7 @@ static bool reserve_blocks_for(step_ctx *c, const tdm__req *r)
     return true;
 }
 
-static void add_entry(step_ctx *c, tdm__req *r, uint32_t n, uint32_t computed, uint32_t first_new, uint8_t kind)
+static inline __attribute__((always_inline)) void add_entry(step_ctx *c, tdm__req *r, uint32_t n, uint32_t computed, uint32_t first_new, uint8_t kind)
 {
     tdm_sched *s = c->s;
     tdm__entry *e = &s->entries[s->num_entries];
@@ -236,7 +236,7 @@ static void preempt_at(step_ctx *c, uint32_t idx)
 
 /* Schedule running request at index *i. `which`: 0 any, 1 decodes only, 2 prefills only.
  * Advances *i past it unless it was removed from running. */
-static void schedule_running(step_ctx *c, uint32_t *i, int which)
+static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, uint32_t *i, int which)
 {
     tdm_sched *s = c->s;
     tdm__req *r = s->running[*i];
