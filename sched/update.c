@@ -14,7 +14,15 @@
  * of the step just returned; one that keeps two batches in flight reports each batch once.
  * A request finished (aborted) after it was scheduled still consumes its step: its output is
  * skipped, as in vLLM, and a finished request already reported is freed by the update of its
- * last awaited step. With async scheduling the returned tokens resolve output placeholders.
+ * last awaited step (it waits in the lingering list; one owed only non-final chunks is freed
+ * once an update reports a later step, so hosts that leave such chunks out do not leak it).
+ * With async scheduling the returned tokens resolve output placeholders.
+ *
+ * A named report (tdm_sched_update_step) covers a whole batch: the requests of that batch it
+ * leaves out are applied as reporting no tokens. Batches are named in step order. The latest
+ * batch's requests are the step's entries; before the next step overwrites them, its ids are
+ * copied into a ring of TDM__KEPT_BATCHES batches (tdm__batch_keep), which named reports
+ * consume oldest first.
  */
 #include <math.h>
 #include <string.h>
