@@ -3,10 +3,12 @@
  * time is modelled in the table model's own terms (sim/cost_table.c): a fixed overhead, a
  * per-token time of the decoder layers (T = prefill tokens + decode requests), the LM head
  * per sampling sequence, decode attention per context token and prefill attention per unit
- * of chunk * (context + chunk / 2). The five non-negative coefficients minimize the squared
- * relative error over the rows not held out (every subset of the terms is solved by its
- * normal equations, the best with no negative coefficient wins: an exact NNLS for five
- * terms); timing outliers are dropped once and the fit repeated. The written table set puts
+ * of chunk * (context + chunk / 2). The five non-negative coefficients fit the mean step
+ * time under multiplicative noise over the rows not held out: squared errors relative to the
+ * prediction, by iteratively reweighted least squares, each round an exact NNLS (every subset
+ * of the five terms solved by its normal equations, the best with no negative coefficient
+ * wins); on request, timing outliers are dropped once and the fit repeated. The written table
+ * set puts
  * each term into the operator the table model looks it up in: element-wise rows (per token
  * and layer), the LM head's GEMM rows (per sequence), generation and context attention rows
  * (per layer), step_overhead_us; the decoder-layer GEMM rows hold 1e-6 us (the per-token
@@ -233,24 +235,35 @@ static int solve(double *a, double *b, int s, double *c)
 
 /* Non-negative weighted least squares of y_us over the rows with use[i] set, weights
  * 1/y^2 (relative error); coef in us per unit of each feature. */
+static double predict_us(const double coef[NF], const tdm_sim_fit_row *r, double lm_shared);
+
+/* The weight of a row: 1 / mu^2, mu the step time predicted by ref (the measured time when
+ * ref is NULL or predicts nothing). */
+static double weight(const tdm_sim_fit_row *r, const double *ref, double lm_shared)
+{
+    double mu = ref ? predict_us(ref, r, lm_shared) : 0;
+    if (!(mu > 0)) mu = r->dur_s * 1e6;
+    return 1.0 / (mu * mu);
+}
+
 static int nnls(const tdm_sim_fit_row *rows, size_t n, const unsigned char *use, double lm_shared,
-                double coef[NF])
+                const double *ref, double coef[NF])
 {
     /* the normal equations of all features, on columns scaled to unit RMS */
     double G[NF][NF] = {{0}}, g[NF] = {0}, sc[NF] = {0}, yy = 0;
     size_t cnt = 0;
     for (size_t i = 0; i < n; i++) {
         if (!use[i]) continue;
-        double x[NF], y = rows[i].dur_s * 1e6;
+        double x[NF], w = weight(&rows[i], ref, lm_shared);
         features(&rows[i], lm_shared, x);
-        for (int a = 0; a < NF; a++) sc[a] += x[a] * x[a] / (y * y);
+        for (int a = 0; a < NF; a++) sc[a] += x[a] * x[a] * w;
         cnt++;
     }
     if (!cnt) return -1;
     for (int a = 0; a < NF; a++) sc[a] = sc[a] > 0 ? sqrt(sc[a] / (double)cnt) : 0;
     for (size_t i = 0; i < n; i++) {
         if (!use[i]) continue;
-        double x[NF], y = rows[i].dur_s * 1e6, w = 1.0 / (y * y);
+        double x[NF], y = rows[i].dur_s * 1e6, w = weight(&rows[i], ref, lm_shared);
         features(&rows[i], lm_shared, x);
         for (int a = 0; a < NF; a++) {
             double xa = sc[a] > 0 ? x[a] / sc[a] : 0;
@@ -301,6 +314,22 @@ static double predict_us(const double coef[NF], const tdm_sim_fit_row *r, double
     return t;
 }
 
+/* The fit of the mean step time under multiplicative noise (a gamma GLM with the identity
+ * link, by iteratively reweighted least squares): weights 1 / y^2 first, then 1 / mu^2 with
+ * mu the current prediction, so that slow steps pull the fit up as much as fast ones pull
+ * it down (1 / y^2 alone favours the fast ones: predictions biased low). */
+static int fit_irls(const tdm_sim_fit_row *rows, size_t n, const unsigned char *use,
+                    double lm_shared, double coef[NF])
+{
+    if (nnls(rows, n, use, lm_shared, NULL, coef)) return -1;
+    for (int it = 0; it < 6; it++) {
+        double ref[NF];
+        memcpy(ref, coef, sizeof ref);
+        if (nnls(rows, n, use, lm_shared, ref, coef)) return -1;
+    }
+    return 0;
+}
+
 static int cmp_dbl(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -315,7 +344,7 @@ double tdm_sim_fit_predict(const tdm_sim_fit *f, const tdm_sim_model *m, const t
     return predict_us(coef, r, f->lm_shared) * 1e-6;
 }
 
-int tdm_sim_fit_rows(const tdm_sim_fit_row *rows, size_t n, unsigned holdout,
+int tdm_sim_fit_rows(const tdm_sim_fit_row *rows, size_t n, unsigned holdout, int trim,
                      const tdm_sim_model *m, tdm_sim_fit *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
@@ -337,24 +366,26 @@ int tdm_sim_fit_rows(const tdm_sim_fit_row *rows, size_t n, unsigned holdout,
         snprintf(err, errlen, "%zu rows to fit: at least %d needed", nfit, NF * 2);
         goto fail;
     }
-    if (nnls(rows, n, use, ls, coef)) {
+    if (fit_irls(rows, n, use, ls, coef)) {
         snprintf(err, errlen, "the fit failed (the rows do not determine the model)");
         goto fail;
     }
-    /* drop the timing outliers of the fitted rows once, then fit again */
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (use[i]) ape[k++] = fabs(predict_us(coef, &rows[i], ls) / (rows[i].dur_s * 1e6) - 1);
-    qsort(ape, k, sizeof *ape, cmp_dbl);
-    double cut = fmax(5 * tdm_sim_percentile_sorted(ape, k, 0.5), 0.10);
-    for (size_t i = 0; i < n; i++)
-        if (use[i] && fabs(predict_us(coef, &rows[i], ls) / (rows[i].dur_s * 1e6) - 1) > cut) {
-            use[i] = 0;
-            out->n_trimmed++;
+    if (trim) {
+        /* drop the timing outliers of the fitted rows once, then fit again */
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (use[i]) ape[k++] = fabs(predict_us(coef, &rows[i], ls) / (rows[i].dur_s * 1e6) - 1);
+        qsort(ape, k, sizeof *ape, cmp_dbl);
+        double cut = fmax(5 * tdm_sim_percentile_sorted(ape, k, 0.5), 0.10);
+        for (size_t i = 0; i < n; i++)
+            if (use[i] && fabs(predict_us(coef, &rows[i], ls) / (rows[i].dur_s * 1e6) - 1) > cut) {
+                use[i] = 0;
+                out->n_trimmed++;
+            }
+        if (out->n_trimmed && fit_irls(rows, n, use, ls, coef)) {
+            snprintf(err, errlen, "the fit failed after dropping %zu outliers", out->n_trimmed);
+            goto fail;
         }
-    if (out->n_trimmed && nnls(rows, n, use, ls, coef)) {
-        snprintf(err, errlen, "the fit failed after dropping %zu outliers", out->n_trimmed);
-        goto fail;
     }
     out->overhead_us = coef[0];
     out->token_us = coef[1];
@@ -364,7 +395,7 @@ int tdm_sim_fit_rows(const tdm_sim_fit_row *rows, size_t n, unsigned holdout,
     out->lm_shared = ls;
     out->n_rows = n;
     double s = 0;
-    k = 0;
+    size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (use[i]) {
             s += fabs(predict_us(coef, &rows[i], ls) / (rows[i].dur_s * 1e6) - 1);
@@ -372,11 +403,13 @@ int tdm_sim_fit_rows(const tdm_sim_fit_row *rows, size_t n, unsigned holdout,
         }
     out->n_fit = k;
     out->fit_mape = k ? s / (double)k : 0;
-    double bias = 0;
+    double bias = 0, sp = 0, sm = 0;
     k = 0;
     s = 0;
     for (size_t i = holdout - 1; i < n; i += holdout) {
         double e = predict_us(coef, &rows[i], ls) / (rows[i].dur_s * 1e6) - 1;
+        sp += predict_us(coef, &rows[i], ls);
+        sm += rows[i].dur_s * 1e6;
         ape[k++] = fabs(e);
         s += fabs(e);
         bias += e;
@@ -385,6 +418,7 @@ int tdm_sim_fit_rows(const tdm_sim_fit_row *rows, size_t n, unsigned holdout,
     if (k) {
         out->held_mape = s / (double)k;
         out->held_bias = bias / (double)k;
+        out->held_total_ratio = sp / sm;
         qsort(ape, k, sizeof *ape, cmp_dbl);
         out->held_median_ape = tdm_sim_percentile_sorted(ape, k, 0.5);
         out->held_p90_ape = tdm_sim_percentile_sorted(ape, k, 0.9);

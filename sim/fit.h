@@ -35,6 +35,7 @@ typedef struct tdm_sim_fit {
     double fit_mape;              /* on the fitted rows (after trimming) */
     double held_mape, held_median_ape, held_p90_ape, held_bias; /* held-out rows, fractions;
                                                                     bias: mean signed error */
+    double held_total_ratio;      /* held-out rows: sum of predicted / sum of measured times */
 } tdm_sim_fit;
 
 /* Read a steps CSV: a header naming at least duration_s, prefill_tokens, prefill_reqs,
@@ -46,11 +47,13 @@ int tdm_sim_fit_read_csv(const char *path, tdm_sim_fit_row **rows, size_t *n, ch
                          size_t errlen);
 
 /* Fit rows[0..n) except every holdout-th row (index % holdout == holdout - 1; holdout >= 2),
- * which are scored with tdm_sim_fit_predict. Non-negative coefficients minimizing the
- * squared relative error; rows of the fit whose error exceeds 5x the median (and 10%) are
- * dropped once (timing outliers of a loaded machine) and the fit repeated. m: the model
- * whose table rows will be written (for lm_shared). */
-int tdm_sim_fit_rows(const tdm_sim_fit_row *rows, size_t n, unsigned holdout,
+ * which are scored with tdm_sim_fit_predict. Non-negative coefficients of the mean step time
+ * under multiplicative noise (squared error relative to the prediction, by iteratively
+ * reweighted least squares). trim: rows of the fit whose error exceeds 5x the median (and
+ * 10%) are dropped once and the fit repeated (a model of the undisturbed engine; without it
+ * slow steps count, as they do in serving). m: the model whose table rows will be written
+ * (for lm_shared). */
+int tdm_sim_fit_rows(const tdm_sim_fit_row *rows, size_t n, unsigned holdout, int trim,
                      const tdm_sim_model *m, tdm_sim_fit *out, char *err, size_t errlen);
 
 /* The fitted model's step time (seconds). */

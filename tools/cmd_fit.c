@@ -18,14 +18,16 @@
 #include "../sim/fit.h"
 
 static const char USAGE[] =
-    "usage: tandem fit STEPS.csv --model M --out DIR [--holdout K] [--tp N]\n"
+    "usage: tandem fit STEPS.csv --model M --out DIR [--holdout K] [--tp N] [--trim]\n"
     "  STEPS.csv  a steps CSV (tandem sim --steps-csv; the vLLM adapter's \"steps_csv\")\n"
     "  --model M  the served model: a preset or a model JSON (a Hugging Face config.json works)\n"
     "  --out DIR  writes DIR/hw.json (the table cost model: tandem sim --hw DIR/hw.json),\n"
     "             DIR/{gemm,elementwise,attn_context,attn_generation}.txt and\n"
     "             DIR/sched_cost.json ({\"cost_model\": ...} for the scheduler's JSON)\n"
     "  --holdout K  every K-th row is held out of the fit and scored (default 5: 20%)\n"
-    "  --tp N     the engine's tensor-parallel degree (default: the model's)\n";
+    "  --tp N     the engine's tensor-parallel degree (default: the model's)\n"
+    "  --trim     drop the steps 5x further from the fit than the median (at least 10%) and\n"
+    "             fit again: the undisturbed engine (by default slow steps count, as in serving)\n";
 
 static int cmp_dbl(const void *a, const void *b)
 {
@@ -68,11 +70,16 @@ int tdm_cmd_fit(int argc, char **argv)
 {
     const char *csv = NULL, *model = NULL, *out = NULL;
     unsigned holdout = 5, tp = 0;
+    int trim = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(USAGE, stdout);
             return 0;
+        }
+        if (!strcmp(a, "--trim")) {
+            trim = 1;
+            continue;
         }
         if (!strcmp(a, "--model") || !strcmp(a, "--out") || !strcmp(a, "--holdout") ||
             !strcmp(a, "--tp")) {
@@ -123,7 +130,7 @@ int tdm_cmd_fit(int argc, char **argv)
     }
     int rc = 1;
     tdm_sim_fit f;
-    if (tdm_sim_fit_rows(rows, n, holdout, &m, &f, err, sizeof err)) {
+    if (tdm_sim_fit_rows(rows, n, holdout, trim, &m, &f, err, sizeof err)) {
         fprintf(stderr, "tandem fit: %s\n", err);
         goto done;
     }
@@ -159,14 +166,15 @@ int tdm_cmd_fit(int argc, char **argv)
     printf("fit  step_us = %.1f + %.4g*tokens + %.4g*sampled_seqs + %.4g*decode_ctx/1e3 + "
            "%.4g*prefill_attn/1e6\n", f.overhead_us, f.token_us, f.seq_us, f.ctx_ns, f.attn_ps);
     printf("fit  error on the fitted rows: mean %.1f%%\n", 100 * f.fit_mape);
-    printf("fit  held-out error (the written tables, %zu rows): mean %.1f%%, median %.1f%%, "
-           "p90 %.1f%%, bias %+.1f%%; %llu steps beyond the tables\n", f.n_held, 100 * tmape,
-           100 * tmed, 100 * f.held_p90_ape, 100 * f.held_bias, (unsigned long long)ex);
+    printf("fit  held-out error (the written tables, %zu rows): per step mean %.1f%%, median "
+           "%.1f%%, p90 %.1f%%; their total time %.3fx the measured; %llu steps beyond the "
+           "tables\n", f.n_held, 100 * tmape, 100 * tmed, 100 * f.held_p90_ape,
+           f.held_total_ratio, (unsigned long long)ex);
     printf("fit  wrote %s/hw.json (tandem sim --hw %s/hw.json --model %s), %s/sched_cost.json\n",
            out, out, model, out);
     printf("fit rows=%zu held_out=%zu held_out_mape=%.4f held_out_median_ape=%.4f "
-           "fit_mape=%.4f overhead_us=%.2f token_us=%.4g seq_us=%.4g ctx_ns=%.4g attn_ps=%.4g\n",
-           f.n_rows, f.n_held, tmape, tmed, f.fit_mape, f.overhead_us, f.token_us, f.seq_us,
+           "held_out_total_ratio=%.4f fit_mape=%.4f overhead_us=%.2f token_us=%.4g seq_us=%.4g ctx_ns=%.4g attn_ps=%.4g\n",
+           f.n_rows, f.n_held, tmape, tmed, f.held_total_ratio, f.fit_mape, f.overhead_us, f.token_us, f.seq_us,
            f.ctx_ns, f.attn_ps);
     rc = 0;
 done:

@@ -275,3 +275,21 @@ def test_recorder__async_pairs_updates_in_order(tmp_path):
     rec.close()
     rows = [ln.split(",") for ln in path.read_text().splitlines()[1:]]
     assert [(r[3], r[4]) for r in rows] == [("0.000000", "1.000000"), ("0.500000", "1.500000")]
+
+
+def test_recorder__flushes_when_the_engine_is_idle(tmp_path):
+    # vLLM may kill the engine process without shutdown(): rows must be on disk by then
+    clock = SimpleNamespace(t=0.0)
+    fs = FakeSched(clock)
+    path = tmp_path / "steps.csv"
+    rec = steps_csv.StepRecorder(str(path), flush_rows=10 ** 6, clock=lambda: clock.t)
+    rec.install(fs)
+    fs.requests = {"a": req(4, 1, 5, False)}
+    fs.next_so = SimpleNamespace(total_num_scheduled_tokens=1, num_scheduled_tokens={"a": 1})
+    fs.update_from_output(fs.schedule(), None)
+    assert path.read_text() == ""      # buffered: a request is still there
+    so = fs.schedule()
+    fs.requests = {}                   # it finished in this step's update
+    fs.update_from_output(so, None)
+    assert len(path.read_text().splitlines()) == 3      # idle: header and both rows flushed
+    rec.close()

@@ -90,7 +90,7 @@ static void fit_rows__recovers_a_known_model_exactly(void **state)
     tdm_sim_fit_row *rows = synth(1000, 1, TRUE_COEF, 0, 0, 0);
     tdm_sim_fit f;
     char err[256];
-    assert_int_equal(tdm_sim_fit_rows(rows, 1000, 5, &m, &f, err, sizeof err), 0);
+    assert_int_equal(tdm_sim_fit_rows(rows, 1000, 5, 0, &m, &f, err, sizeof err), 0);
     assert_true(f.lm_shared == 0);
     assert_int_equal(f.n_rows, 1000);
     assert_int_equal(f.n_held, 200);
@@ -113,7 +113,7 @@ static void fit_rows__noise_and_outliers(void **state)
     tdm_sim_fit_row *rows = synth(4000, 2, TRUE_COEF, 0, 0.03, 0.02);
     tdm_sim_fit f;
     char err[256];
-    assert_int_equal(tdm_sim_fit_rows(rows, 4000, 4, &m, &f, err, sizeof err), 0);
+    assert_int_equal(tdm_sim_fit_rows(rows, 4000, 4, 1, &m, &f, err, sizeof err), 0);
     assert_true(f.n_trimmed >= 30);     /* ~2% of 3000 fitted rows are 4x slow */
     assert_true(f.n_trimmed <= 120);
     assert_close(f.overhead_us, TRUE_COEF[0], 0.05);
@@ -126,6 +126,37 @@ static void fit_rows__noise_and_outliers(void **state)
     free(rows);
 }
 
+static void fit_rows__mean_step_time_under_skewed_noise(void **state)
+{
+    (void)state;
+    /* a loaded machine: each step takes 0.8x-longer than its cost, 0.8 + Exp(mean 0.5), so
+     * the mean is 1.3x; serving throughput follows the mean, so the fit (no trimming) must
+     * be 1.3x the cost and unbiased on held-out rows */
+    tdm_sim_model m;
+    model("llama-3-8b", &m);
+    size_t n = 6000;
+    tdm_sim_fit_row *rows = synth(n, 8, TRUE_COEF, 0, 0, 0);
+    tdm_sim_rng g;
+    tdm_sim_rng_seed(&g, 9);
+    for (size_t i = 0; i < n; i++) rows[i].dur_s *= 0.8 + tdm_sim_rng_exp(&g, 0.5);
+    tdm_sim_fit f;
+    char err[256];
+    assert_int_equal(tdm_sim_fit_rows(rows, n, 5, 0, &m, &f, err, sizeof err), 0);
+    assert_int_equal(f.n_trimmed, 0);
+    assert_close(f.overhead_us, 1.3 * TRUE_COEF[0], 0.12);   /* 1/y^2 weights: ~0.95x */
+    assert_close(f.token_us, 1.3 * TRUE_COEF[1], 0.08);
+    assert_close(f.ctx_ns, 1.3 * TRUE_COEF[3], 0.08);
+    assert_close(f.held_total_ratio, 1.0, 0.04);
+    /* the held-out steps' total time is predicted: sum of predictions vs sum of measured */
+    double sp = 0, sm = 0;
+    for (size_t i = 4; i < n; i += 5) {
+        sp += tdm_sim_fit_predict(&f, &m, &rows[i]);
+        sm += rows[i].dur_s;
+    }
+    assert_close(sp, sm, 0.04);
+    free(rows);
+}
+
 static void fit_rows__a_zero_term_stays_non_negative(void **state)
 {
     (void)state;
@@ -135,7 +166,7 @@ static void fit_rows__a_zero_term_stays_non_negative(void **state)
     tdm_sim_fit_row *rows = synth(2000, 3, c, 0, 0.05, 0);
     tdm_sim_fit f;
     char err[256];
-    assert_int_equal(tdm_sim_fit_rows(rows, 2000, 5, &m, &f, err, sizeof err), 0);
+    assert_int_equal(tdm_sim_fit_rows(rows, 2000, 5, 0, &m, &f, err, sizeof err), 0);
     assert_true(f.seq_us >= 0 && f.seq_us < 2.0);
     assert_true(f.attn_ps >= 0 && f.attn_ps < 50.0);
     assert_close(f.token_us, 11.5, 0.05);
@@ -150,9 +181,9 @@ static void fit_rows__bad_arguments(void **state)
     tdm_sim_fit_row *rows = synth(20, 4, TRUE_COEF, 0, 0, 0);
     tdm_sim_fit f;
     char err[256];
-    assert_int_equal(tdm_sim_fit_rows(rows, 20, 1, &m, &f, err, sizeof err), -1);
+    assert_int_equal(tdm_sim_fit_rows(rows, 20, 1, 0, &m, &f, err, sizeof err), -1);
     assert_non_null(strstr(err, "holdout"));
-    assert_int_equal(tdm_sim_fit_rows(rows, 8, 5, &m, &f, err, sizeof err), -1);
+    assert_int_equal(tdm_sim_fit_rows(rows, 8, 5, 0, &m, &f, err, sizeof err), -1);
     assert_non_null(strstr(err, "at least"));
     free(rows);
 }
@@ -166,7 +197,7 @@ static void check_tables_reproduce(const char *model_name, double want_lm_shared
     tdm_sim_fit f;
     char err[512];
     tdm_sim_fit_row *rows = synth(600, seed, TRUE_COEF, want_lm_shared, 0, 0);
-    assert_int_equal(tdm_sim_fit_rows(rows, 600, 5, &m, &f, err, sizeof err), 0);
+    assert_int_equal(tdm_sim_fit_rows(rows, 600, 5, 0, &m, &f, err, sizeof err), 0);
     assert_true(f.lm_shared == want_lm_shared);
     assert_close(f.seq_us, TRUE_COEF[2], 1e-6);
     char dir[] = "/tmp/tandem-fittest-XXXXXX";
@@ -354,6 +385,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fit_rows__recovers_a_known_model_exactly),
         cmocka_unit_test(fit_rows__noise_and_outliers),
+        cmocka_unit_test(fit_rows__mean_step_time_under_skewed_noise),
         cmocka_unit_test(fit_rows__a_zero_term_stays_non_negative),
         cmocka_unit_test(fit_rows__bad_arguments),
         cmocka_unit_test(write_tables__table_model_reproduces_the_fit),

@@ -19,7 +19,8 @@ model to such a file.
 
 The recorder wraps the scheduler instance's schedule / update_from_output / shutdown (nothing
 is wrapped when no file is configured, so the default path costs nothing); rows go through a
-1 MiB write buffer, flushed every flush_rows rows and at shutdown. Its own time per step is
+1 MiB write buffer, flushed every flush_rows rows, every second, when the engine has no
+request left, and at shutdown. Its own time per step is
 measured and logged at shutdown (recorder_us_per_step).
 """
 from __future__ import annotations
@@ -75,6 +76,7 @@ class StepRecorder:
         self._t0 = None
         self._rows = 0
         self._since_flush = 0
+        self._last_flush = clock()
         self._own_s = 0.0                 # the recorder's own time (measured, logged)
         self._steps = 0
 
@@ -91,7 +93,7 @@ class StepRecorder:
 
         def rec_update(scheduler_output, model_runner_output):
             out = update(scheduler_output, model_runner_output)
-            self.updated()
+            self.updated(not sched.requests)
             return out
 
         def rec_shutdown():
@@ -122,7 +124,10 @@ class StepRecorder:
         self._pending.append((t, row))
         self._own_s += self._clock() - a
 
-    def updated(self) -> None:
+    def updated(self, idle: bool = False) -> None:
+        """The oldest scheduled step was updated: its row is written; the buffer is flushed
+        every flush_rows rows, every second, and when the engine has no request left (vLLM
+        may kill the engine process at shutdown without calling shutdown())."""
         if not self._pending:
             return
         t1 = self._clock()
@@ -134,9 +139,10 @@ class StepRecorder:
                       f"{total},{running},{waiting},{kv:.4f},{pre},{emit},{attn:.0f}\n")
         self._rows += 1
         self._since_flush += 1
-        if self._since_flush >= self._flush_rows:
+        if idle or self._since_flush >= self._flush_rows or t1 - self._last_flush > 1.0:
             self._f.flush()
             self._since_flush = 0
+            self._last_flush = t1
         self._own_s += self._clock() - t1
 
     @property
