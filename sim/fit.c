@@ -86,6 +86,9 @@ static int num(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
+static int parse_stream(FILE *f, const char *path, tdm_sim_fit_row **rows, size_t *n,
+                        char *err, size_t errlen);
+
 int tdm_sim_fit_read_csv(const char *path, tdm_sim_fit_row **rows, size_t *n, char *err,
                          size_t errlen)
 {
@@ -96,6 +99,33 @@ int tdm_sim_fit_read_csv(const char *path, tdm_sim_fit_row **rows, size_t *n, ch
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
+    int rc = parse_stream(f, path, rows, n, err, errlen);
+    fclose(f);
+    return rc;
+}
+
+int tdm_sim_fit_parse_csv(const char *buf, size_t len, const char *name, tdm_sim_fit_row **rows,
+                          size_t *n, char *err, size_t errlen)
+{
+    *rows = NULL;
+    *n = 0;
+    if (!len) {
+        snprintf(err, errlen, "%s: empty file", name);
+        return -1;
+    }
+    FILE *f = fmemopen((void *)buf, len, "r");
+    if (!f) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = parse_stream(f, name, rows, n, err, errlen);
+    fclose(f);
+    return rc;
+}
+
+static int parse_stream(FILE *f, const char *path, tdm_sim_fit_row **rows, size_t *n,
+                        char *err, size_t errlen)
+{
     char *line = NULL;
     size_t cap = 0, nr = 0, rcap = 0;
     tdm_sim_fit_row *r = NULL;
@@ -165,7 +195,6 @@ int tdm_sim_fit_read_csv(const char *path, tdm_sim_fit_row **rows, size_t *n, ch
 fail:
     free(line);
     free(r);
-    fclose(f);
     return rc;
 }
 

@@ -46,6 +46,10 @@ typedef struct tdm_sim_fit {
 int tdm_sim_fit_read_csv(const char *path, tdm_sim_fit_row **rows, size_t *n, char *err,
                          size_t errlen);
 
+/* The same from a buffer (name: for messages). */
+int tdm_sim_fit_parse_csv(const char *buf, size_t len, const char *name, tdm_sim_fit_row **rows,
+                          size_t *n, char *err, size_t errlen);
+
 /* Fit rows[0..n) except every holdout-th row (index % holdout == holdout - 1; holdout >= 2),
  * which are scored with tdm_sim_fit_predict. Non-negative coefficients of the mean step time
  * under multiplicative noise (squared error relative to the prediction, by iteratively
