@@ -7,7 +7,7 @@
 # each (sim_vs_real lines). adapters/python/tests_vllm_e2e/bench_serve.py; docs/simulator.md.
 BENCH_SERVE_TRACE    ?= $(abspath ../shared)/traces/azure2023_conv.csv
 BENCH_SERVE_REQUESTS ?= 120
-BENCH_SERVE_SLO      ?= --slo-ttft-ms 1000 --slo-tpot-ms 30
+BENCH_SERVE_SLO      ?= --slo-ttft-ms 2000 --slo-tpot-ms 50
 BENCH_SERVE_ARGS     ?=
 BENCH_SERVE_OUT      := $(BUILD)/bench-vllm-serve
 

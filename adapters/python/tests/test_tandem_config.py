@@ -292,4 +292,6 @@ def test_recorder__flushes_when_the_engine_is_idle(tmp_path):
     fs.requests = {}                   # it finished in this step's update
     fs.update_from_output(so, None)
     assert len(path.read_text().splitlines()) == 3      # idle: header and both rows flushed
+    cost = json.loads((tmp_path / "steps.csv.recorder.json").read_text())
+    assert cost["rows"] == 2 and cost["recorder_us_per_step"] >= 0
     rec.close()

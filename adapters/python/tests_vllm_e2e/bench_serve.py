@@ -302,7 +302,7 @@ def main():
     base_rate = len(reqs) / span
     slo = (a.slo_ttft_ms / 1e3, a.slo_tpot_ms / 1e3)
     scales = [float(x) for x in a.scales.split(",")] if a.scales else \
-        [1.5 * RATE_STEP ** k for k in range(0, 12)]
+        [RATE_STEP ** k for k in range(0, 12)]
     print(f"bench  workload: {len(reqs)} requests of {a.trace} (lengths / {LEN_DIV_PROMPT} "
           f"prompt, / {LEN_DIV_OUTPUT} output), trace rate {base_rate:.3f} req/s; SLOs TTFT "
           f"{a.slo_ttft_ms} ms, TPOT {a.slo_tpot_ms} ms; rate scales "

@@ -21,7 +21,8 @@ The recorder wraps the scheduler instance's schedule / update_from_output / shut
 is wrapped when no file is configured, so the default path costs nothing); rows go through a
 1 MiB write buffer, flushed every flush_rows rows, every second, when the engine has no
 request left, and at shutdown. Its own time per step is
-measured and logged at shutdown (recorder_us_per_step).
+measured, logged at shutdown and written to PATH.recorder.json whenever the engine goes idle
+({"rows", "recorder_us_per_step"}).
 """
 from __future__ import annotations
 
@@ -143,6 +144,8 @@ class StepRecorder:
             self._f.flush()
             self._since_flush = 0
             self._last_flush = t1
+            if idle:
+                self._write_cost()
         self._own_s += self._clock() - t1
 
     @property
@@ -154,10 +157,21 @@ class StepRecorder:
         """The recorder's own measured time per recorded step, in microseconds."""
         return self._own_s / self._rows * 1e6 if self._rows else 0.0
 
+    def _write_cost(self) -> None:
+        """PATH.recorder.json: the rows so far and the recorder's own time per step (written
+        when the engine goes idle and at close: vLLM may kill the engine process before its
+        shutdown reaches the scheduler)."""
+        try:
+            with open(self.path + ".recorder.json", "w") as f:
+                f.write(f'{{"rows": {self._rows}, "recorder_us_per_step": {self.us_per_step:.3f}}}\n')
+        except OSError:
+            pass
+
     def close(self) -> None:
         if self._f is None:
             return
         self._f.close()
         self._f = None
+        self._write_cost()
         _log.info("tandem steps_csv: %d rows to %s, recorder_us_per_step=%.1f", self._rows,
                   self.path, self.us_per_step)
