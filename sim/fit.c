@@ -61,21 +61,6 @@ static int parse_header(char *line, int idx[C_NCOL], const char *path, char *err
     return 0;
 }
 
-/* Split a data line into at most max fields (in place); returns the count. */
-static int split(char *line, char **f, int max)
-{
-    int n = 0;
-    char *p = line;
-    while (n < max) {
-        f[n++] = p;
-        char *c = strchr(p, ',');
-        if (!c) break;
-        *c = '\0';
-        p = c + 1;
-    }
-    return n;
-}
-
 static int num(const char *s, double lo, double hi, double *out)
 {
     char *end;
@@ -142,7 +127,7 @@ static int parse_stream(FILE *f, const char *path, tdm_sim_fit_row **rows, size_
         chomp(line);
         if (!line[0]) continue;
         char *fld[64];
-        int nf = split(line, fld, 64);
+        int nf = tdm_sim__csv_fields(line, fld, 64);
         if (nf < maxcol) {
             snprintf(err, errlen, "%s:%zu: %d fields, the header names %d", path, ln, nf, maxcol);
             goto fail;

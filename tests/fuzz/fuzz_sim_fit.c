@@ -11,6 +11,11 @@
 
 #include "../../sim/table.c"
 #include "../../sim/metrics.c"
+#include "../../sim/rng.c"
+#include "../../sim/model.c"
+#include "../../sim/cost.c"
+#include "../../sim/cost_table.c"
+#include "../../sim/calib.c"
 #include "../../sim/fit.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

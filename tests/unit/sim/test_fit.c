@@ -242,8 +242,9 @@ static void write_tables__table_model_reproduces_the_fit(void **state)
 static void write_tables__lm_head_sharing_a_layer_gemm_shape(void **state)
 {
     (void)state;
-    /* the e2e tiny Llama (tests_vllm_e2e/gen_model.py): vocab 512 = 2 x intermediate 256,
-     * so the LM head (512 x 128) is the gate/up GEMM's shape: 2 layers share its row */
+    /* the e2e tiny Llama's shape (tests_vllm_e2e/gen_model.py asks for a 512-token vocabulary;
+     * its trained tokenizer may have fewer): vocab 512 = 2 x intermediate 256, so the LM head
+     * (512 x 128) is the gate/up GEMM's shape: 2 layers share its row */
     char path[256];
     write_tmp(path, sizeof path, "tiny-llama.json",
               "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 128, "
