@@ -45,22 +45,24 @@ def step_shape(num_scheduled: dict, requests: dict) -> tuple:
     output placeholder more)."""
     pt = pr = dr = dctx = emit = 0
     attn = 0.0
+    get = requests.get
     for rid, n in num_scheduled.items():
-        r = requests.get(rid)
+        r = get(rid)
         if r is None:
             continue
+        if not r.is_prefill_chunk:     # it samples
+            emit += 1
+            if n == 1:
+                # had output before this step: the async placeholder of this step excluded
+                ph = r.num_output_placeholders
+                if r.num_output_tokens + (ph - 1 if ph > 0 else 0) > 0:
+                    dr += 1
+                    dctx += r.num_computed_tokens       # computed before + 1
+                    continue
         c = r.num_computed_tokens - n
-        samples = not r.is_prefill_chunk
-        placeholders = getattr(r, "num_output_placeholders", 0)
-        had_output = r.num_output_tokens + (placeholders - 1 if placeholders > 0 else 0) > 0
-        if n == 1 and samples and had_output:
-            dr += 1
-            dctx += c + 1
-        else:
-            pt += n
-            pr += 1
-            attn += n * (c + n / 2.0)
-        emit += samples
+        pt += n
+        pr += 1
+        attn += n * (c + n / 2.0)
     return pt, pr, dr, dctx, emit, attn
 
 
@@ -79,7 +81,28 @@ class StepRecorder:
         self._since_flush = 0
         self._last_flush = clock()
         self._own_s = 0.0                 # the recorder's own time (measured, logged)
+        self._st = None                   # (StatsC, tdm_sched_get_stats, its byref)
         self._steps = 0
+
+    def _stats(self, sched):
+        """The library's counts (tdm_sched_get_stats into one reused struct: the Python
+        Stats object costs a dataclass per step)."""
+        if self._st is None:
+            from ctypes import byref, c_void_p
+            from tandem import _lib
+            st = _lib.StatsC()
+            _lib.fn("tdm_sched_stats_init")(byref(st))
+            get = _lib.fn("tdm_sched_get_stats")
+            self._st = (st, get, byref(st))
+            self._h = None
+        st, get, ref = self._st
+        h = getattr(sched.sched, "handle", 0)
+        if h != self._h:
+            from ctypes import c_void_p
+            self._h, self._hv = h, c_void_p(h)
+        if not h or get(self._hv, ref) != 0:
+            return sched.sched.stats()
+        return st
 
     def install(self, sched) -> None:
         """Wrap sched's schedule, update_from_output and shutdown (instance attributes)."""
@@ -117,7 +140,7 @@ class StepRecorder:
         if self._t0 is None:
             self._t0 = t
         pt, pr, dr, dctx, emit, attn = step_shape(so.num_scheduled_tokens, sched.requests)
-        st = sched.sched.stats()
+        st = self._stats(sched)
         preempted = getattr(so, "preempted_req_ids", None) or ()
         self._steps += 1
         row = (self._steps, t - self._t0, pt, pr, dr, dctx, total, st.num_running,
