@@ -230,10 +230,11 @@ def run_arm(model, name, out_dir, reqs, scales, slo, deadline, **server_kw):
             s = summarize(res, *slo)
             s["scale"] = sc
             s["wall_s"] = time.monotonic() - t0
+            s["loadavg_1m"] = os.getloadavg()[0]   # the machine is shared: say how loaded
             points.append(s)
             print(f"bench  {name} scale {sc:.3g}: attainment {s['attainment']:.3f}, TTFT p50 "
                   f"{1e3 * s['ttft_p50']:.1f} ms, TPOT p50 {1e3 * s['tpot_p50']:.1f} ms, "
-                  f"failed {s['failed']}, {s['wall_s']:.0f} s", flush=True)
+                  f"failed {s['failed']}, {s['wall_s']:.0f} s, load average {s['loadavg_1m']:.1f}", flush=True)
             wait_idle(srv.url)
             if s["attainment"] < GOODPUT_TARGET:
                 break
