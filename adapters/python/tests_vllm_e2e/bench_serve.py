@@ -292,6 +292,9 @@ def main():
     ap.add_argument("--scales", default=None, help="comma-separated rate scales (default: a ladder)")
     ap.add_argument("--deadline-s", type=float, default=60)
     ap.add_argument("--arms", default="vllm,parity,slo_adaptive,tuned")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the measured points of arms not run now from OUT/results.json "
+                         "(and the fit of an earlier parity run)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     mcfg = os.path.join(a.model, "config.json")
@@ -320,7 +323,18 @@ def main():
                   "enable_chunked_prefill": True, "enable_prefix_caching": True}
     cost = None
     sim_cfg = {}
+    prev = os.path.join(a.out, "results.json")
+    if a.reuse and os.path.exists(prev):
+        old = json.load(open(prev))
+        for arm, pts in old.get("real", {}).items():
+            if arm not in arms:
+                res[arm] = pts
+                sim_cfg[arm] = old.get("sim_cfg", {}).get(arm, dict(sched_base))
+    if "parity" not in arms and os.path.exists(os.path.join(fit_dir, "sched_cost.json")):
+        cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
+    failed = {}
     for arm in order:
+      try:
         if arm == "parity":
             res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s,
                                scheduler_cls="tandem.vllm.TandemScheduler", tandem=parity_tandem)
@@ -350,8 +364,8 @@ def main():
             tune = subprocess.run(
                 [a.tool, "tune", base_path, "--trace", trace, "--hw", os.path.join(fit_dir, "hw.json"),
                  "--model", mcfg, "--slo-ttft-ms", str(a.slo_ttft_ms), "--slo-tpot-ms",
-                 str(a.slo_tpot_ms), "--space", "max_num_batched_tokens=64,128,256",
-                 "--space", "max_num_seqs=8,16,32", "--space", "long_prefill_token_threshold=0,64,128",
+                 str(a.slo_tpot_ms), "--space", f"max_num_batched_tokens=64,128,{ENGINE['max_num_batched_tokens']}",
+                 "--space", f"max_num_seqs=4,8,{ENGINE['max_num_seqs']}", "--space", "long_prefill_token_threshold=0,64,128",
                  "--space", "tbt_target_ms=0,15,20,30,50,100", "--budget", "30", "--jobs", "1",
                  "--out", best], capture_output=True, text=True)
             print("\n".join(ln for ln in tune.stdout.splitlines() if ln.startswith("tune")),
@@ -365,18 +379,25 @@ def main():
             res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s,
                                scheduler_cls="tandem.vllm.TandemScheduler", tandem=t)
             sim_cfg[arm] = json.load(open(best))["scheduler"]
+      except (RuntimeError, SystemExit, OSError, subprocess.CalledProcessError) as e:
+        failed[arm] = str(e)
+        print(f"bench  {arm}: FAILED: {str(e)[-2000:]}", flush=True)
+    for arm in ("vllm", "parity"):
+        sim_cfg.setdefault(arm, dict(sched_base))
     # ---- report ----
     g = {arm: goodput(res[arm], base_rate) for arm in res}
     ref = g.get("vllm", (0, ""))[0]
     for arm in ("vllm", "parity", "slo_adaptive", "tuned"):
+        if arm in failed:
+            print(f"serve_ab arm={arm} FAILED ({failed[arm].splitlines()[0][:200]})", flush=True)
         if arm not in res:
             continue
         gp, note = g[arm]
         ratio = gp / ref if ref else float("nan")
         print(f"serve_ab arm={arm} goodput_req_s={gp:.3f}{(' (' + note + ')') if note else ''} "
               f"ratio_to_vllm={ratio:.2f} points={len(res[arm])}", flush=True)
-    json.dump({"real": res, "goodput": g, "base_rate": base_rate, "slo": slo, "scales": scales},
-              open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    json.dump({"real": res, "goodput": g, "base_rate": base_rate, "slo": slo, "scales": scales,
+               "sim_cfg": sim_cfg}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     if not os.path.exists(os.path.join(fit_dir, "hw.json")):
         return 0
     # ---- the simulator on the fitted model, at the same rate points ----
@@ -414,7 +435,8 @@ def main():
     print(f"sim_vs_real ranking measured={','.join(rank_real)} predicted={','.join(rank_sim)} "
           f"same={'yes' if rank_real == rank_sim else 'no'}", flush=True)
     json.dump({"real": res, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
-               "slo": slo, "scales": scales}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+               "slo": slo, "scales": scales, "sim_cfg": sim_cfg},
+              open(os.path.join(a.out, "results.json"), "w"), indent=1)
     return 0
 
 
