@@ -1,7 +1,8 @@
 """The Tandem configuration of a vLLM engine, from vLLM's own command line.
 
 vLLM carries `--additional-config` (VllmConfig.additional_config, a dict) to the EngineCore
-process in every version this adapter supports (0.31-0.34), so that is the channel:
+process (the whole VllmConfig goes there; checked in 0.32, 0.33 and 0.34, and the field
+predates 0.31), so that is the channel:
 
     vllm serve MODEL --scheduler-cls tandem.vllm.TandemScheduler \\
         --additional-config '{"tandem": {"policy": "slo_adaptive", "slo_ttft_ms": 300,
