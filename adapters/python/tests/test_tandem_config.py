@@ -295,3 +295,8 @@ def test_recorder__flushes_when_the_engine_is_idle(tmp_path):
     cost = json.loads((tmp_path / "steps.csv.recorder.json").read_text())
     assert cost["rows"] == 2 and cost["recorder_us_per_step"] >= 0
     rec.close()
+
+
+def test_recorder__unwritable_path_fails_naming_the_key(tmp_path):
+    with pytest.raises(TandemConfigError, match="tandem.steps_csv: cannot write .*/no/such/dir/s.csv"):
+        steps_csv.StepRecorder(str(tmp_path / "no" / "such" / "dir" / "s.csv"))

@@ -71,7 +71,11 @@ class StepRecorder:
 
     def __init__(self, path: str, flush_rows: int = 4096, clock=time.perf_counter):
         self.path = path
-        self._f = open(path, "w", encoding="ascii", buffering=1 << 20)
+        try:
+            self._f = open(path, "w", encoding="ascii", buffering=1 << 20)
+        except OSError as e:
+            from .tandem_config import TandemConfigError
+            raise TandemConfigError(f"tandem.steps_csv: cannot write {path}: {e.strerror}") from None
         self._f.write(HEADER)
         self._clock = clock
         self._flush_rows = max(1, int(flush_rows))
