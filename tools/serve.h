@@ -12,6 +12,7 @@
 #define TANDEM_TOOLS_SERVE_H
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,7 +70,13 @@ typedef struct tdm__serve_limits {
     uint64_t max_queued_requests;     /* unfinished requests, all instances */
     uint64_t max_queued_tokens;       /* their prompt tokens */
     uint64_t max_prompt_tokens;       /* one request's prompt */
-    uint64_t max_connections;         /* client connections at once */
+    uint64_t max_connections;         /* admitted client connections at once (serve_conn.c) */
+    uint64_t max_connections_per_source; /* admitted ones from one non-loopback address */
+    uint64_t max_connections_per_key; /* admitted ones of one CURVE key */
+    uint64_t max_pending;             /* accepted, no request yet (handshaking or silent) */
+    uint64_t max_pending_per_source;  /* of those, from one address (or one local uid) */
+    uint64_t handshake_ms;            /* ZMTP/CURVE handshake deadline (ZMQ_HANDSHAKE_IVL) */
+    uint64_t idle_ms;                 /* first-request deadline; idle admitted ones may be evicted */
 } tdm__serve_limits;
 
 #define TDM_SERVE_DEFAULT_MAX_BLOCKS_PER_INSTANCE (1u << 20)
@@ -78,6 +85,11 @@ typedef struct tdm__serve_limits {
 #define TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS (64u << 20)
 #define TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS (1u << 20)
 #define TDM_SERVE_DEFAULT_MAX_CONNECTIONS 64u
+#define TDM_SERVE_DEFAULT_MAX_PENDING 64u
+#define TDM_SERVE_DEFAULT_MAX_PENDING_PER_SOURCE 16u
+#define TDM_SERVE_DEFAULT_HANDSHAKE_MS 3000u
+#define TDM_SERVE_DEFAULT_IDLE_MS 10000u
+/* per-source and per-key caps default to half the slots */
 
 struct tdm__serve_kvx;
 struct tdm__serve_pending;
@@ -221,6 +233,45 @@ void tdm__serve_recount_blocks(tdm__serve_state *st, tdm__serve_instance *in);
  * it); then tdm__serve_admitted records it once the library has taken it. */
 int tdm__serve_admit(tdm__serve_state *st, tdm__serve_instance *in, uint32_t np, tdm__serve_err *e);
 void tdm__serve_admitted(tdm__serve_state *st, tdm__serve_instance *in, uint64_t id, uint32_t np);
+
+/* ---- connection slots (serve_conn.c) ------------------------------------------------------ */
+
+typedef struct tdm__serve_conn {
+    int fd;                            /* ZeroMQ's descriptor (ACCEPTED event, ZMQ_SRCFD) */
+    struct sockaddr_storage addr;      /* its peer when accepted: checked before shutdown */
+    socklen_t addr_len;
+    char src[64];                      /* source: the peer's IP, or "uid:N" over ipc */
+    char key[TDM_SERVE_USER_MAX + 1];  /* CURVE key of its first request ("" without) */
+    int local;                         /* loopback or ipc: no per-source cap on its slots */
+    int admitted;                      /* has sent a request: holds a slot */
+    double t_open, t_last;             /* accepted; last request (monotonic seconds) */
+} tdm__serve_conn;
+
+typedef struct tdm__serve_conns {
+    tdm__serve_conn *c;
+    uint32_t n, cap;
+    uint64_t pending, admitted;
+    uint64_t accepted, refused, evicted, expired; /* counters, printed at exit */
+    tdm__serve_limits lim;
+    int (*kill)(const tdm__serve_conn *c);      /* ends a connection (tests replace it) */
+} tdm__serve_conns;
+
+void tdm__serve_conns_init(tdm__serve_conns *cs, const tdm__serve_limits *lim);
+void tdm__serve_conns_free(tdm__serve_conns *cs);
+/* The monitor's ACCEPTED fd: a pending connection (evicting the oldest pending one beyond
+ * --max-pending or the per-source pending cap). */
+void tdm__serve_conns_accepted(tdm__serve_conns *cs, int fd, double now);
+/* DISCONNECTED fd: forgotten. */
+void tdm__serve_conns_closed(tdm__serve_conns *cs, int fd);
+/* A request arrived through fd from CURVE key (NULL or "" without CURVE): 0 when it may be
+ * served (the connection is, or now becomes, admitted), -1 with why when the connection was
+ * refused (and ended). */
+int tdm__serve_conns_request(tdm__serve_conns *cs, int fd, const char *key, double now,
+                             char *why, size_t why_size);
+/* Ends pending connections older than --idle-ms. */
+void tdm__serve_conns_tick(tdm__serve_conns *cs, double now);
+/* shutdown(2) of c's descriptor if it still has c's peer; -1 when it does not. */
+int tdm__serve_conn_shutdown(const tdm__serve_conn *c);
 
 /* ---- authentication (serve_auth.c) ----------------------------------------------------------- */
 

@@ -1,0 +1,170 @@
+"""`tandem serve` under denial-of-service attempts (issue 26), loopback only: idle raw TCP
+sockets, idle NULL-mechanism ZMTP connections and unauthenticated sockets against CURVE never
+take the connection slots of clients that speak; one CURVE key cannot take every slot; a
+connection that never sends a request is ended; oversized and over-limit messages are
+refused before they are decoded and large ones never hold the other clients."""
+import socket
+import struct
+import time
+
+import pytest
+
+zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (pip install pyzmq)")
+msgpack = pytest.importorskip("msgpack", reason="msgpack is not installed (pip install msgpack)")
+
+from test_serve import Client  # noqa: E402
+from test_serve_security import curve_client, serve  # noqa: E402,F401  (fixture)
+
+RANGE = -6
+
+
+def port_of(ep):
+    return int(ep.rsplit(":", 1)[1])
+
+
+def raw_sockets(ep, n):
+    """n TCP connections that never send a byte."""
+    out = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port_of(ep)), timeout=5)
+        out.append(s)
+    return out
+
+
+def null_greeting():
+    """A ZMTP 3.0 greeting with the NULL mechanism and a READY command (a DEALER): the
+    handshake a real client completes, after which these sockets stay silent."""
+    greet = b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\x00") + b"\x00" * 32
+    props = bytes([11]) + b"Socket-Type" + struct.pack(">I", 6) + b"DEALER"
+    body = bytes([5]) + b"READY" + props
+    return greet, bytes([0x04, len(body)]) + body
+
+
+def zmtp_null_sockets(ep, n):
+    greet, ready = null_greeting()
+    out = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port_of(ep)), timeout=5)
+        s.sendall(greet + ready)
+        out.append(s)
+    return out
+
+
+def close_all(socks):
+    for s in socks:
+        try:
+            s.close()
+        except OSError:
+            pass
+
+
+def ping_within(ep, seconds, client=None):
+    """A fresh (or the given) client's ping answered within `seconds`: True/False."""
+    c = client or Client(ep)
+    try:
+        c.sock.send(msgpack.packb({"op": "ping", "seq": 7}))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if c.sock.poll(50):
+                r = msgpack.unpackb(c.sock.recv(), raw=False)
+                if r.get("seq") == 7:
+                    return r["ok"]
+        return False
+    finally:
+        if client is None:
+            c.close()
+
+
+def test_idle_raw_tcp_sockets_do_not_take_the_slots(serve):
+    ep = serve("--max-connections", "4")
+    socks = raw_sockets(ep, 48)
+    try:
+        time.sleep(0.3)  # accepted by ZeroMQ, all of them idle in the handshake
+        for _ in range(3):
+            assert ping_within(ep, 3.0), "a client was locked out by idle TCP sockets"
+    finally:
+        close_all(socks)
+
+
+def test_idle_null_zmtp_connections_do_not_take_the_slots(serve):
+    ep = serve("--max-connections", "4")
+    socks = zmtp_null_sockets(ep, 48)
+    try:
+        time.sleep(0.3)  # handshakes complete, then silence
+        for _ in range(3):
+            assert ping_within(ep, 3.0), "a client was locked out by idle ZMTP connections"
+    finally:
+        close_all(socks)
+
+
+def test_silent_connection_is_ended_after_idle_ms(serve):
+    ep = serve("--idle-ms", "400", "--handshake-ms", "5000")
+    greet, ready = null_greeting()
+    s = socket.create_connection(("127.0.0.1", port_of(ep)), timeout=5)
+    try:
+        s.sendall(greet + ready)
+        s.settimeout(4.0)
+        t0 = time.monotonic()
+        data = b""
+        try:
+            while True:  # the server's greeting and READY, then the end of the stream
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except (ConnectionResetError, socket.timeout):
+            pass
+        dt = time.monotonic() - t0
+        assert data[:1] == b"\xff", "no ZMTP greeting from the service"
+        assert dt < 3.5, f"the silent connection was still open after {dt:.1f} s"
+    finally:
+        s.close()
+
+
+def test_unauthenticated_sockets_do_not_lock_out_allowed_keys(serve):
+    if not zmq.has("curve"):
+        pytest.skip("libzmq without CURVE")
+    spub, ssec = zmq.curve_keypair()
+    ka = zmq.curve_keypair()
+    ep = serve("--curve-secret", ssec.decode(), "--curve-allow", ka[0].decode(),
+               "--max-connections", "4")
+    socks = raw_sockets(ep, 32) + zmtp_null_sockets(ep, 16)
+    strangers = [curve_client(ep, spub, zmq.curve_keypair()) for _ in range(16)]
+    try:
+        for c in strangers:
+            c.sock.send(msgpack.packb({"op": "ping"}))
+        time.sleep(0.3)
+        for _ in range(3):
+            a = curve_client(ep, spub, ka)
+            try:
+                assert ping_within(ep, 3.0, a), "an allowed key was locked out"
+            finally:
+                a.close()
+        assert not any(c.sock.poll(0) for c in strangers), "a key that is not allowed got an answer"
+    finally:
+        close_all(socks)
+        for c in strangers:
+            c.close()
+
+
+def test_one_key_cannot_take_every_slot(serve):
+    if not zmq.has("curve"):
+        pytest.skip("libzmq without CURVE")
+    spub, ssec = zmq.curve_keypair()
+    ka, kb = zmq.curve_keypair(), zmq.curve_keypair()
+    ep = serve("--curve-secret", ssec.decode(), "--curve-allow", ka[0].decode(),
+               "--curve-allow", kb[0].decode(), "--max-connections", "4",
+               "--max-connections-per-key", "2")
+    mine = [curve_client(ep, spub, ka) for _ in range(3)]
+    try:
+        assert mine[0].ok("ping") and mine[1].ok("ping")
+        mine[2].sock.send(msgpack.packb({"op": "ping"}))
+        assert not mine[2].sock.poll(800), "a third connection of one key was served (cap 2)"
+        b = curve_client(ep, spub, kb)
+        try:
+            assert b.ok("ping")
+        finally:
+            b.close()
+    finally:
+        for c in mine:
+            c.close()
