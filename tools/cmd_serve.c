@@ -277,18 +277,28 @@ static int send_reply(void *sock, zmq_msg_t *frames, int nenv, const msgpack_sbu
     return zmq_send(sock, reply->data, reply->size, 0) < 0 ? -1 : 0;
 }
 
-static int protocol_error(tdm__serve_state *st, msgpack_sbuffer *out, const char *what)
+static void error_reply(tdm__serve_state *st, msgpack_sbuffer *out, int status, const char *what)
 {
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
     st->requests++;
     st->errors++;
-    msgpack_pack_map(&pk, 4);
-    tdm__serve_kv_bool(&pk, "ok", 0);
-    tdm__serve_kv_i64(&pk, "status", TDM_E_PROTOCOL);
-    tdm__serve_kv_str(&pk, "error", tdm_strerror(TDM_E_PROTOCOL));
-    tdm__serve_kv_str(&pk, "message", what);
-    return 0;
+    tdm__serve_pack_reply(out, status, NULL, 0, NULL, 0, what);
+}
+
+/* Answers the queued requests the worker has decoded, in their order. */
+static void answer_queued(tdm__serve_state *st, void *sock, tdm__serve_queue *q)
+{
+    tdm__serve_item *it;
+    while ((it = tdm__serve_queue_pop(q)) != NULL) {
+        msgpack_sbuffer reply;
+        msgpack_sbuffer_init(&reply);
+        uint64_t token = 0;
+        tdm__serve_handle_decoded(st, &it->who, it->rc, &it->e, &it->up, &reply, &token);
+        if (token) owe(token, it->frames, it->nenv);
+        else if (reply.size) send_reply(sock, it->frames, it->nenv, &reply);
+        msgpack_sbuffer_destroy(&reply);
+        tdm__serve_item_free(it);
+        if (st->pending) pay(st, sock);
+    }
 }
 
 int tdm_cmd_serve(int argc, char **argv)
@@ -430,6 +440,8 @@ int tdm_cmd_serve(int argc, char **argv)
 
     conn_guard guard;
     memset(&guard, 0, sizeof guard);
+    tdm__serve_queue queue;
+    memset(&queue, 0, sizeof queue);
     void *ctx = zmq_ctx_new();
     void *sock = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;
     int rc = 1;
@@ -462,6 +474,10 @@ int tdm_cmd_serve(int argc, char **argv)
     if (!st.lim.max_connections_per_key)
         st.lim.max_connections_per_key = (st.lim.max_connections + 1) / 2;
     tdm__serve_conns_init(&guard.conns, &st.lim);
+    if (tdm__serve_queue_start(&queue, st.max_msg_bytes * 2) != 0) {
+        fprintf(stderr, "tandem serve: cannot start the decoding thread\n");
+        goto out;
+    }
     if (guard_start(&guard, ctx, sock) != 0) {
         fprintf(stderr, "tandem serve: socket monitor: %s\n", zmq_strerror(zmq_errno()));
         goto out;
@@ -482,10 +498,11 @@ int tdm_cmd_serve(int argc, char **argv)
     fflush(stdout);
 
     while (!stop_flag && !st.shutdown) {
-        zmq_pollitem_t it[3] = {{sock, 0, ZMQ_POLLIN, 0}, {guard.mon, 0, ZMQ_POLLIN, 0},
+        zmq_pollitem_t it[4] = {{sock, 0, ZMQ_POLLIN, 0}, {guard.mon, 0, ZMQ_POLLIN, 0},
+                                {NULL, queue.wake[0], ZMQ_POLLIN, 0},
                                 {NULL, st.wake_fd[0], ZMQ_POLLIN, 0}};
         int wait = tdm__serve_kvx_timeout_ms(&st);
-        int pr = zmq_poll(it, st.wake_fd[0] >= 0 ? 3 : 2, wait < 0 || wait > 200 ? 200 : wait);
+        int pr = zmq_poll(it, st.wake_fd[0] >= 0 ? 4 : 3, wait < 0 || wait > 200 ? 200 : wait);
         if (pr < 0) {
             if (zmq_errno() == EINTR) continue;
             fprintf(stderr, "tandem serve: poll: %s\n", zmq_strerror(zmq_errno()));
@@ -493,6 +510,7 @@ int tdm_cmd_serve(int argc, char **argv)
         }
         guard_events(&guard); /* before any request: its connection is known */
         tdm__serve_conns_tick(&guard.conns, mono_s());
+        answer_queued(&st, sock, &queue);
         if (st.pending) pay(&st, sock);
         if (!(it[0].revents & ZMQ_POLLIN)) continue;
         zmq_msg_t frames[3];
@@ -503,39 +521,49 @@ int tdm_cmd_serve(int argc, char **argv)
             fprintf(stderr, "tandem serve: recv: %s\n", zmq_strerror(zmq_errno()));
             goto out;
         }
-        msgpack_sbuffer reply;
-        msgpack_sbuffer_init(&reply);
-        int nenv = 1; /* identity; plus the empty delimiter of a REQ client */
         tdm__serve_caller who;
         tdm__serve_caller_of(auth, st.curve, local, &frames[n - 1], &who);
-        uint64_t token = 0;
-        /* a deferred reply needs a free envelope slot (the ops cap pending ones at the same) */
-        uint64_t *defer = &token;
         char why[200];
         int fd = zmq_msg_get(&frames[n - 1], ZMQ_SRCFD);
         if (fd >= 0 && tdm__serve_conns_request(&guard.conns, fd, st.curve ? who.user : NULL,
                                                 mono_s(), why, sizeof why) != 0) {
             /* no reply: the connection is already being shut down (as a refused one
              * always was); the client's ZeroMQ socket reconnects and retries */
-        } else if (n == 3 && zmq_msg_size(&frames[1]) == 0 && !extra) {
-            nenv = 2;
-            tdm__serve_handle_as(&st, &who, zmq_msg_data(&frames[2]), zmq_msg_size(&frames[2]),
-                                 &reply, defer);
-        } else if (n == 2 && !extra) {
-            tdm__serve_handle_as(&st, &who, zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]),
-                                 &reply, defer);
-        } else if (n >= 2) {
-            nenv = (zmq_msg_size(&frames[1]) == 0) ? 2 : 1;
-            protocol_error(&st, &reply, "a request is one msgpack frame (after an optional "
-                                        "empty delimiter)");
+            for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
+            continue;
+        }
+        /* the request frame, after the identity and a REQ client's empty delimiter */
+        int body = n == 3 && zmq_msg_size(&frames[1]) == 0 && !extra ? 2 : n == 2 && !extra ? 1 : 0;
+        int nenv = body ? body : n >= 2 && zmq_msg_size(&frames[1]) == 0 ? 2 : 1;
+        msgpack_sbuffer reply;
+        msgpack_sbuffer_init(&reply);
+        uint64_t token = 0;
+        if (body && (zmq_msg_size(&frames[body]) > TDM_SERVE_SMALL_MSG ||
+                     tdm__serve_queue_has(&queue, zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0])))) {
+            /* large, or its client has one queued: decoded by the worker, answered in order */
+            tdm__serve_err e;
+            memset(&e, 0, sizeof e);
+            int erc = tdm__serve_early_check(&st, zmq_msg_data(&frames[body]),
+                                             zmq_msg_size(&frames[body]), &e);
+            int qrc = tdm__serve_queue_push(&queue, frames, n, nenv, &who, erc, &e);
+            if (qrc == 0) n = 0; /* the frames moved into the queue */
+            else
+                error_reply(&st, &reply, qrc, qrc == TDM_E_AGAIN
+                            ? "the service is decoding other large requests; retry"
+                            : "out of memory queueing the request");
+        } else if (body) {
+            /* a deferred reply needs a free envelope slot (the ops cap pending ones alike) */
+            tdm__serve_handle_as(&st, &who, zmq_msg_data(&frames[body]),
+                                 zmq_msg_size(&frames[body]), &reply, &token);
         } else {
-            nenv = 1;
-            protocol_error(&st, &reply, "empty message");
+            error_reply(&st, &reply, TDM_E_PROTOCOL, n >= 2 ? "a request is one msgpack frame "
+                        "(after an optional empty delimiter)" : "empty message");
         }
         if (token) owe(token, frames, nenv);
         else if (reply.size) send_reply(sock, frames, nenv, &reply);
         msgpack_sbuffer_destroy(&reply);
         for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
+        answer_queued(&st, sock, &queue);
         if (st.pending) pay(&st, sock); /* e.g. a poll whose events were already queued */
     }
     rc = 0;
@@ -546,6 +574,7 @@ int tdm_cmd_serve(int argc, char **argv)
             (unsigned long long)guard.conns.refused, (unsigned long long)guard.conns.evicted,
             (unsigned long long)guard.conns.expired);
 out:
+    tdm__serve_queue_stop(&queue);
     tdm__serve_free(&st); /* joins connect workers (bounded by the handshake cap) */
     if (guard.mon) {
         zmq_socket_monitor(sock, NULL, 0);

@@ -197,6 +197,37 @@ int tdm__serve_get_tokens(const msgpack_object *m, const char *key, int required
 int tdm__serve_as_u64(const msgpack_object *o, const char *what, uint64_t *out,
                       tdm__serve_err *e);
 
+/* ---- before decoding (serve_check.c) ------------------------------------------------------- */
+
+#define TDM_SERVE_SMALL_MSG (64u << 10)   /* larger requests only for the ops that need them */
+#define TDM_SERVE_PEEK_BUDGET 4096u       /* elements the peek walks at most */
+
+/* What the peek saw of a request's top-level map. */
+typedef struct tdm__serve_peek_info {
+    char op[32];          /* the "op" string, when seen */
+    int have_op;
+    int64_t prompt_n;     /* element count of "prompt" (-1: not seen) */
+    uint64_t max_array;   /* the largest count of a top-level array value seen */
+    int complete;         /* every top-level key was seen within the budget */
+} tdm__serve_peek_info;
+
+/* Reads the top-level keys of a request within TDM_SERVE_PEEK_BUDGET elements, without
+ * allocating: 0 (what it saw in *pi, possibly incomplete), -1 when the message is not a
+ * well-formed map as far as it read. */
+int tdm__serve_peek(const char *msg, size_t len, tdm__serve_peek_info *pi);
+/* Refusals decided before decoding: over --max-msg; over TDM_SERVE_SMALL_MSG for an op that
+ * takes small requests; a prompt over --max-prompt-tokens; an array over TDM_SERVE_MAX_ARRAY.
+ * Costs O(TDM_SERVE_PEEK_BUDGET) at most. 0, or the status with e filled. */
+int tdm__serve_early_check(const tdm__serve_state *st, const char *msg, size_t len,
+                           tdm__serve_err *e);
+/* Pre-check and decode into *up (initialised by the caller): no service state is touched,
+ * so any thread may run it. 0, or the status with e filled. */
+int tdm__serve_decode(const char *msg, size_t len, msgpack_unpacked *up, tdm__serve_err *e);
+/* The rest of tdm__serve_handle_as once decoded: rc and derr are tdm__serve_decode's. */
+int tdm__serve_handle_decoded(tdm__serve_state *st, const tdm__serve_caller *c, int rc,
+                              const tdm__serve_err *derr, const msgpack_unpacked *up,
+                              msgpack_sbuffer *out, uint64_t *deferred);
+
 /* Walks the msgpack structure without allocating: every length and element count must fit in
  * the remaining bytes, nesting at most TDM_SERVE_PRECHECK_DEPTH, no trailing bytes. Run before
  * msgpack-c's unpacker, whose zone would otherwise allocate what a 5-byte header claims. */
@@ -272,6 +303,50 @@ int tdm__serve_conns_request(tdm__serve_conns *cs, int fd, const char *key, doub
 void tdm__serve_conns_tick(tdm__serve_conns *cs, double now);
 /* shutdown(2) of c's descriptor if it still has c's peer; -1 when it does not. */
 int tdm__serve_conn_shutdown(const tdm__serve_conn *c);
+
+/* ---- large requests decoded on a worker thread (serve_queue.c) ---------------------------- */
+
+#define TDM_SERVE_QUEUE_ITEMS 64u
+
+enum { TDM__SERVE_ITEM_QUEUED, TDM__SERVE_ITEM_DECODING, TDM__SERVE_ITEM_DONE };
+
+typedef struct tdm__serve_item {
+    zmq_msg_t frames[3];      /* routing id, [empty delimiter,] request */
+    int nframes, nenv, body;  /* frames held; envelope frames; the request's index */
+    tdm__serve_caller who;
+    int state;                /* TDM__SERVE_ITEM_*: the worker decodes QUEUED ones in order */
+    int rc;                   /* tdm__serve_decode's status (or a refusal decided earlier) */
+    tdm__serve_err e;
+    msgpack_unpacked up;
+    size_t bytes;             /* counted in the queue's bytes */
+    struct tdm__serve_item *next;
+} tdm__serve_item;
+
+typedef struct tdm__serve_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int started, stop;
+    tdm__serve_item *head, *tail;  /* FIFO: answered in order from the head */
+    uint32_t count;
+    size_t bytes, max_bytes, peak_bytes;
+    int wake[2];                   /* the worker writes a byte when it has decoded one */
+} tdm__serve_queue;
+
+/* Starts the worker; max_bytes caps the request bytes queued. 0, or -1. */
+int tdm__serve_queue_start(tdm__serve_queue *q, size_t max_bytes);
+/* Joins the worker and frees what is queued (no replies). */
+void tdm__serve_queue_stop(tdm__serve_queue *q);
+/* Whether the client with this routing id has a request queued. */
+int tdm__serve_queue_has(tdm__serve_queue *q, const void *rtid, size_t len);
+/* Queues a request (its n frames are moved out of frames[]); rc != 0: not decoded, answered
+ * with that error (e) in its turn. 0, TDM_E_AGAIN when the queue is full (frames untouched),
+ * or TDM_E_NOMEM. */
+int tdm__serve_queue_push(tdm__serve_queue *q, zmq_msg_t *frames, int n, int nenv,
+                          const tdm__serve_caller *who, int rc, const tdm__serve_err *e);
+/* The head request once decoded (the caller answers it, then frees it), or NULL. */
+tdm__serve_item *tdm__serve_queue_pop(tdm__serve_queue *q);
+void tdm__serve_item_free(tdm__serve_item *it);
 
 /* ---- authentication (serve_auth.c) ----------------------------------------------------------- */
 

@@ -168,3 +168,63 @@ def test_one_key_cannot_take_every_slot(serve):
     finally:
         for c in mine:
             c.close()
+
+
+def vm_hwm_mib(pid):
+    """The process's peak resident memory (VmHWM), MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    pytest.skip("no VmHWM in /proc")
+
+
+def padded_request(op, n, extra=b""):
+    """{"op": op, <extra pairs>, "pad"/"prompt": [n one-byte elements]} built directly (a
+    Python list of 10^7 ints would cost the test more than the service)."""
+    key = b"prompt" if op == "add" else b"pad"
+    pairs = 2 + extra.count(b"\xa4name")  # extra holds name + id for add
+    head = bytes([0x80 | (pairs + (2 if op == "add" else 0))])
+    body = msgpack.packb("op") + msgpack.packb(op) + extra
+    return head + body + msgpack.packb(key.decode()) + b"\xdd" + struct.pack(">I", n) + b"\x01" * n
+
+
+def test_oversized_requests_are_refused_before_decoding(needs_scheduler):
+    from test_serve_security import start, stop
+    p, ep = start()
+    try:
+        c = Client(ep)
+        c.ok("create", name="s", config={"num_blocks": 64, "block_size": 4})
+        base = vm_hwm_mib(p.pid)
+        # a 16 MiB "ping" (one-byte elements: 24 bytes each once decoded)
+        r = c.raw(padded_request("ping", (16 << 20) - 64), timeout=30)
+        assert not r["ok"] and r["status"] == RANGE and '"ping" request' in r["message"], r
+        # a 10^7-token add (over --max-prompt-tokens, 2^20)
+        extra = msgpack.packb("name") + msgpack.packb("s") + msgpack.packb("id") + msgpack.packb(1)
+        r = c.raw(padded_request("add", 10 ** 7, extra), timeout=30)
+        assert not r["ok"] and r["status"] == RANGE and "--max-prompt-tokens" in r["message"], r
+        assert c.ok("stats", name="s")["stats"]["num_waiting"] == 0
+        grew = vm_hwm_mib(p.pid) - base
+        print(f"\npeak memory grew by {grew:.0f} MiB for a 16 MiB ping and a 10^7-token add")
+        # the frames themselves (ZeroMQ's buffer and the message: 2 x 16 MiB), not 24 bytes
+        # per element decoded (400 MiB)
+        assert grew < 120, f"the service's peak memory grew by {grew:.0f} MiB"
+        c.close()
+    finally:
+        stop(p)
+
+
+def test_a_clients_large_and_small_requests_are_answered_in_order(serve):
+    c = Client(serve())
+    c.ok("create", name="s", config={"num_blocks": 8192, "block_size": 16, "max_model_len": 65536})
+    prompt = list(range(1000, 41000))  # 40,000 three-byte ids: over the 64 KiB inline size
+    c.sock.send(msgpack.packb({"op": "add", "name": "s", "id": 1, "prompt": prompt, "seq": 1}))
+    c.sock.send(msgpack.packb({"op": "info", "name": "s", "id": 1, "seq": 2}))
+    replies = []
+    for _ in range(2):
+        assert c.sock.poll(10000), "no reply"
+        replies.append(msgpack.unpackb(c.sock.recv(), raw=False))
+    assert [r["seq"] for r in replies] == [1, 2], replies
+    assert replies[0]["ok"], replies[0]
+    assert replies[1]["ok"] and replies[1]["info"]["num_prompt_tokens"] == 40000, replies[1]
+    c.close()
