@@ -201,6 +201,9 @@ int tdm__serve_as_u64(const msgpack_object *o, const char *what, uint64_t *out,
 
 #define TDM_SERVE_SMALL_MSG (64u << 10)   /* larger requests only for the ops that need them */
 #define TDM_SERVE_PEEK_BUDGET 4096u       /* elements the peek walks at most */
+/* msgpack elements of one request: the decoder allocates one msgpack_object (24 bytes) each,
+ * so one decode holds at most ~100 MiB beyond the message */
+#define TDM_SERVE_MAX_ELEMENTS (TDM_SERVE_MAX_ARRAY + (1u << 16))
 
 /* What the peek saw of a request's top-level map. */
 typedef struct tdm__serve_peek_info {

@@ -2,7 +2,8 @@
  * serve_check.c -- what `tandem serve` learns about a request message before decoding it,
  * without allocating: the structural pre-check (every length and element count fits in the
  * bytes that remain, bounded nesting, no trailing bytes: run before msgpack-c's unpacker, whose
- * zone would otherwise allocate what a 5-byte header claims), and the peek: the "op" and the
+ * zone would otherwise allocate what a 5-byte header claims; at most TDM_SERVE_MAX_ELEMENTS
+ * elements, which bounds what one decode allocates, 24 bytes each), and the peek: the "op" and the
  * headers of the top-level values, read within a fixed budget of elements, so that a request
  * larger than its operation allows (a 16 MiB "ping", a prompt beyond --max-prompt-tokens) is
  * refused in microseconds instead of after a decode that costs up to 24 bytes per element.
@@ -89,10 +90,14 @@ int tdm__serve_precheck(const char *msg, size_t len, tdm__serve_err *e)
     const unsigned char *p = (const unsigned char *)msg, *end = p + len;
     uint64_t stack[TDM_SERVE_PRECHECK_DEPTH + 1];
     int depth = 0;
+    uint64_t elements = 0;
     stack[0] = 1; /* one top-level object */
     while (depth >= 0) {
         if (stack[depth] == 0) { depth--; continue; }
         stack[depth]--;
+        if (++elements > TDM_SERVE_MAX_ELEMENTS)
+            return tdm__serve_fail(e, TDM_E_RANGE, "a request of more than %u msgpack elements",
+                                   TDM_SERVE_MAX_ELEMENTS);
         uint64_t items, n;
         int container;
         if (header(&p, end, &items, &container, &n, e)) return e->status;

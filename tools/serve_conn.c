@@ -10,9 +10,10 @@
  *
  * Pending connections are capped in number (--max-pending, and per source address) and in
  * time (--idle-ms, after ZeroMQ's own handshake deadline, --handshake-ms): a new one beyond a
- * cap evicts the oldest pending one (of the same source when the source is over its cap), so
- * that a flood of idle sockets churns itself while a real client, whose first request follows
- * its handshake within milliseconds, gets through. An admitted connection beyond a per-source
+ * cap evicts a pending one (of the same source when the source is over its cap): the one that
+ * has received the fewest bytes (TCP_INFO), the oldest of those, so that a flood of idle
+ * sockets churns itself while a real client, whose first request follows its handshake within
+ * milliseconds or is on its way, gets through. An admitted connection beyond a per-source
  * (non-loopback) or per-key (CURVE) cap, or with every slot taken by connections active within
  * --idle-ms, is refused; otherwise the connection idle the longest gives up its slot.
  *
@@ -23,11 +24,14 @@
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+
+#include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_received */
 
 #include "serve.h"
 
@@ -118,14 +122,35 @@ static uint32_t count(const tdm__serve_conns *cs, int admitted, const char *src,
     return k;
 }
 
-/* The oldest pending connection (of source src when not NULL), or NULL. */
+/* Bytes the kernel has received on a TCP connection (0 for other sockets): a pending
+ * connection that has received more than its handshake is sending its first request. */
+static uint64_t rx_bytes(const tdm__serve_conn *c)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (c->addr.ss_family != AF_INET && c->addr.ss_family != AF_INET6) return 0;
+    if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received)
+        return 0;
+    return ti.tcpi_bytes_received;
+}
+
+/* The pending connection to end (of source src when not NULL): the one that has received the
+ * fewest bytes (a client in the middle of sending a large first request is kept), the
+ * oldest among those. */
 static tdm__serve_conn *oldest_pending(tdm__serve_conns *cs, const char *src, int except)
 {
     tdm__serve_conn *best = NULL;
+    uint64_t best_rx = 0;
     for (uint32_t i = 0; i < cs->n; i++) {
         tdm__serve_conn *c = &cs->c[i];
         if (c->admitted || c->fd == except || (src && strcmp(c->src, src))) continue;
-        if (!best || c->t_open < best->t_open) best = c;
+        uint64_t rx = rx_bytes(c);
+        if (!best || rx < best_rx || (rx == best_rx && c->t_open < best->t_open)) {
+            best = c;
+            best_rx = rx;
+        }
     }
     return best;
 }

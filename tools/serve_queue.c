@@ -6,9 +6,11 @@
  * pre-check and msgpack-c's decoder, which touch no service state; the loop then runs the op
  * on its own thread, so instances still need no locking. The queue holds at most
  * TDM_SERVE_QUEUE_ITEMS requests and 2 x --max-msg bytes; beyond, a request gets -9 AGAIN
- * at once. One request is decoded at a time.
+ * at once. One request is decoded at a time, on a thread of lower priority (nice 10).
  */
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,6 +20,10 @@
 static void *worker(void *arg)
 {
     tdm__serve_queue *q = arg;
+    /* Linux nices threads one by one: decoding yields the CPU to the loop and ZeroMQ's I/O
+     * thread, which serve everyone else (best effort: an error changes nothing) */
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0) {
+    }
     pthread_mutex_lock(&q->mu);
     for (;;) {
         tdm__serve_item *it = q->head;
