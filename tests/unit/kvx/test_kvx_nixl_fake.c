@@ -158,6 +158,10 @@ static void nixl_fake__direct_and_staged_reads_are_byte_exact(void **state)
         assert_int_equal(t_wait(&u.p).type, TDM_KVX_EV_DONE);
         assert_int_equal(t_compare(&u.p, src, &u.d, dst, 0, N), 0);
         assert_true(t_stats(&u.d).chunks_read_nixl > 0);
+        /* the sender's chunks went over NIXL: none of them through shared memory */
+        tdm_kvx_stats ps = t_stats(&u.p);
+        assert_true(ps.chunks_sent > 0);
+        assert_int_equal(ps.chunks_sent_shm, 0);
         duo_close(&u);
     }
 }
