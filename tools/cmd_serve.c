@@ -443,6 +443,9 @@ int tdm_cmd_serve(int argc, char **argv)
     tdm__serve_queue queue;
     memset(&queue, 0, sizeof queue);
     void *ctx = zmq_ctx_new();
+    /* two I/O threads: one connection's large frame (read, CURVE-decrypted) does not hold
+     * the frames of every other connection behind it */
+    if (ctx) zmq_ctx_set(ctx, ZMQ_IO_THREADS, 2);
     void *sock = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;
     int rc = 1;
     if (!sock) {

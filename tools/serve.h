@@ -86,7 +86,7 @@ typedef struct tdm__serve_limits {
 #define TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS (1u << 20)
 #define TDM_SERVE_DEFAULT_MAX_CONNECTIONS 64u
 #define TDM_SERVE_DEFAULT_MAX_PENDING 64u
-#define TDM_SERVE_DEFAULT_MAX_PENDING_PER_SOURCE 16u
+#define TDM_SERVE_DEFAULT_MAX_PENDING_PER_SOURCE 64u
 #define TDM_SERVE_DEFAULT_HANDSHAKE_MS 3000u
 #define TDM_SERVE_DEFAULT_IDLE_MS 10000u
 /* per-source and per-key caps default to half the slots */

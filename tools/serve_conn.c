@@ -10,8 +10,9 @@
  *
  * Pending connections are capped in number (--max-pending, and per source address) and in
  * time (--idle-ms, after ZeroMQ's own handshake deadline, --handshake-ms): a new one beyond a
- * cap evicts a pending one (of the same source when the source is over its cap): the one that
- * has received the fewest bytes (TCP_INFO), the oldest of those, so that a flood of idle
+ * cap evicts the oldest pending one of its own source (over --max-pending: of the source with
+ * the most pending connections),
+ * passing over those receiving more than a handshake (TCP_INFO), so that a flood of idle
  * sockets churns itself while a real client, whose first request follows its handshake within
  * milliseconds or is on its way, gets through. An admitted connection beyond a per-source
  * (non-loopback) or per-key (CURVE) cap, or with every slot taken by connections active within
@@ -123,7 +124,8 @@ static uint32_t count(const tdm__serve_conns *cs, int admitted, const char *src,
 }
 
 /* Bytes the kernel has received on a TCP connection (0 for other sockets): a pending
- * connection that has received more than its handshake is sending its first request. */
+ * connection that has received more than a handshake is sending its first request. */
+#define TDM_SERVE_HANDSHAKE_BYTES 2048 /* a NULL greeting + READY: ~100; CURVE: ~700 */
 static uint64_t rx_bytes(const tdm__serve_conn *c)
 {
     struct tcp_info ti;
@@ -136,23 +138,22 @@ static uint64_t rx_bytes(const tdm__serve_conn *c)
     return ti.tcpi_bytes_received;
 }
 
-/* The pending connection to end (of source src when not NULL): the one that has received the
- * fewest bytes (a client in the middle of sending a large first request is kept), the
- * oldest among those. */
+/* The pending connection to end (of source src when not NULL): the oldest one, passing over
+ * those that have received more than any handshake takes (TCP_INFO; they are sending a large
+ * first request) unless all are such. */
 static tdm__serve_conn *oldest_pending(tdm__serve_conns *cs, const char *src, int except)
 {
-    tdm__serve_conn *best = NULL;
-    uint64_t best_rx = 0;
+    tdm__serve_conn *best = NULL, *busy = NULL;
     for (uint32_t i = 0; i < cs->n; i++) {
         tdm__serve_conn *c = &cs->c[i];
         if (c->admitted || c->fd == except || (src && strcmp(c->src, src))) continue;
-        uint64_t rx = rx_bytes(c);
-        if (!best || rx < best_rx || (rx == best_rx && c->t_open < best->t_open)) {
+        if (rx_bytes(c) > TDM_SERVE_HANDSHAKE_BYTES) {
+            if (!busy || c->t_open < busy->t_open) busy = c;
+        } else if (!best || c->t_open < best->t_open) {
             best = c;
-            best_rx = rx;
         }
     }
-    return best;
+    return best ? best : busy;
 }
 
 void tdm__serve_conns_accepted(tdm__serve_conns *cs, int fd, double now)
@@ -190,7 +191,19 @@ void tdm__serve_conns_accepted(tdm__serve_conns *cs, int fd, double now)
         cs->evicted++;
     }
     if (cs->pending > cs->lim.max_pending) {
-        end_conn(cs, oldest_pending(cs, NULL, -1));
+        /* from the source with the most pending connections: a flood from one address
+         * evicts its own, not the other sources' */
+        const char *top = NULL;
+        uint32_t top_n = 0;
+        for (uint32_t i = 0; i < cs->n; i++) {
+            if (cs->c[i].admitted) continue;
+            uint32_t k = count(cs, 0, cs->c[i].src, NULL);
+            if (k > top_n) { top_n = k; top = cs->c[i].src; }
+        }
+        char src[sizeof c->src];
+        snprintf(src, sizeof src, "%s", top ? top : "");
+        tdm__serve_conn *v = oldest_pending(cs, top ? src : NULL, -1);
+        end_conn(cs, v);
         cs->evicted++;
     }
 }

@@ -608,27 +608,38 @@ static void flood_close(void *ctx, void **socks, int n)
     zmq_ctx_term(ctx);
 }
 
+/* The engine the floods aim at: tcp on loopback, zmq transport only. */
+static void flood_server(eng *p)
+{
+    tdm_kvx_config c;
+    t_config(&c, "server", TDM_KVX_ROLE_BOTH, "tcp://127.0.0.1:*");
+    c.transports = TDM_KVX_TRANSPORT_ZMQ;
+    t_engine_default_cache(p, &c, 7);
+}
+
+/* A legitimate engine d (from 127.0.0.1) connects to p: must succeed. */
+static void other_peer_connects(eng *p, eng *d)
+{
+    char ep[256];
+    uint32_t peer;
+    assert_int_equal(tdm_kvx_get_endpoint(p->kvx, ep, sizeof(ep)), TDM_OK);
+    t_engine(d, "d", TDM_KVX_ROLE_DECODE, NULL, TDM_KVX_TRANSPORT_ZMQ, 8);
+    int rc = tdm_kvx_connect(d->kvx, ep, NULL, &peer);
+    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d->kvx));
+}
+
 static void secure__one_source_cannot_take_every_peer_slot(void **state)
 {
     (void)state;
     eng p, d;
-    tdm_kvx_config c;
-    t_config(&c, "server", TDM_KVX_ROLE_BOTH, "tcp://127.0.0.1:*");
-    c.transports = TDM_KVX_TRANSPORT_ZMQ;
-    t_engine_default_cache(&p, &c, 7);
+    flood_server(&p);
     void *ctx = zmq_ctx_new(), *socks[256];
     int no_space;
     /* 256 peers from 127.0.0.2: the default cap is 64 per source */
     assert_int_equal(flood(&p, ctx, socks, 256, "127.0.0.2", &no_space), 64);
     assert_int_equal(no_space, 192);
     assert_int_equal(p.kvx->peers_refused, 192);
-    /* a peer from another source still gets a slot */
-    char ep[256];
-    uint32_t peer;
-    assert_int_equal(tdm_kvx_get_endpoint(p.kvx, ep, sizeof(ep)), TDM_OK);
-    t_engine(&d, "d", TDM_KVX_ROLE_DECODE, NULL, TDM_KVX_TRANSPORT_ZMQ, 8);
-    int rc = tdm_kvx_connect(d.kvx, ep, NULL, &peer);
-    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d.kvx));
+    other_peer_connects(&p, &d);   /* a peer from another source still gets a slot */
     flood_close(ctx, socks, 256);
     t_free(&d);
     t_free(&p);
@@ -638,10 +649,7 @@ static void secure__slot_of_a_peer_that_never_transfers_is_reclaimed(void **stat
 {
     (void)state;
     eng p, d;
-    tdm_kvx_config c;
-    t_config(&c, "server", TDM_KVX_ROLE_BOTH, "tcp://127.0.0.1:*");
-    c.transports = TDM_KVX_TRANSPORT_ZMQ;
-    t_engine_default_cache(&p, &c, 7);
+    flood_server(&p);
     pthread_mutex_lock(&p.kvx->mu);   /* as the JSON keys of tdm_kvx_create_json */
     p.kvx->lim.max_peers_per_source = 256;
     p.kvx->lim.peer_idle_ms = 100;
@@ -649,13 +657,8 @@ static void secure__slot_of_a_peer_that_never_transfers_is_reclaimed(void **stat
     void *ctx = zmq_ctx_new(), *socks[256];
     int no_space;
     assert_int_equal(flood(&p, ctx, socks, 256, "127.0.0.2", &no_space), 256);   /* every slot */
-    char ep[256];
-    uint32_t peer;
-    assert_int_equal(tdm_kvx_get_endpoint(p.kvx, ep, sizeof(ep)), TDM_OK);
-    t_engine(&d, "d", TDM_KVX_ROLE_DECODE, NULL, TDM_KVX_TRANSPORT_ZMQ, 8);
     t_sleep_ms(300);   /* past peer_idle_ms, before peer_timeout_ms (2 s) ends them anyway */
-    int rc = tdm_kvx_connect(d.kvx, ep, NULL, &peer);
-    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d.kvx));
+    other_peer_connects(&p, &d);
     assert_int_equal(p.kvx->peers_reclaimed, 1);
     assert_int_equal(t_stats(&p).num_peers, 256);   /* one gave its slot to d */
     flood_close(ctx, socks, 256);
