@@ -230,6 +230,12 @@ def test_a_clients_large_and_small_requests_are_answered_in_order(serve):
     c.close()
 
 
+# How long a ping may wait before the client counts the service as stalled: 1.5 s, or 10 s
+# against a sanitizer build (make check-serve / check-serve-tsan set TANDEM_SLOW_TOOL), which
+# runs everything several times slower.
+LIVENESS_S = 10.0 if __import__("os").environ.get("TANDEM_SLOW_TOOL") else 1.5
+
+
 def _percentile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -258,7 +264,7 @@ def _load(ep, kinds, seconds, client, spub="-", keypair=None):
             t0 = time.monotonic()
             client.sock.send(msgpack.packb({"op": "ping", "seq": seq}))
             got = None
-            while client.sock.poll(2000):
+            while client.sock.poll(int(LIVENESS_S * 1000) + 500):
                 r = msgpack.unpackb(client.sock.recv(), raw=False)
                 if r.get("seq") == seq:
                     got = time.monotonic() - t0
@@ -279,7 +285,7 @@ def _report(name, lat, hostile):
     # Liveness, not speed (speeds are reported, never asserted): every ping is answered, none
     # waits for a hostile client's seconds-long handshake, decode or slot.
     assert len(ok) == len(lat), f"{name}: {len(lat) - len(ok)} pings were never answered"
-    assert max(ok) < 1.5, f"{name}: a ping waited {max(ok):.2f} s"
+    assert max(ok) < LIVENESS_S, f"{name}: a ping waited {max(ok):.2f} s"
 
 
 def test_load_legitimate_client_keeps_being_served_under_attack(serve):
