@@ -156,6 +156,26 @@ static tdm__serve_conn *oldest_pending(tdm__serve_conns *cs, const char *src, in
     return best ? best : busy;
 }
 
+/* The source with the most pending connections (one pass, a few distinct sources at a
+ * time), or NULL when there are too many distinct ones to tell cheaply. */
+static const char *top_source(const tdm__serve_conns *cs)
+{
+    const char *src[32];
+    uint32_t n[32], k = 0, best = 0;
+    for (uint32_t i = 0; i < cs->n; i++) {
+        if (cs->c[i].admitted) continue;
+        uint32_t j = 0;
+        while (j < k && strcmp(src[j], cs->c[i].src)) j++;
+        if (j == k) {
+            if (k == 32) return NULL;
+            src[k] = cs->c[i].src;
+            n[k++] = 0;
+        }
+        if (++n[j] > n[best]) best = j;
+    }
+    return k ? src[best] : NULL;
+}
+
 void tdm__serve_conns_accepted(tdm__serve_conns *cs, int fd, double now)
 {
     tdm__serve_conn *c = find(cs, fd);
@@ -193,14 +213,8 @@ void tdm__serve_conns_accepted(tdm__serve_conns *cs, int fd, double now)
     if (cs->pending > cs->lim.max_pending) {
         /* from the source with the most pending connections: a flood from one address
          * evicts its own, not the other sources' */
-        const char *top = NULL;
-        uint32_t top_n = 0;
-        for (uint32_t i = 0; i < cs->n; i++) {
-            if (cs->c[i].admitted) continue;
-            uint32_t k = count(cs, 0, cs->c[i].src, NULL);
-            if (k > top_n) { top_n = k; top = cs->c[i].src; }
-        }
         char src[sizeof c->src];
+        const char *top = top_source(cs);
         snprintf(src, sizeof src, "%s", top ? top : "");
         tdm__serve_conn *v = oldest_pending(cs, top ? src : NULL, -1);
         end_conn(cs, v);
