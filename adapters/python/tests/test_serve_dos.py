@@ -230,10 +230,12 @@ def test_a_clients_large_and_small_requests_are_answered_in_order(serve):
     c.close()
 
 
-# How long a ping may wait before the client counts the service as stalled: 1.5 s, or 10 s
-# against a sanitizer build (make check-serve / check-serve-tsan set TANDEM_SLOW_TOOL), which
-# runs everything several times slower.
-LIVENESS_S = 10.0 if __import__("os").environ.get("TANDEM_SLOW_TOOL") else 1.5
+# How long a ping may wait before the client counts the service as stalled: 5 s (a lockout by
+# idle connections lasted 28 s to forever; a ping waited 1.8 s once on a 2-core machine at load
+# average 20), or 10 s against a sanitizer build (make check-serve / check-serve-tsan set
+# TANDEM_SLOW_TOOL), which runs everything several times slower. Latency is printed, not
+# asserted.
+LIVENESS_S = 10.0 if __import__("os").environ.get("TANDEM_SLOW_TOOL") else 5.0
 
 
 def _percentile(xs, q):
