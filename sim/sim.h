@@ -401,6 +401,26 @@ typedef struct tdm_sim_stat {
     size_t n;
 } tdm_sim_stat;
 
+/* A streaming quantile sketch (sketch.c): HdrHistogram's log-linear buckets on a double's
+ * bits, 2^TDM_SIM_SKETCH_SUB_BITS per power of two; every quantile within a relative
+ * 2^-(SUB_BITS+1) of the exact one (numpy's linear interpolation), count, mean, min and max
+ * exact; memory fixed (at most 512 KiB, touched only where values fall). */
+#define TDM_SIM_SKETCH_SUB_BITS 10
+typedef struct tdm_sim_sketch {
+    uint64_t *counts;                /* NULL until the first value */
+    uint64_t n, under;               /* values; those below 2^-30 (valued as the minimum) */
+    double sum, min, max;
+} tdm_sim_sketch;
+void tdm_sim_sketch_init(tdm_sim_sketch *s);
+void tdm_sim_sketch_free(tdm_sim_sketch *s);
+void tdm_sim_sketch_reset(tdm_sim_sketch *s);    /* empty, keeping its buckets */
+/* Record v (negatives and NaN count as 0). 0, or -1 when the buckets cannot be allocated. */
+int tdm_sim_sketch_add(tdm_sim_sketch *s, double v);
+int tdm_sim_sketch_merge(tdm_sim_sketch *dst, const tdm_sim_sketch *src);
+/* The q-quantile (0..1), linear between the closest ranks as numpy's default; 0 if empty. */
+double tdm_sim_sketch_quantile(const tdm_sim_sketch *s, double q);
+void tdm_sim_sketch_stat(const tdm_sim_sketch *s, tdm_sim_stat *st);  /* mean, p50/90/99, max */
+
 typedef struct tdm_sim_summary {
     size_t requests, completed, rejected;
     double duration_s;
