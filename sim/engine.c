@@ -11,7 +11,8 @@
  * sent when one finishes); the first `warmup` requests sent are excluded from the metrics.
  * Each request carries its own TTFT/TPOT deadlines (its SLO class, else the run's SLOs), so
  * the scheduler's SLO policy sees them. Work per step is O(batch); nothing is allocated per
- * step once the buffers reach their high-water mark.
+ * step once the buffers reach their high-water mark, and nothing per token: the gaps go into
+ * a fixed-size sketch.
  */
 #include <jansson.h>
 #include <math.h>
@@ -411,12 +412,16 @@ static int complete_step(eng *e, tdm_sim_inst *in)
             tdm_sim_req_out *o = &e->res->reqs[id];
             if (r->generated == 0) {
                 o->first_token = t;
-            } else if (!o->warmup && e->res->n_gaps < e->res->cap_gaps) {
-                e->res->gaps[e->res->n_gaps++] = (float)(t - r->last_token);
+            } else if (!o->warmup && tdm_sim_sketch_add(&e->res->itl, t - r->last_token) != 0) {
+                snprintf(e->err, e->errlen, "out of memory");
+                return -1;
             }
             /* several tokens in one step (speculative decoding) share one gap */
-            for (uint32_t k = 1; k < nn && !o->warmup && e->res->n_gaps < e->res->cap_gaps; k++)
-                e->res->gaps[e->res->n_gaps++] = 0.0f;
+            for (uint32_t k = 1; k < nn && !o->warmup; k++)
+                if (tdm_sim_sketch_add(&e->res->itl, 0) != 0) {
+                    snprintf(e->err, e->errlen, "out of memory");
+                    return -1;
+                }
             r->generated += nn;
             r->last_token = t;
             o->generated = r->generated;
@@ -521,7 +526,7 @@ void tdm_sim_result_free(tdm_sim_result *r)
 {
     if (!r) return;
     free(r->reqs);
-    free(r->gaps);
+    tdm_sim_sketch_free(&r->itl);
     memset(r, 0, sizeof *r);
 }
 
@@ -545,21 +550,17 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
     e.err = err;
     e.errlen = errlen;
     int rc = -1;
-    uint64_t out_total = 0;
     for (size_t i = 0; i < t->n; i++) {
-        out_total += t->reqs[i].output_len;
         if (t->reqs[i].prompt_len > e.max_prompt) e.max_prompt = t->reqs[i].prompt_len;
     }
     res->n = t->n;
     res->reqs = calloc(t->n ? t->n : 1, sizeof *res->reqs);
-    res->cap_gaps = out_total;
-    res->gaps = malloc((out_total ? out_total : 1) * sizeof *res->gaps);
     e.rs = calloc(t->n ? t->n : 1, sizeof *e.rs);
     e.toks = malloc(((size_t)e.max_prompt + 1) * sizeof *e.toks);
     e.npre = c->disagg ? c->pools[0].instances : 0;
     e.ninst = c->pools[0].instances + (c->disagg ? c->pools[1].instances : 0);
     e.in = calloc(e.ninst ? e.ninst : 1, sizeof *e.in);
-    if (!res->reqs || !res->gaps || !e.rs || !e.toks || !e.in) {
+    if (!res->reqs || !e.rs || !e.toks || !e.in) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }

@@ -455,8 +455,7 @@ typedef struct tdm_sim_summary {
 typedef struct tdm_sim_result {
     tdm_sim_req_out *reqs;
     size_t n;
-    float *gaps;                     /* every inter-token gap (ITL samples), seconds */
-    size_t n_gaps, cap_gaps;
+    tdm_sim_sketch itl;              /* the inter-token gaps (ITL samples), seconds */
     tdm_sim_summary sum;
     char name[64];
     tdm_sim_slo_class classes[TDM_SIM_MAX_SLO_CLASSES];  /* the trace's, as resolved */
@@ -487,10 +486,10 @@ int tdm_sim_trace_scaled(const tdm_sim_trace *src, double scale, tdm_sim_trace *
 /* ---------------------------------------------------------------------------------------- */
 /* Metrics and outputs                                                                        */
 /* ---------------------------------------------------------------------------------------- */
-/* Percentile with linear interpolation between closest ranks (numpy's default); sorts v. */
+/* Percentile of sorted v with linear interpolation between closest ranks (numpy's default). */
 double tdm_sim_percentile_sorted(const double *v, size_t n, double q);
-void tdm_sim_stat_compute(double *v, size_t n, tdm_sim_stat *s);  /* sorts v in place */
-/* Fill res->sum from res->reqs and res->gaps (the scheduler counters are set by the run). */
+/* Fill res->sum from res->reqs and res->itl (the scheduler counters are set by the run);
+ * percentiles come from sketches (tdm_sim_sketch), within 2^-11 relative of exact ones. */
 int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s);
 /* Per-request derived values: TPOT = (finish - first_token) / (generated - 1). */
 double tdm_sim_req_tpot(const tdm_sim_req_out *r);

@@ -69,7 +69,7 @@ static void check_all_finished(const tdm_sim_trace *t, const tdm_sim_result *r)
         assert_true(q->finish >= q->first_token);
         gaps += q->generated - 1;
     }
-    assert_int_equal(r->n_gaps, gaps);
+    assert_int_equal(r->sum.itl.n, gaps);
 }
 
 static void sim_run__every_request_finishes_with_its_outputs(void **state)
