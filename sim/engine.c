@@ -29,6 +29,15 @@ typedef struct rstate {
     uint8_t phase;         /* 0 colocated/decode, 1 prefill side */
 } rstate;
 
+/* A request in flight: its state and its outcome so far (folded into the summary, and
+ * copied to the result's reqs when they are kept, when it ends). */
+typedef struct live {
+    rstate r;
+    tdm_sim_req_out o;
+} live;
+
+#define NO_SLOT UINT32_MAX
+
 typedef struct xfer {
     double end;
     uint64_t id;
@@ -42,7 +51,11 @@ typedef struct eng {
     tdm_sim_result *res;
     tdm_sim_inst *in;
     size_t ninst, npre;        /* disagg: [0, npre) prefill, [npre, ninst) decode */
-    rstate *rs;
+    live *lv;                  /* the requests in flight */
+    uint32_t *slot;            /* per request id: its lv index, NO_SLOT when not in flight */
+    uint32_t *free_lv;
+    size_t n_lv, n_free;
+    tdm_sim_acc acc;
     tdm_token *toks;
     uint32_t max_prompt;
     xfer *heap;
@@ -105,6 +118,63 @@ static int push_id(uint64_t **a, size_t *n, size_t *cap, uint64_t id)
     }
     (*a)[(*n)++] = id;
     return 0;
+}
+
+static live *L(eng *e, uint64_t id)
+{
+    return &e->lv[e->slot[id]];
+}
+
+/* The outcome of request id before it is sent (times -1, its SLOs resolved). */
+static void out_init(const eng *e, size_t id, tdm_sim_req_out *q)
+{
+    const tdm_sim_req *r = &e->t->reqs[id];
+    memset(q, 0, sizeof *q);
+    q->arrival = r->arrival;
+    q->first_token = q->finish = -1;
+    q->prompt_len = r->prompt_len;
+    q->output_len = r->output_len;
+    q->instance = q->prefill_instance = -1;
+    uint32_t k = r->slo_class <= e->t->n_slo ? r->slo_class : 0;
+    q->has_slo = k > 0;
+    q->slo_class = (uint8_t)k;
+    q->slo_ttft_s = k ? e->cls_ttft[k] : e->o->slo_ttft_s;
+    q->slo_tpot_s = k ? e->cls_tpot[k] : e->o->slo_tpot_s;
+}
+
+/* Give request id a slot in flight (the slots grow to the peak in flight, then are reused). */
+static live *live_open(eng *e, size_t id)
+{
+    uint32_t k;
+    if (e->n_free) {
+        k = e->free_lv[--e->n_free];
+    } else {
+        if ((e->n_lv & (e->n_lv - 1)) == 0) { /* a power of two (or 0): full, double */
+            size_t nc = e->n_lv ? e->n_lv * 2 : 64;
+            live *p = realloc(e->lv, nc * sizeof *p);
+            if (!p) return NULL;
+            e->lv = p;
+            uint32_t *f = realloc(e->free_lv, nc * sizeof *f);
+            if (!f) return NULL;
+            e->free_lv = f;
+        }
+        k = (uint32_t)e->n_lv++;
+    }
+    live *l = &e->lv[k];
+    memset(&l->r, 0, sizeof l->r);
+    out_init(e, id, &l->o);
+    e->slot[id] = k;
+    return l;
+}
+
+/* Request id has ended (or the run has): its outcome into the summary, its slot freed. */
+static void live_close(eng *e, uint64_t id)
+{
+    const tdm_sim_req_out *o = &L(e, id)->o;
+    tdm_sim_acc_add(&e->acc, o);
+    if (e->res->reqs) e->res->reqs[id] = *o;
+    e->free_lv[e->n_free++] = e->slot[id];
+    e->slot[id] = NO_SLOT;
 }
 
 static int fail(eng *e, const char *what, tdm_sched *s, int rc)
@@ -198,20 +268,21 @@ static int route(eng *e, uint64_t id, int to_decode)
     }
     in->outstanding++;
     in->outstanding_tokens += r->prompt_len + (to_decode || !e->c->disagg ? r->output_len : 0);
-    e->rs[id].inst = k;
+    L(e, id)->r.inst = k;
     return 0;
 }
 
 static void finish_req(eng *e, tdm_sim_inst *in, uint64_t id, double t, uint8_t status)
 {
     const tdm_sim_req *r = &e->t->reqs[id];
-    tdm_sim_req_out *o = &e->res->reqs[id];
-    o->finish = t;
+    tdm_sim_req_out *o = &L(e, id)->o;
+    if (status != 2) o->finish = t; /* a rejected request never finished */
     o->status = status;
     in->outstanding--;
     in->outstanding_tokens -= r->prompt_len + r->output_len;
     e->done++;
     if (e->inflight) e->inflight--;
+    live_close(e, id);
 }
 
 /* Send the requests due at `now`: every arrival up to now (open loop), or in closed loop
@@ -222,7 +293,12 @@ static int deliver(eng *e, size_t *next, double now)
     uint32_t conc = e->o->concurrency;
     while (*next < t->n && t->reqs[*next].arrival <= now && (!conc || e->inflight < conc)) {
         size_t id = *next;
-        tdm_sim_req_out *o = &e->res->reqs[id];
+        live *l = live_open(e, id);
+        if (!l) {
+            snprintf(e->err, e->errlen, "out of memory");
+            return -1;
+        }
+        tdm_sim_req_out *o = &l->o;
         if (conc) o->arrival = now;
         o->warmup = e->sent < e->warmup;
         e->sent++;
@@ -253,9 +329,10 @@ static int flush_pending(eng *e, tdm_sim_inst *in, double t)
         d.max_tokens = r->output_len;
         d.eos_token_id = -1;
         d.priority = r->priority;
-        d.arrival_time = e->res->reqs[id].arrival;
-        d.ttft_slo = e->res->reqs[id].slo_ttft_s;
-        d.tpot_slo = e->res->reqs[id].slo_tpot_s;
+        live *l = L(e, id);
+        d.arrival_time = l->o.arrival;
+        d.ttft_slo = l->o.slo_ttft_s;
+        d.tpot_slo = l->o.slo_tpot_s;
         d.flags = TDM_REQ_SLO_DEPRIORITIZE; /* a late request counts as a miss anyway */
         if (in->role == TDM_ROLE_PREFILL) {
             d.flags |= TDM_REQ_REMOTE_DECODE;
@@ -266,20 +343,19 @@ static int flush_pending(eng *e, tdm_sim_inst *in, double t)
         int rc = tdm_sched_add(in->s, &d);
         if (rc != TDM_OK) {
             /* too long for max_model_len or the pool: rejected, an SLO miss */
-            tdm_sim_req_out *o = &e->res->reqs[id];
+            tdm_sim_req_out *o = &l->o;
             if (in->role == TDM_ROLE_DECODE && o->prefill_instance >= 0)
                 tdm_sched_release(e->in[o->prefill_instance].s, id);
             if (in->role == TDM_ROLE_PREFILL) {
                 in->outstanding_tokens += r->output_len; /* finish_req subtracts the full */
             }
             finish_req(e, in, id, t, 2);
-            o->finish = -1;
             continue;
         }
-        e->rs[id].total = r->prompt_len;
-        e->rs[id].phase = in->role == TDM_ROLE_PREFILL;
-        if (in->role != TDM_ROLE_PREFILL) e->res->reqs[id].instance = (int32_t)(in - e->in);
-        else e->res->reqs[id].prefill_instance = (int32_t)(in - e->in);
+        l->r.total = r->prompt_len;
+        l->r.phase = in->role == TDM_ROLE_PREFILL;
+        if (in->role != TDM_ROLE_PREFILL) l->o.instance = (int32_t)(in - e->in);
+        else l->o.prefill_instance = (int32_t)(in - e->in);
     }
     in->n_add = 0;
     return 0;
@@ -289,7 +365,7 @@ static int start_transfers(eng *e, tdm_sim_inst *dec, double t)
 {
     for (uint32_t i = 0; i < dec->batch.num_recv_ready; i++) {
         uint64_t id = dec->batch.recv_ready_ids[i];
-        int32_t p = e->res->reqs[id].prefill_instance;
+        int32_t p = L(e, id)->o.prefill_instance;
         if (p < 0) continue;
         tdm_sim_inst *pre = &e->in[p];
         double bytes = tdm_sim_model_kv_bytes_per_token(&pre->cost.model) *
@@ -319,14 +395,14 @@ static int try_step(eng *e, tdm_sim_inst *in, double t)
     if (b->num_recv_ready && start_transfers(e, in, t) != 0) return -1;
     for (uint32_t i = 0; i < b->num_preempted; i++) {
         uint64_t id = b->preempted_ids[i];
-        if (id < e->t->n) e->res->reqs[id].preemptions++;
+        if (id < e->t->n && e->slot[id] != NO_SLOT) L(e, id)->o.preemptions++;
     }
     if (b->num_reqs == 0) return 0;
     tdm_sim_shape sh;
     memset(&sh, 0, sizeof sh);
     for (uint32_t i = 0; i < b->num_reqs; i++) {
         uint64_t id = b->req_ids[i];
-        const rstate *r = &e->rs[id];
+        const rstate *r = &L(e, id)->r;
         uint32_t n = b->num_tokens[i], c = b->num_computed[i];
         int emits = c + n >= r->total;
         if (n == 1 && emits && r->total > e->t->reqs[id].prompt_len) {
@@ -377,8 +453,9 @@ static int complete_step(eng *e, tdm_sim_inst *in)
         uint64_t id = b->req_ids[i];
         in->out_ids[i] = id;
         in->out_offs[i] = nt;
-        if (b->num_computed[i] + b->num_tokens[i] >= e->rs[id].total)
-            in->out_toks[nt++] = (tdm_token)(1 + tdm_sim_mix64(id * 131 + e->rs[id].total) % 32000);
+        uint32_t total = L(e, id)->r.total;
+        if (b->num_computed[i] + b->num_tokens[i] >= total)
+            in->out_toks[nt++] = (tdm_token)(1 + tdm_sim_mix64(id * 131 + total) % 32000);
     }
     in->out_offs[n] = nt;
     tdm_step_output so;
@@ -394,8 +471,8 @@ static int complete_step(eng *e, tdm_sim_inst *in)
     if (rc != TDM_OK) return fail(e, "tdm_sched_update", in->s, rc);
     for (uint32_t j = 0; j < ur.num_reqs; j++) {
         uint64_t id = ur.req_ids[j];
-        if (id >= e->t->n) continue;
-        rstate *r = &e->rs[id];
+        if (id >= e->t->n || e->slot[id] == NO_SLOT) continue;
+        rstate *r = &L(e, id)->r;
         uint32_t nn = ur.num_new_tokens[j];
         r->total += nn;
         if (r->phase == 1) {
@@ -409,7 +486,7 @@ static int complete_step(eng *e, tdm_sim_inst *in)
             continue;
         }
         if (nn) {
-            tdm_sim_req_out *o = &e->res->reqs[id];
+            tdm_sim_req_out *o = &L(e, id)->o;
             if (r->generated == 0) {
                 o->first_token = t;
             } else if (!o->warmup && tdm_sim_sketch_add(&e->res->itl, t - r->last_token) != 0) {
@@ -554,13 +631,14 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
         if (t->reqs[i].prompt_len > e.max_prompt) e.max_prompt = t->reqs[i].prompt_len;
     }
     res->n = t->n;
-    res->reqs = calloc(t->n ? t->n : 1, sizeof *res->reqs);
-    e.rs = calloc(t->n ? t->n : 1, sizeof *e.rs);
+    if (o->keep_requests) res->reqs = calloc(t->n ? t->n : 1, sizeof *res->reqs);
+    e.slot = malloc((t->n ? t->n : 1) * sizeof *e.slot);
+    tdm_sim_acc_init(&e.acc, o->slo_ttft_s, o->slo_tpot_s);
     e.toks = malloc(((size_t)e.max_prompt + 1) * sizeof *e.toks);
     e.npre = c->disagg ? c->pools[0].instances : 0;
     e.ninst = c->pools[0].instances + (c->disagg ? c->pools[1].instances : 0);
     e.in = calloc(e.ninst ? e.ninst : 1, sizeof *e.in);
-    if (!res->reqs || !e.rs || !e.toks || !e.in) {
+    if ((o->keep_requests && !res->reqs) || !e.slot || !e.toks || !e.in) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -581,19 +659,7 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
                  e.warmup, t->n);
         goto done;
     }
-    for (size_t i = 0; i < t->n; i++) {
-        tdm_sim_req_out *q = &res->reqs[i];
-        q->arrival = t->reqs[i].arrival;
-        q->first_token = q->finish = -1;
-        q->prompt_len = t->reqs[i].prompt_len;
-        q->output_len = t->reqs[i].output_len;
-        q->instance = q->prefill_instance = -1;
-        uint32_t k = t->reqs[i].slo_class <= t->n_slo ? t->reqs[i].slo_class : 0;
-        q->has_slo = k > 0;
-        q->slo_class = (uint8_t)k;
-        q->slo_ttft_s = k ? e.cls_ttft[k] : o->slo_ttft_s;
-        q->slo_tpot_s = k ? e.cls_tpot[k] : o->slo_tpot_s;
-    }
+    memset(e.slot, 0xff, (t->n ? t->n : 1) * sizeof *e.slot); /* NO_SLOT */
     e.kv_gbps = c->kv_gbps;
     if (c->disagg && e.kv_gbps <= 0) {
         double a = c->pools[0].hw.interconnect_gbps, b = c->pools[1].hw.interconnect_gbps;
@@ -615,15 +681,21 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
     int lrc = loop(&e);
     tdm_sim_steptrace_end(o);
     if (lrc != 0) goto done;
+    /* the requests still in flight (a max_steps stop) and those never sent: unfinished */
+    for (size_t i = 0; i < t->n; i++) {
+        if (e.slot[i] != NO_SLOT) {
+            live_close(&e, i);
+        } else if (i >= e.sent) {
+            tdm_sim_req_out q;
+            out_init(&e, i, &q);
+            tdm_sim_acc_add(&e.acc, &q);
+            if (res->reqs) res->reqs[i] = q;
+        }
+    }
     if (e.warmup) {
         /* the measurement window: first measured send to last measured finish */
-        double a = INFINITY, z = 0;
-        for (size_t i = 0; i < t->n; i++) {
-            const tdm_sim_req_out *q = &res->reqs[i];
-            if (q->warmup) continue;
-            if (q->arrival < a) a = q->arrival;
-            if (q->finish > z) z = q->finish;
-        }
+        double a = e.acc.first_arrival < 0 ? INFINITY : e.acc.first_arrival;
+        double z = e.acc.last_finish > 0 ? e.acc.last_finish : 0;
         res->sum.duration_s = z > a ? z - a : 0;
     }
     res->sum.warmup = e.warmup;
@@ -655,7 +727,8 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
     res->sum.mean_batch_tokens = steps ? (double)toks / (double)steps : 0;
     if (res->sum.kv_transfers) res->sum.kv_transfer_mean_s /= (double)res->sum.kv_transfers;
     res->sum.gpus = tdm_sim_config_gpus(c);
-    if (tdm_sim_summarize(res, o->slo_ttft_s, o->slo_tpot_s) != 0) {
+    int arc = tdm_sim_acc_finish(&e.acc, res);
+    if (arc != 0) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -664,7 +737,12 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
 done:
     for (size_t i = 0; i < e.ninst; i++) inst_free(&e.in[i]);
     free(e.in);
-    free(e.rs);
+    free(e.slot);
+    free(e.lv);
+    free(e.free_lv);
+    tdm_sim_sketch_free(&e.acc.ttft); /* after an error (tdm_sim_acc_finish frees them too) */
+    tdm_sim_sketch_free(&e.acc.tpot);
+    tdm_sim_sketch_free(&e.acc.e2e);
     free(e.toks);
     free(e.heap);
     if (rc != 0) tdm_sim_result_free(res);
@@ -681,4 +759,5 @@ void tdm_sim_run_opts_init(tdm_sim_run_opts *o)
     o->mem_util = 0.9;
     o->label = "sim";
     o->warmup = -1;
+    o->keep_requests = 1;
 }

@@ -32,63 +32,78 @@ double tdm_sim_req_tpot(const tdm_sim_req_out *r)
     return (r->finish - r->first_token) / (double)(r->generated - 1);
 }
 
-int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s)
+void tdm_sim_acc_init(tdm_sim_acc *a, double slo_ttft_s, double slo_tpot_s)
+{
+    memset(a, 0, sizeof *a);
+    a->slo_ttft_s = slo_ttft_s;
+    a->slo_tpot_s = slo_tpot_s;
+    a->first_arrival = a->last_finish = -1;
+}
+
+void tdm_sim_acc_add(tdm_sim_acc *a, const tdm_sim_req_out *r)
+{
+    if (r->warmup) return;
+    a->measured++;
+    a->completed += r->status == 1;
+    a->rejected += r->status == 2;
+    a->out_tokens += r->generated;
+    if (r->status == 1) a->in_tokens += r->prompt_len;
+    if (a->first_arrival < 0 || r->arrival < a->first_arrival) a->first_arrival = r->arrival;
+    if (r->finish > a->last_finish) a->last_finish = r->finish;
+    double st = r->has_slo ? r->slo_ttft_s : a->slo_ttft_s;
+    double sp = r->has_slo ? r->slo_tpot_s : a->slo_tpot_s;
+    int mt = r->first_token >= 0 && (st <= 0 || r->first_token - r->arrival <= st);
+    double tp = tdm_sim_req_tpot(r);
+    int mp = r->status == 1 && (sp <= 0 || tp <= sp); /* tp = -1 (one output) meets it */
+    if (r->first_token >= 0) a->oom |= tdm_sim_sketch_add(&a->ttft, r->first_token - r->arrival);
+    if (tp >= 0) a->oom |= tdm_sim_sketch_add(&a->tpot, tp);
+    if (r->status == 1) a->oom |= tdm_sim_sketch_add(&a->e2e, r->finish - r->arrival);
+    a->ok_t += mt;
+    a->ok_p += mp;
+    a->ok_b += mt && mp;
+    if (r->slo_class > 0 && r->slo_class <= TDM_SIM_MAX_SLO_CLASSES) {
+        a->cls_n[r->slo_class - 1]++;
+        a->cls_t[r->slo_class - 1] += mt;
+        a->cls_b[r->slo_class - 1] += mt && mp;
+    }
+}
+
+int tdm_sim_acc_finish(tdm_sim_acc *a, tdm_sim_result *res)
 {
     tdm_sim_summary *s = &res->sum;
-    size_t n = res->n;
-    tdm_sim_sketch sk[3]; /* TTFT, TPOT, E2E */
-    for (int j = 0; j < 3; j++) tdm_sim_sketch_init(&sk[j]);
-    int oom = 0;
-    s->requests = 0;
-    s->completed = s->rejected = 0;
-    size_t ok_t = 0, ok_p = 0, ok_b = 0, measured = 0;
-    size_t cls_t[TDM_SIM_MAX_SLO_CLASSES] = {0}, cls_b[TDM_SIM_MAX_SLO_CLASSES] = {0};
-    memset(s->class_n, 0, sizeof s->class_n);
-    uint64_t out_tokens = 0, in_tokens = 0;
-    for (size_t i = 0; i < n; i++) {
-        const tdm_sim_req_out *r = &res->reqs[i];
-        if (r->warmup) continue;
-        measured++;
-        s->completed += r->status == 1;
-        s->rejected += r->status == 2;
-        out_tokens += r->generated;
-        if (r->status == 1) in_tokens += r->prompt_len;
-        double st = r->has_slo ? r->slo_ttft_s : slo_ttft_s;
-        double sp = r->has_slo ? r->slo_tpot_s : slo_tpot_s;
-        int mt = r->first_token >= 0 && (st <= 0 || r->first_token - r->arrival <= st);
-        double tp = tdm_sim_req_tpot(r);
-        int mp = r->status == 1 && (sp <= 0 || tp <= sp); /* tp = -1 (one output) meets it */
-        if (r->first_token >= 0) oom |= tdm_sim_sketch_add(&sk[0], r->first_token - r->arrival);
-        if (tp >= 0) oom |= tdm_sim_sketch_add(&sk[1], tp);
-        if (r->status == 1) oom |= tdm_sim_sketch_add(&sk[2], r->finish - r->arrival);
-        ok_t += mt;
-        ok_p += mp;
-        ok_b += mt && mp;
-        if (r->slo_class > 0 && r->slo_class <= TDM_SIM_MAX_SLO_CLASSES) {
-            s->class_n[r->slo_class - 1]++;
-            cls_t[r->slo_class - 1] += mt;
-            cls_b[r->slo_class - 1] += mt && mp;
-        }
-    }
+    s->completed = a->completed;
+    s->rejected = a->rejected;
     for (size_t c = 0; c < TDM_SIM_MAX_SLO_CLASSES; c++) {
-        s->class_attain_ttft[c] = s->class_n[c] ? (double)cls_t[c] / (double)s->class_n[c] : 0;
-        s->class_attain[c] = s->class_n[c] ? (double)cls_b[c] / (double)s->class_n[c] : 0;
+        s->class_n[c] = a->cls_n[c];
+        s->class_attain_ttft[c] = a->cls_n[c] ? (double)a->cls_t[c] / (double)a->cls_n[c] : 0;
+        s->class_attain[c] = a->cls_n[c] ? (double)a->cls_b[c] / (double)a->cls_n[c] : 0;
     }
-    tdm_sim_sketch_stat(&sk[0], &s->ttft);
-    tdm_sim_sketch_stat(&sk[1], &s->tpot);
-    tdm_sim_sketch_stat(&sk[2], &s->e2e);
-    for (int j = 0; j < 3; j++) tdm_sim_sketch_free(&sk[j]);
-    if (oom) return -1;
+    tdm_sim_sketch_stat(&a->ttft, &s->ttft);
+    tdm_sim_sketch_stat(&a->tpot, &s->tpot);
+    tdm_sim_sketch_stat(&a->e2e, &s->e2e);
+    tdm_sim_sketch_free(&a->ttft);
+    tdm_sim_sketch_free(&a->tpot);
+    tdm_sim_sketch_free(&a->e2e);
+    if (a->oom) return -1;
     tdm_sim_sketch_stat(&res->itl, &s->itl);
     double d = s->duration_s > 0 ? s->duration_s : 1e-9;
-    s->request_throughput = (double)s->completed / d;
-    s->output_throughput_tok_s = (double)out_tokens / d;
-    s->total_throughput_tok_s = (double)(out_tokens + in_tokens) / d;
-    s->slo_ttft_s = slo_ttft_s;
-    s->slo_tpot_s = slo_tpot_s;
-    s->requests = measured;
-    s->attain_ttft = measured ? (double)ok_t / (double)measured : 0;
-    s->attain_tpot = measured ? (double)ok_p / (double)measured : 0;
-    s->attainment = measured ? (double)ok_b / (double)measured : 0;
+    s->request_throughput = (double)a->completed / d;
+    s->output_throughput_tok_s = (double)a->out_tokens / d;
+    s->total_throughput_tok_s = (double)(a->out_tokens + a->in_tokens) / d;
+    s->slo_ttft_s = a->slo_ttft_s;
+    s->slo_tpot_s = a->slo_tpot_s;
+    s->requests = a->measured;
+    double m = (double)a->measured;
+    s->attain_ttft = a->measured ? (double)a->ok_t / m : 0;
+    s->attain_tpot = a->measured ? (double)a->ok_p / m : 0;
+    s->attainment = a->measured ? (double)a->ok_b / m : 0;
     return 0;
+}
+
+int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s)
+{
+    tdm_sim_acc a;
+    tdm_sim_acc_init(&a, slo_ttft_s, slo_tpot_s);
+    for (size_t i = 0; i < res->n && res->reqs; i++) tdm_sim_acc_add(&a, &res->reqs[i]);
+    return tdm_sim_acc_finish(&a, res);
 }

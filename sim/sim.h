@@ -375,6 +375,10 @@ typedef struct tdm_sim_run_opts {
     int64_t warmup;
     const tdm_sim_slo_class *slo_classes;  /* the trace's class names resolved here */
     size_t n_slo_classes;
+    /* keep every request's outcome in the result's reqs (requests CSV, CDF plots); 0: only
+     * the summary, so that memory does not grow with the trace beyond the trace itself and
+     * 4 bytes per request (default 1) */
+    int keep_requests;
     FILE *steps_csv;                 /* one row per step (may be NULL) */
     FILE *chrome_trace;              /* Chrome trace JSON (Perfetto), one track per instance */
 } tdm_sim_run_opts;
@@ -453,7 +457,7 @@ typedef struct tdm_sim_summary {
 } tdm_sim_summary;
 
 typedef struct tdm_sim_result {
-    tdm_sim_req_out *reqs;
+    tdm_sim_req_out *reqs;           /* NULL when the run did not keep them (keep_requests) */
     size_t n;
     tdm_sim_sketch itl;              /* the inter-token gaps (ITL samples), seconds */
     tdm_sim_summary sum;
@@ -488,6 +492,23 @@ int tdm_sim_trace_scaled(const tdm_sim_trace *src, double scale, tdm_sim_trace *
 /* ---------------------------------------------------------------------------------------- */
 /* Percentile of sorted v with linear interpolation between closest ranks (numpy's default). */
 double tdm_sim_percentile_sorted(const double *v, size_t n, double q);
+/* The streaming form of the summary: each request's outcome added once (when it ends, or
+ * at the end of the run), then folded into res->sum with res->itl. Memory is fixed. */
+typedef struct tdm_sim_acc {
+    tdm_sim_sketch ttft, tpot, e2e;
+    double slo_ttft_s, slo_tpot_s;   /* the run's, for requests without their own */
+    size_t measured, completed, rejected, ok_t, ok_p, ok_b;
+    size_t cls_n[TDM_SIM_MAX_SLO_CLASSES], cls_t[TDM_SIM_MAX_SLO_CLASSES];
+    size_t cls_b[TDM_SIM_MAX_SLO_CLASSES];
+    uint64_t out_tokens, in_tokens;
+    double first_arrival, last_finish;  /* of the measured requests (-1: none) */
+    int oom;
+} tdm_sim_acc;
+void tdm_sim_acc_init(tdm_sim_acc *a, double slo_ttft_s, double slo_tpot_s);
+void tdm_sim_acc_add(tdm_sim_acc *a, const tdm_sim_req_out *r);  /* warm-up ones skipped */
+/* Fill res->sum (all but the scheduler counters and duration_s, which the caller sets) and
+ * free the accumulator; -1 when a sketch could not be allocated. */
+int tdm_sim_acc_finish(tdm_sim_acc *a, tdm_sim_result *res);
 /* Fill res->sum from res->reqs and res->itl (the scheduler counters are set by the run);
  * percentiles come from sketches (tdm_sim_sketch), within 2^-11 relative of exact ones. */
 int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s);
