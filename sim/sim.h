@@ -296,10 +296,18 @@ typedef struct tdm_sim_calib_table {
     double sw_alpha[2], sw_overhead_ms[2][16];
     uint64_t attn_extrapolated;                 /* held-out attention rows outside the table */
     double attn_roofline_mape;                  /* the roofline's attention terms, same rows */
+    /* measured serving runs (calib_silicon.c): median |error| of TTFT and TPOT p50 over the
+     * rows replayed (-1 when none), the rows, the share with TTFT predicted low */
+    double silicon_ttft_mape, silicon_tpot_mape, silicon_ttft_low;
+    size_t silicon_n;
 } tdm_sim_calib_table;
 int tdm_sim_calibrate_table(const char *shared_dir, const char *tables_dir, FILE *f,
                             tdm_sim_calib_table *out);
-/* Print the closing "calibrate vidur_mape=... splitwise_token_mape=..." line (percent). */
+/* aiconfigurator's measured vLLM serving rows (its silicon_sample.csv) replayed closed-loop
+ * on the table model under tables_dir: fills out->silicon_*; returns the rows replayed. */
+int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, FILE *f,
+                              tdm_sim_calib_table *out);
+/* Print the closing "calibrate vidur_mape=... silicon_tpot_mape=..." line (percent). */
 void tdm_sim_calib_table_line(FILE *f, const tdm_sim_calib_table *c);
 /* Internal CSV helpers shared by the calibration files. */
 char *tdm_sim__slurp(const char *path, size_t *len);
