@@ -58,8 +58,8 @@ static const char *hw_of(const char *system)
 
 /* Replay one row; 0 with the predicted TTFT/TPOT medians (seconds), -1 with err. */
 static int replay(const char *model, const char *hwjson, unsigned tp, unsigned isl,
-                  unsigned osl, unsigned conc, double *ttft, double *tpot, char *err,
-                  size_t errlen)
+                  unsigned osl, unsigned conc, double frontend_s, double *ttft, double *tpot,
+                  char *err, size_t errlen)
 {
     tdm_sim_model m;
     tdm_sim_hw h;
@@ -85,6 +85,7 @@ static int replay(const char *model, const char *hwjson, unsigned tp, unsigned i
     tdm_sim_run_opts o;
     tdm_sim_run_opts_init(&o);
     o.concurrency = conc;
+    o.frontend_s = frontend_s;
     o.warmup = (int64_t)conc * BENCH_WARMUP_ROUNDS;
     o.keep_requests = 0;
     tdm_sim_result r;
@@ -99,8 +100,16 @@ static int replay(const char *model, const char *hwjson, unsigned tp, unsigned i
     return rc;
 }
 
-int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, FILE *f,
-                              tdm_sim_calib_table *out)
+/* FNV-1a of a row's id: its half (even: the fitting rows, odd: the held-out rows). */
+static int fit_row(const char *id)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *id; id++) h = (h ^ (unsigned char)*id) * 1099511628211ull;
+    return (h & 1) == 0;
+}
+
+int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double frontend_s,
+                              int rows, FILE *f, tdm_sim_calib_table *out)
 {
     out->silicon_ttft_mape = out->silicon_tpot_mape = -1;
     out->silicon_n = 0;
@@ -111,8 +120,8 @@ int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, FILE *f,
     char *save = NULL, *line = strtok_r(buf, "\n", &save);
     char *hdr[64];
     int nh = line ? tdm_sim__csv_fields(line, hdr, 64) : 0;
-    enum { BACKEND, MODEL, SYSTEM, PREC, MODE, ISL, OSL, BS, TP, TTFT, TPOT, NCOL };
-    static const char *const NAMES[NCOL] = {"backend", "model_path", "system", "precision",
+    enum { ID, BACKEND, MODEL, SYSTEM, PREC, MODE, ISL, OSL, BS, TP, TTFT, TPOT, NCOL };
+    static const char *const NAMES[NCOL] = {"id", "backend", "model_path", "system", "precision",
                                             "mode", "isl", "osl", "batch_size", "tp_size",
                                             "silicon_ttft_ms", "silicon_tpot_ms"};
     int col[NCOL];
@@ -140,10 +149,13 @@ int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, FILE *f,
         unsigned osl = (unsigned)atoi(v[col[OSL]]), conc = (unsigned)atoi(v[col[BS]]);
         double mt = atof(v[col[TTFT]]) / 1e3, mp = atof(v[col[TPOT]]) / 1e3;
         if (!tp || !isl || !osl || !conc || mt <= 0 || mp <= 0) continue;
+        if ((rows == TDM_SIM_SILICON_FIT && !fit_row(v[col[ID]])) ||
+            (rows == TDM_SIM_SILICON_CHECK && fit_row(v[col[ID]])))
+            continue;
         char hwjson[1024], err[TDM_SIM_ERRLEN];
         snprintf(hwjson, sizeof hwjson, "%s/%s.json", tables_dir, hw);
         double pt, pp;
-        if (replay(model, hwjson, tp, isl, osl, conc, &pt, &pp, err, sizeof err) != 0) {
+        if (replay(model, hwjson, tp, isl, osl, conc, frontend_s, &pt, &pp, err, sizeof err) != 0) {
             if (f) fprintf(f, "  %s %s tp%u: %s\n", model, hw, tp, err);
             continue;
         }
@@ -168,8 +180,8 @@ int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, FILE *f,
     out->silicon_ttft_mape = median(et, n);
     out->silicon_tpot_mape = median(ep, n);
     if (f && n)
-        fprintf(f, "silicon: %zu rows, median |error| TTFT p50 %.1f%% (predicted low on %.0f%%), "
-                   "TPOT p50 %.1f%%\n", n, 100 * out->silicon_ttft_mape,
+        fprintf(f, "silicon: %zu %s rows, frontend %.1f ms, median |error| TTFT p50 %.1f%% (predicted low on %.0f%%), "
+                   "TPOT p50 %.1f%%\n", n, rows == TDM_SIM_SILICON_FIT ? "fitting" : rows == TDM_SIM_SILICON_CHECK ? "held-out" : "(all)", 1e3 * frontend_s, 100 * out->silicon_ttft_mape,
                 100 * out->silicon_ttft_low, 100 * out->silicon_tpot_mape);
 done:
     free(et);

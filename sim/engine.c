@@ -44,6 +44,12 @@ typedef struct xfer {
     uint32_t pre, dec;
 } xfer;
 
+/* A min-heap of timed events on the end time: KV transfers, requests in transit. */
+typedef struct xheap {
+    xfer *a;
+    size_t n, cap;
+} xheap;
+
 typedef struct eng {
     const tdm_sim_trace *t;
     const tdm_sim_config *c;
@@ -58,8 +64,8 @@ typedef struct eng {
     tdm_sim_acc acc;
     tdm_token *toks;
     uint32_t max_prompt;
-    xfer *heap;
-    size_t nheap, capheap;
+    xheap heap;                /* KV transfers in flight */
+    xheap transit;             /* requests between the client and the scheduler (frontend) */
     uint32_t rr_pre, rr_dec;
     double kv_gbps;
     size_t done;
@@ -70,40 +76,40 @@ typedef struct eng {
     size_t errlen;
 } eng;
 
-static int heap_push(eng *e, xfer x)
+static int heap_push(xheap *h, xfer x)
 {
-    if (e->nheap == e->capheap) {
-        size_t nc = e->capheap ? e->capheap * 2 : 256;
-        xfer *p = realloc(e->heap, nc * sizeof *p);
+    if (h->n == h->cap) {
+        size_t nc = h->cap ? h->cap * 2 : 256;
+        xfer *p = realloc(h->a, nc * sizeof *p);
         if (!p) return -1;
-        e->heap = p;
-        e->capheap = nc;
+        h->a = p;
+        h->cap = nc;
     }
-    size_t i = e->nheap++;
+    size_t i = h->n++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (e->heap[p].end <= x.end) break;
-        e->heap[i] = e->heap[p];
+        if (h->a[p].end <= x.end) break;
+        h->a[i] = h->a[p];
         i = p;
     }
-    e->heap[i] = x;
+    h->a[i] = x;
     return 0;
 }
 
-static xfer heap_pop(eng *e)
+static xfer heap_pop(xheap *h)
 {
-    xfer top = e->heap[0], last = e->heap[--e->nheap];
-    size_t i = 0, n = e->nheap;
+    xfer top = h->a[0], last = h->a[--h->n];
+    size_t i = 0, n = h->n;
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, m = i;
         double mv = last.end;
-        if (l < n && e->heap[l].end < mv) m = l, mv = e->heap[l].end;
-        if (r < n && e->heap[r].end < mv) m = r;
+        if (l < n && h->a[l].end < mv) m = l, mv = h->a[l].end;
+        if (r < n && h->a[r].end < mv) m = r;
         if (m == i) break;
-        e->heap[i] = e->heap[m];
+        h->a[i] = h->a[m];
         i = m;
     }
-    if (n) e->heap[i] = last;
+    if (n) h->a[i] = last;
     return top;
 }
 
@@ -285,6 +291,18 @@ static void finish_req(eng *e, tdm_sim_inst *in, uint64_t id, double t, uint8_t 
     live_close(e, id);
 }
 
+/* The serving path before the scheduler (HTTP, tokenization, the hop to the engine core) of
+ * request id: the run's frontend_s, spread uniformly over [0.5, 1.5] of it per request (a
+ * fixed delay would keep a closed loop of equal requests in lockstep, which real clients
+ * and servers never are). 0 = none. */
+static double frontend_s(const eng *e, uint64_t id)
+{
+    double f = e->o->frontend_s;
+    if (f <= 0) return 0;
+    double u = (double)(tdm_sim_mix64(id * 0x9e3779b97f4a7c15ull + 17) >> 11) / 9007199254740992.0;
+    return f * (0.5 + u);
+}
+
 /* Send the requests due at `now`: every arrival up to now (open loop), or in closed loop
  * as many as free slots allow, each sent at max(its arrival, now). */
 static int deliver(eng *e, size_t *next, double now)
@@ -303,7 +321,16 @@ static int deliver(eng *e, size_t *next, double now)
         o->warmup = e->sent < e->warmup;
         e->sent++;
         e->inflight++;
-        if (route(e, id, 0) != 0) return -1;
+        double fe = frontend_s(e, id);
+        if (fe > 0) {
+            xfer x = {o->arrival + fe, id, 0, 0};
+            if (heap_push(&e->transit, x) != 0) {
+                snprintf(e->err, e->errlen, "out of memory");
+                return -1;
+            }
+        } else if (route(e, id, 0) != 0) {
+            return -1;
+        }
         (*next)++;
     }
     return 0;
@@ -375,7 +402,7 @@ static int start_transfers(eng *e, tdm_sim_inst *dec, double t)
         pre->link_free = end;
         tdm_sim_steptrace_xfer(e->o, (size_t)p, (size_t)(dec - e->in), id, start, end, bytes);
         xfer x = {end, id, (uint32_t)p, (uint32_t)(dec - e->in)};
-        if (heap_push(e, x) != 0) {
+        if (heap_push(&e->heap, x) != 0) {
             snprintf(e->err, e->errlen, "out of memory");
             return -1;
         }
@@ -542,8 +569,12 @@ static int loop(eng *e)
         for (size_t i = 0; i < e->ninst; i++)
             if (e->in[i].busy && e->in[i].step_end <= now && complete_step(e, &e->in[i]) != 0)
                 goto out;
-        while (e->nheap && e->heap[0].end <= now) {
-            xfer x = heap_pop(e);
+        while (e->transit.n && e->transit.a[0].end <= now) {
+            xfer x = heap_pop(&e->transit);
+            if (route(e, x.id, 0) != 0) goto out;
+        }
+        while (e->heap.n && e->heap.a[0].end <= now) {
+            xfer x = heap_pop(&e->heap);
             if (complete_xfer(e, &x) != 0) goto out;
         }
         /* closed loop: a request that finished at `now` frees a slot for the next one */
@@ -555,7 +586,8 @@ static int loop(eng *e)
             tn = t->reqs[next].arrival > now ? t->reqs[next].arrival : now;
         for (size_t i = 0; i < e->ninst; i++)
             if (e->in[i].busy && e->in[i].step_end < tn) tn = e->in[i].step_end;
-        if (e->nheap && e->heap[0].end < tn) tn = e->heap[0].end;
+        if (e->heap.n && e->heap.a[0].end < tn) tn = e->heap.a[0].end;
+        if (e->transit.n && e->transit.a[0].end < tn) tn = e->transit.a[0].end;
         int pending = 0;
         for (size_t i = 0; i < e->ninst; i++) pending |= e->in[i].n_add || e->in[i].n_done;
         if (tn == INFINITY && !pending) break;
@@ -744,7 +776,8 @@ done:
     tdm_sim_sketch_free(&e.acc.tpot);
     tdm_sim_sketch_free(&e.acc.e2e);
     free(e.toks);
-    free(e.heap);
+    free(e.heap.a);
+    free(e.transit.a);
     if (rc != 0) tdm_sim_result_free(res);
     else res->sum.wall_s = tdm_sim_wall() - w0;
     return rc;

@@ -179,8 +179,12 @@ const tdm_sim_tableset *tdm_sim_tableset_get(const char *const paths[TDM_SIM_OP_
 int tdm_sim_profile_to_tables(const char *hw_json, const char *dir, uint32_t heads,
                               uint32_t kv_heads, uint32_t head_dim, uint32_t tp, char *err,
                               size_t errlen);
-/* Weight / KV precision: "bf16" (2 bytes) or "fp8" (1 byte, fp8 GEMM rates). */
+/* Weight precision: "bf16" (2 bytes) or "fp8" (1 byte, fp8 GEMM rates). The KV cache keeps
+ * its own dtype (vLLM keeps bf16 KV under fp8 weights unless --kv-cache-dtype fp8). */
 int tdm_sim_model_set_precision(tdm_sim_model *m, const char *precision);
+/* KV cache dtype, vLLM's --kv-cache-dtype: "auto"/"bf16"/"fp16" (2 bytes) or "fp8"
+ * ("fp8_e4m3", "fp8_e5m2"; 1 byte). 0, or -1 for anything else. */
+int tdm_sim_model_set_kv_dtype(tdm_sim_model *m, const char *dtype);
 const char *tdm_sim_model_precision(const tdm_sim_model *m);
 
 int tdm_sim_model_preset(const char *name, tdm_sim_model *m);
@@ -252,6 +256,10 @@ typedef struct tdm_sim_cost {
 #define TDM_SIM_DEFAULT_LINK_GBPS 300.0
 /* Per-all-reduce latency (seconds), fitted to Vidur's H100 DGX all-reduce table. */
 #define TDM_SIM_ALLREDUCE_ALPHA_S 12e-6
+/* The serving path before the scheduler (seconds; HTTP, tokenization, the hop to the engine
+ * core) for closed-loop runs: fitted on the fitting half of aiconfigurator's silicon rows and
+ * checked on the other half (sim/calib_silicon.c, docs/cost_model.md). */
+#define TDM_SIM_FRONTEND_S 0.0
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);
@@ -304,9 +312,12 @@ typedef struct tdm_sim_calib_table {
 int tdm_sim_calibrate_table(const char *shared_dir, const char *tables_dir, FILE *f,
                             tdm_sim_calib_table *out);
 /* aiconfigurator's measured vLLM serving rows (its silicon_sample.csv) replayed closed-loop
- * on the table model under tables_dir: fills out->silicon_*; returns the rows replayed. */
-int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, FILE *f,
-                              tdm_sim_calib_table *out);
+ * on the table model under tables_dir with this serving path (frontend_s), on the rows of
+ * one half (FIT: the rows any constant was fitted on; CHECK: the others) or ALL: fills
+ * out->silicon_*; returns the rows replayed. */
+enum { TDM_SIM_SILICON_ALL = 0, TDM_SIM_SILICON_FIT = 1, TDM_SIM_SILICON_CHECK = 2 };
+int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double frontend_s,
+                              int rows, FILE *f, tdm_sim_calib_table *out);
 /* Print the closing "calibrate vidur_mape=... silicon_tpot_mape=..." line (percent). */
 void tdm_sim_calib_table_line(FILE *f, const tdm_sim_calib_table *c);
 /* Internal CSV helpers shared by the calibration files. */
@@ -383,6 +394,10 @@ typedef struct tdm_sim_run_opts {
     int64_t warmup;
     const tdm_sim_slo_class *slo_classes;  /* the trace's class names resolved here */
     size_t n_slo_classes;
+    /* the serving path before the scheduler: a request sent at t reaches it at t + about
+     * this (uniform over [0.5, 1.5] of it per request), its TTFT counted from t; it then
+     * waits for the step in flight, as in a server. 0 = none (default). */
+    double frontend_s;
     /* keep every request's outcome in the result's reqs (requests CSV, CDF plots); 0: only
      * the summary, so that memory does not grow with the trace beyond the trace itself and
      * 4 bytes per request (default 1) */
