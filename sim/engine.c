@@ -223,7 +223,11 @@ static int inst_init(eng *e, tdm_sim_inst *in, const tdm_sim_pool *p, int role, 
     tdm_sched_get_param(in->s, TDM_SCHED_BLOCK_SIZE, &bs);
     in->block_size = (uint32_t)bs;
     if (!json_has(p->sched_json, "num_blocks")) {
-        uint32_t blocks = tdm_sim_cost_num_blocks(&in->cost, (uint32_t)bs, e->o->mem_util);
+        int64_t mbt = 8192, mns = 256;
+        tdm_sched_get_param(in->s, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, &mbt);
+        tdm_sched_get_param(in->s, TDM_SCHED_MAX_NUM_SEQS, &mns);
+        uint32_t blocks = tdm_sim_cost_num_blocks(&in->cost, (uint32_t)bs, e->o->mem_util,
+                                                  (uint32_t)mbt, (uint32_t)mns);
         if (blocks > 1 && (rc = tdm_sched_set_param(in->s, TDM_SCHED_NUM_BLOCKS, blocks + 1)) != TDM_OK)
             return fail(e, "num_blocks", in->s, rc);
     }

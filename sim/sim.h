@@ -228,7 +228,8 @@ typedef struct tdm_sim_cost {
     tdm_sim_model model;
     tdm_sim_hw hw;
     /* derived, per step */
-    double flop_rate, byte_rate;     /* effective FLOP/s and B/s of one rank */
+    double flop_rate, byte_rate;     /* effective GEMM FLOP/s and B/s of one rank */
+    double attn_flop_rate;           /* attention's FLOP/s: bf16 tensor cores, never fp8 GEMM's */
     double lin_flops_per_token;      /* per rank */
     double lm_flops_per_seq;
     double weight_bytes;             /* per rank */
@@ -270,8 +271,26 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
                                tdm_sim_cost_terms *t);
 /* The adapter installed with tdm_sched_set_cost_model(): ctx is a tdm_sim_cost. */
 double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *shape);
-/* KV blocks a pool of this model fits on this hardware (0 when mem_gib is unknown). */
-uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util);
+/* KV blocks a pool of this model fits on this hardware (0 when mem_gib is unknown), as vLLM's
+ * worker sizes its KV cache (determine_available_memory): mem_gib x gpu_memory_utilization
+ * less the weights (per TP rank), the activation peak of the profiling forward pass of
+ * max_num_batched_tokens tokens and of the sampler's dummy run over max_num_seqs sequences,
+ * and the memory outside PyTorch (CUDA context, cuBLAS workspace; NCCL buffers under TP).
+ * CUDA graphs are captured after the KV cache is allocated, from the headroom above
+ * gpu_memory_utilization (vLLM before 0.21's cudagraph estimate), so they take none of it. */
+uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util,
+                                 uint32_t max_batched_tokens, uint32_t max_num_seqs);
+/* That activation peak, in bytes per TP rank. */
+double tdm_sim_cost_activation_bytes(const tdm_sim_cost *c, uint32_t max_batched_tokens,
+                                     uint32_t max_num_seqs);
+/* Memory outside PyTorch's allocator in vLLM's accounting: the CUDA context and library
+ * workspaces (GiB), plus NCCL's buffers with more than one rank. */
+#define TDM_SIM_NON_TORCH_GIB 0.5
+/* Attention's efficiency relative to the GEMMs' on the bf16 tensor cores: FlashAttention-3's
+ * causal forward at head dim 128 reaches about 600 TFLOP/s on an H100 (Shah et al. 2024,
+ * fig. 5) where dense bf16 GEMMs reach about 0.74 x 989 = 730 (the presets' eff_compute). */
+#define TDM_SIM_ATTN_REL_EFF 0.82
+#define TDM_SIM_NCCL_GIB 0.25
 
 /* Calibration against ../shared/profiles: writes a report to f (may be NULL) and the mean
  * absolute percentage error of each table into errs (Vidur linear layers, DistServe prefill,

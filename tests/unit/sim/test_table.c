@@ -355,10 +355,14 @@ static void precision__fp8_halves_weight_bytes_and_doubles_gemm_rate(void **stat
     tdm_sim_shape s = {0};
     s.prefill_tokens = 4096;
     s.prefill_reqs = s.emit_seqs = 1;
+    s.prefill_attn = 4096 * 2048.0;
     tdm_sim_cost_terms t, t8;
     tdm_sim_cost_step(&c, &s, &t);
     tdm_sim_cost_step(&c8, &s, &t8);
     assert_float_equal(t8.linear_compute_s / t.linear_compute_s, 989.0 / 1979.0, 1e-9);
+    /* attention stays on the bf16 tensor cores: fp8 weights do not speed it up */
+    assert_true(t.attn_prefill_s > 0);
+    assert_float_equal(t8.attn_prefill_s, t.attn_prefill_s, 1e-15);
     assert_float_equal(t8.linear_memory_s / t.linear_memory_s, 0.5, 1e-9);
     /* the A100 has no fp8 tensor cores: the bf16 rate */
     tdm_sim_hw a;
