@@ -258,8 +258,8 @@ typedef struct tdm_sim_cost {
 /* Per-all-reduce latency (seconds), fitted to Vidur's H100 DGX all-reduce table. */
 #define TDM_SIM_ALLREDUCE_ALPHA_S 12e-6
 /* The serving path before the scheduler (seconds; HTTP, tokenization, the hop to the engine
- * core) for closed-loop runs: fitted on the fitting half of aiconfigurator's silicon rows and
- * checked on the other half (sim/calib_silicon.c, docs/cost_model.md). */
+ * core) of the silicon check: tried on the fitting half of aiconfigurator's silicon rows only
+ * (sim/calib_silicon.c, docs/cost_model.md): 5 ms made the median TTFT error worse than 0. */
 #define TDM_SIM_FRONTEND_S 0.0
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
