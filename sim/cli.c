@@ -78,6 +78,19 @@ static int num(const char *opt, const char *s, double lo, double hi, double *out
     return 0;
 }
 
+/* A dtype option: checked by its setter on a scratch model. */
+static int dtype_arg(const char *opt, const char *s, int (*set)(tdm_sim_model *, const char *),
+                     const char *choices)
+{
+    tdm_sim_model probe;
+    memset(&probe, 0, sizeof probe);
+    if (set(&probe, s) != 0) {
+        fprintf(stderr, "tandem: %s: %s\n", opt, choices);
+        return -1;
+    }
+    return 0;
+}
+
 /* NAME:TTFT_MS:TPOT_MS */
 static int parse_slo_class(tdm_sim_cli *c, const char *s)
 {
@@ -205,20 +218,10 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
             } else if (!strcmp(a, "--model")) c->model = s;
             else if (!strcmp(a, "--hw")) c->hw = s;
             else if (!strcmp(a, "--precision")) {
-                tdm_sim_model probe;
-                memset(&probe, 0, sizeof probe);
-                if (tdm_sim_model_set_precision(&probe, s) != 0) {
-                    fprintf(stderr, "tandem: --precision: bf16 or fp8\n");
-                    return -1;
-                }
+                if (dtype_arg(a, s, tdm_sim_model_set_precision, "bf16 or fp8")) return -1;
                 c->precision = s;
             } else if (!strcmp(a, "--kv-cache-dtype")) {
-                tdm_sim_model probe;
-                memset(&probe, 0, sizeof probe);
-                if (tdm_sim_model_set_kv_dtype(&probe, s) != 0) {
-                    fprintf(stderr, "tandem: --kv-cache-dtype: auto, bf16 or fp8\n");
-                    return -1;
-                }
+                if (dtype_arg(a, s, tdm_sim_model_set_kv_dtype, "auto, bf16 or fp8")) return -1;
                 c->kv_dtype = s;
             } else if (!strcmp(a, "--frontend-ms")) {
                 if (num(a, s, 0, 1e4, &v)) return -1;
