@@ -116,6 +116,13 @@ int tdm_sim_parse_lengths(const char *buf, size_t len, const char *name, tdm_sim
                           char *err, size_t errlen);
 int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_fmt fmt,
                         tdm_sim_trace *t, char *err, size_t errlen);
+/* The same in pieces, so a file need not be held whole: begin empties t; each chunk of whole
+ * lines appends to it (*line counts the lines before it, for the messages; on error t is left
+ * for the caller to free); end fails on an empty trace. */
+void tdm_sim__jsonl_begin(tdm_sim_trace *t);
+int tdm_sim__parse_jsonl_chunk(const char *buf, size_t len, const char *name, tdm_sim_fmt fmt,
+                               tdm_sim_trace *t, size_t *line, char *err, size_t errlen);
+int tdm_sim__jsonl_end(tdm_sim_trace *t, const char *name, size_t line, char *err, size_t errlen);
 int tdm_sim_trace_builtin(tdm_sim_trace *t, const tdm_sim_trace_opts *o);
 /* The fixed-length synthetic workload (o->isl, o->osl, o->len_range, o->max_requests). */
 int tdm_sim_trace_fixed(tdm_sim_trace *t, const tdm_sim_trace_opts *o);
