@@ -618,5 +618,10 @@ void tdm_sim_calib_table_line(FILE *f, const tdm_sim_calib_table *c)
         if (v[i] >= 0) fprintf(f, " %s=%.2f", K[i], 100 * v[i]);
         else fprintf(f, " %s=na", K[i]);
     }
+    if (c->silicon_n)
+        fprintf(f, " silicon_ttft_mape=%.2f silicon_tpot_mape=%.2f", 100 * c->silicon_ttft_mape,
+                100 * c->silicon_tpot_mape);
+    else
+        fprintf(f, " silicon_ttft_mape=na silicon_tpot_mape=na");
     fprintf(f, "\n");
 }

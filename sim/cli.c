@@ -37,7 +37,11 @@ const char tdm_sim_cli_common_usage[] =
     "  --hw H                a100-80g | h100-sxm | h200 or a hardware JSON (default h100-sxm;\n"
     "                        a config's deployment.hw takes precedence)\n"
     "  --tp N                tensor-parallel degree (default 1)\n"
-    "  --precision P         bf16 | fp8: weight and KV bytes, fp8 GEMM rates (default bf16)\n"
+    "  --precision P         bf16 | fp8: weight bytes and GEMM rates (default bf16)\n"
+    "  --kv-cache-dtype D    auto | bf16 | fp8: KV cache bytes (default auto = bf16, as vLLM\n"
+    "                        keeps it under fp8 weights)\n"
+    "  --frontend-ms X       serving path before the scheduler (HTTP, tokenization), per\n"
+    "                        request uniform over [X/2, 3X/2] (default 0)\n"
     "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
     "metrics and output:\n"
     "  --slo-ttft-ms X       TTFT SLO (default 500)\n"
@@ -71,6 +75,19 @@ static int num(const char *opt, const char *s, double lo, double hi, double *out
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+/* A dtype option: checked by its setter on a scratch model. */
+static int dtype_arg(const char *opt, const char *s, int (*set)(tdm_sim_model *, const char *),
+                     const char *choices)
+{
+    tdm_sim_model probe;
+    memset(&probe, 0, sizeof probe);
+    if (set(&probe, s) != 0) {
+        fprintf(stderr, "tandem: %s: %s\n", opt, choices);
+        return -1;
+    }
     return 0;
 }
 
@@ -201,13 +218,14 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
             } else if (!strcmp(a, "--model")) c->model = s;
             else if (!strcmp(a, "--hw")) c->hw = s;
             else if (!strcmp(a, "--precision")) {
-                tdm_sim_model probe;
-                memset(&probe, 0, sizeof probe);
-                if (tdm_sim_model_set_precision(&probe, s) != 0) {
-                    fprintf(stderr, "tandem: --precision: bf16 or fp8\n");
-                    return -1;
-                }
+                if (dtype_arg(a, s, tdm_sim_model_set_precision, "bf16 or fp8")) return -1;
                 c->precision = s;
+            } else if (!strcmp(a, "--kv-cache-dtype")) {
+                if (dtype_arg(a, s, tdm_sim_model_set_kv_dtype, "auto, bf16 or fp8")) return -1;
+                c->kv_dtype = s;
+            } else if (!strcmp(a, "--frontend-ms")) {
+                if (num(a, s, 0, 1e4, &v)) return -1;
+                c->ropts.frontend_s = v / 1e3;
             }
             else if (!strcmp(a, "--tp")) {
                 if (num(a, s, 1, 64, &v)) return -1;
@@ -276,6 +294,7 @@ int tdm_sim_cli_setup(tdm_sim_cli *c)
     }
     c->m.tp = c->tp;
     if (c->precision) tdm_sim_model_set_precision(&c->m, c->precision);
+    if (c->kv_dtype) tdm_sim_model_set_kv_dtype(&c->m, c->kv_dtype);
     if (!c->no_clip && !c->topts.max_len) c->topts.max_len = c->m.max_len;
     if (c->no_clip) c->topts.max_len = 0;
     if (tdm_sim_trace_load(c->trace, &c->topts, &c->t, err, sizeof err) != 0) {
@@ -317,6 +336,7 @@ void tdm_sim_cli_describe(FILE *f, const tdm_sim_cli *c, const tdm_sim_config *c
                 span > 0 ? (double)c->t.n / span : 0.0);
     if (c->ropts.concurrency && !isinf(c->topts.rate))
         fprintf(f, ", concurrency %u", c->ropts.concurrency);
-    fprintf(f, "; model %s (tp %u, %s) on %s%s\n", c->m.name, m->tp, tdm_sim_model_precision(m), hw,
+    fprintf(f, "; model %s (tp %u, %s%s) on %s%s\n", c->m.name, m->tp, tdm_sim_model_precision(m),
+            m->bytes_per_kv <= 1 ? ", fp8 KV" : m->bytes_per_param <= 1 ? ", bf16 KV" : "", hw,
             table ? " (table cost model)" : "");
 }

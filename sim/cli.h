@@ -16,6 +16,7 @@ typedef struct tdm_sim_cli {
     tdm_sim_trace_opts topts;
     const char *model, *hw;
     const char *precision;        /* NULL = the model's (bf16) */
+    const char *kv_dtype;         /* NULL = auto (bf16) */
     uint32_t tp;
     int no_clip;
     tdm_sim_run_opts ropts;

@@ -80,7 +80,7 @@ static int pool_from(json_t *p, json_t *top_sched, tdm_sim_pool *pool, const cha
             strcmp(key, "scheduler") && strcmp(key, "mode") && strcmp(key, "router") &&
             strcmp(key, "kv_gbps") && strcmp(key, "kv_latency_ms") &&
             strcmp(key, "overlap_weight") && strcmp(key, "prefill") && strcmp(key, "decode") &&
-            strcmp(key, "precision")) {
+            strcmp(key, "precision") && strcmp(key, "kv_cache_dtype")) {
             snprintf(err, errlen, "%s: unknown key \"%s\"", what, key);
             return -1;
         }
@@ -117,6 +117,12 @@ static int pool_from(json_t *p, json_t *top_sched, tdm_sim_pool *pool, const cha
     if (x && (!json_is_string(x) ||
               tdm_sim_model_set_precision(&pool->model, json_string_value(x)) != 0)) {
         snprintf(err, errlen, "%s: \"precision\" must be \"bf16\" or \"fp8\"", what);
+        return -1;
+    }
+    x = json_object_get(p, "kv_cache_dtype");
+    if (x && (!json_is_string(x) ||
+              tdm_sim_model_set_kv_dtype(&pool->model, json_string_value(x)) != 0)) {
+        snprintf(err, errlen, "%s: \"kv_cache_dtype\" must be \"auto\", \"bf16\" or \"fp8\"", what);
         return -1;
     }
     json_t *ps = json_object_get(p, "scheduler");
@@ -235,6 +241,12 @@ int tdm_sim_config_parse(const char *text, const char *default_name, const tdm_s
             if (pr && (!json_is_string(pr) ||
                        tdm_sim_model_set_precision(&c->pools[i].model, json_string_value(pr)))) {
                 snprintf(err, errlen, "deployment: \"precision\" must be \"bf16\" or \"fp8\"");
+                goto done;
+            }
+            json_t *kd = json_object_get(dep, "kv_cache_dtype");
+            if (kd && (!json_is_string(kd) ||
+                       tdm_sim_model_set_kv_dtype(&c->pools[i].model, json_string_value(kd)))) {
+                snprintf(err, errlen, "deployment: \"kv_cache_dtype\" must be \"auto\", \"bf16\" or \"fp8\"");
                 goto done;
             }
             char what[64];

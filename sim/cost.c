@@ -12,7 +12,8 @@
  *                   tokens * hidden * 2 bytes (ring: alpha + 2 (tp-1)/tp * bytes / link bw)
  *   overhead        hw.step_overhead_us per step (launches, sampling, host work)
  * fp8 (bytes_per_param 1) halves the weight bytes and runs the GEMMs at peak_fp8_tflops
- * (the bf16 peak on GPUs without fp8 tensor cores); fp8 KV halves the KV bytes.
+ * (the bf16 peak on GPUs without fp8 tensor cores); fp8 KV halves the KV bytes. Attention's
+ * FLOPs run at their own rate (bf16 tensor cores, TDM_SIM_ATTN_REL_EFF of the GEMMs').
  * A hardware with "cost_model": "table" is priced by sim/cost_table.c instead.
  * docs/cost_model.md explains the calibration against ../shared/profiles.
  */
@@ -37,6 +38,9 @@ void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw
     int fp8 = m->bytes_per_param > 0 && m->bytes_per_param <= 1;
     double peak = fp8 && h->peak_fp8_tflops > h->peak_tflops ? h->peak_fp8_tflops : h->peak_tflops;
     c->flop_rate = peak * 1e12 * h->eff_compute;
+    /* attention runs on bf16 tensor cores whatever the weights' precision (FlashAttention on
+     * a bf16 KV cache), at its own efficiency */
+    c->attn_flop_rate = h->peak_tflops * 1e12 * h->eff_compute * TDM_SIM_ATTN_REL_EFF;
     c->gemm_dt = fp8 ? TDM_SIM_DT_FP8 : TDM_SIM_DT_BF16;
     c->kv_dt = m->bytes_per_kv > 0 && m->bytes_per_kv <= 1 ? TDM_SIM_DT_FP8 : TDM_SIM_DT_BF16;
     c->tables = h->cost_model == TDM_SIM_COST_TABLE ? h->tables : NULL;
@@ -71,9 +75,9 @@ static double roofline_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_s
     double elem = ELEM_PASSES * (m->hidden + m->ffn / tp) * ACT_BYTES * m->layers * tokens /
                   c->byte_rate;
     double lin = (lc > lm ? lc : lm) + elem + TDM_SIM_LAYER_FLOOR_US * 1e-6 * m->layers;
-    double pc = c->attn_flops_per_unit * s->prefill_attn / c->flop_rate;
+    double pc = c->attn_flops_per_unit * s->prefill_attn / c->attn_flop_rate;
     double pm = c->kv_bytes_per_token * (double)s->prefill_kv_read / c->byte_rate;
-    double dc = c->attn_flops_per_unit * (double)s->decode_ctx / c->flop_rate;
+    double dc = c->attn_flops_per_unit * (double)s->decode_ctx / c->attn_flop_rate;
     double dm = c->kv_bytes_per_token * (double)s->decode_ctx / c->byte_rate;
     double ap = pc > pm ? pc : pm, ad = dc > dm ? dc : dm;
     double ar = c->ar_count > 0 ? c->ar_count * c->ar_alpha_s +
@@ -133,13 +137,30 @@ double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *sh)
     return r;
 }
 
-uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util)
+double tdm_sim_cost_activation_bytes(const tdm_sim_cost *c, uint32_t max_batched_tokens,
+                                     uint32_t max_num_seqs)
+{
+    const tdm_sim_model *m = &c->model;
+    double tp = m->tp ? m->tp : 1;
+    /* the MLP of one layer holds the gate/up output (2 ffn/tp), the activation's output
+     * (ffn/tp) and the residual stream's buffers (about 4 hidden) per token, in bf16 */
+    double fwd = (double)max_batched_tokens * (3.0 * m->ffn / tp + 4.0 * m->hidden) * ACT_BYTES;
+    /* the sampler's dummy run: fp32 logits and probabilities for every sequence */
+    double smp = (double)max_num_seqs * m->vocab * 4.0 * 2.0;
+    return fwd + smp;
+}
+
+uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util,
+                                 uint32_t max_batched_tokens, uint32_t max_num_seqs)
 {
     const tdm_sim_model *m = &c->model;
     if (c->hw.mem_gib <= 0 || block_size == 0) return 0;
     double tp = m->tp ? m->tp : 1;
+    double gib = 1073741824.0;
     double weights = tdm_sim_model_params(m) * m->bytes_per_param / tp;
-    double avail = c->hw.mem_gib * 1073741824.0 * mem_util - weights - 1073741824.0;
+    double non_torch = (TDM_SIM_NON_TORCH_GIB + (tp > 1 ? TDM_SIM_NCCL_GIB : 0)) * gib;
+    double avail = c->hw.mem_gib * gib * mem_util - weights -
+                   tdm_sim_cost_activation_bytes(c, max_batched_tokens, max_num_seqs) - non_torch;
     if (avail <= 0) return 0;
     double blocks = floor(avail / (c->kv_bytes_per_token * block_size));
     if (blocks > 4e9) blocks = 4e9;

@@ -238,7 +238,7 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
         double us = look(c, TDM_SIM_OP_ATTN_CTX, c->kv_dt, k, PRE_CTX);
         if (us >= 0) ap = L * us * 1e-6;
         else {
-            double pc = c->attn_flops_per_unit * s->prefill_attn / c->flop_rate;
+            double pc = c->attn_flops_per_unit * s->prefill_attn / c->attn_flop_rate;
             double pm = c->kv_bytes_per_token * (double)s->prefill_kv_read / c->byte_rate;
             ap = pc > pm ? pc : pm;
         }
@@ -251,7 +251,7 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
         double us = look(c, TDM_SIM_OP_ATTN_GEN, c->kv_dt, k, PRE_GEN);
         if (us >= 0) ad = L * us * 1e-6;
         else {
-            double dc = c->attn_flops_per_unit * (double)s->decode_ctx / c->flop_rate;
+            double dc = c->attn_flops_per_unit * (double)s->decode_ctx / c->attn_flop_rate;
             double dm = c->kv_bytes_per_token * (double)s->decode_ctx / c->byte_rate;
             ad = dc > dm ? dc : dm;
         }

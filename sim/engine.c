@@ -11,7 +11,8 @@
  * sent when one finishes); the first `warmup` requests sent are excluded from the metrics.
  * Each request carries its own TTFT/TPOT deadlines (its SLO class, else the run's SLOs), so
  * the scheduler's SLO policy sees them. Work per step is O(batch); nothing is allocated per
- * step once the buffers reach their high-water mark.
+ * step once the buffers reach their high-water mark, and nothing per token: the gaps go into
+ * a fixed-size sketch.
  */
 #include <jansson.h>
 #include <math.h>
@@ -28,11 +29,26 @@ typedef struct rstate {
     uint8_t phase;         /* 0 colocated/decode, 1 prefill side */
 } rstate;
 
+/* A request in flight: its state and its outcome so far (folded into the summary, and
+ * copied to the result's reqs when they are kept, when it ends). */
+typedef struct live {
+    rstate r;
+    tdm_sim_req_out o;
+} live;
+
+#define NO_SLOT UINT32_MAX
+
 typedef struct xfer {
     double end;
     uint64_t id;
     uint32_t pre, dec;
 } xfer;
+
+/* A min-heap of timed events on the end time: KV transfers, requests in transit. */
+typedef struct xheap {
+    xfer *a;
+    size_t n, cap;
+} xheap;
 
 typedef struct eng {
     const tdm_sim_trace *t;
@@ -41,11 +57,15 @@ typedef struct eng {
     tdm_sim_result *res;
     tdm_sim_inst *in;
     size_t ninst, npre;        /* disagg: [0, npre) prefill, [npre, ninst) decode */
-    rstate *rs;
+    live *lv;                  /* the requests in flight */
+    uint32_t *slot;            /* per request id: its lv index, NO_SLOT when not in flight */
+    uint32_t *free_lv;
+    size_t n_lv, n_free;
+    tdm_sim_acc acc;
     tdm_token *toks;
     uint32_t max_prompt;
-    xfer *heap;
-    size_t nheap, capheap;
+    xheap heap;                /* KV transfers in flight */
+    xheap transit;             /* requests between the client and the scheduler (frontend) */
     uint32_t rr_pre, rr_dec;
     double kv_gbps;
     size_t done;
@@ -56,40 +76,40 @@ typedef struct eng {
     size_t errlen;
 } eng;
 
-static int heap_push(eng *e, xfer x)
+static int heap_push(xheap *h, xfer x)
 {
-    if (e->nheap == e->capheap) {
-        size_t nc = e->capheap ? e->capheap * 2 : 256;
-        xfer *p = realloc(e->heap, nc * sizeof *p);
+    if (h->n == h->cap) {
+        size_t nc = h->cap ? h->cap * 2 : 256;
+        xfer *p = realloc(h->a, nc * sizeof *p);
         if (!p) return -1;
-        e->heap = p;
-        e->capheap = nc;
+        h->a = p;
+        h->cap = nc;
     }
-    size_t i = e->nheap++;
+    size_t i = h->n++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (e->heap[p].end <= x.end) break;
-        e->heap[i] = e->heap[p];
+        if (h->a[p].end <= x.end) break;
+        h->a[i] = h->a[p];
         i = p;
     }
-    e->heap[i] = x;
+    h->a[i] = x;
     return 0;
 }
 
-static xfer heap_pop(eng *e)
+static xfer heap_pop(xheap *h)
 {
-    xfer top = e->heap[0], last = e->heap[--e->nheap];
-    size_t i = 0, n = e->nheap;
+    xfer top = h->a[0], last = h->a[--h->n];
+    size_t i = 0, n = h->n;
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, m = i;
         double mv = last.end;
-        if (l < n && e->heap[l].end < mv) m = l, mv = e->heap[l].end;
-        if (r < n && e->heap[r].end < mv) m = r;
+        if (l < n && h->a[l].end < mv) m = l, mv = h->a[l].end;
+        if (r < n && h->a[r].end < mv) m = r;
         if (m == i) break;
-        e->heap[i] = e->heap[m];
+        h->a[i] = h->a[m];
         i = m;
     }
-    if (n) e->heap[i] = last;
+    if (n) h->a[i] = last;
     return top;
 }
 
@@ -104,6 +124,63 @@ static int push_id(uint64_t **a, size_t *n, size_t *cap, uint64_t id)
     }
     (*a)[(*n)++] = id;
     return 0;
+}
+
+static live *L(eng *e, uint64_t id)
+{
+    return &e->lv[e->slot[id]];
+}
+
+/* The outcome of request id before it is sent (times -1, its SLOs resolved). */
+static void out_init(const eng *e, size_t id, tdm_sim_req_out *q)
+{
+    const tdm_sim_req *r = &e->t->reqs[id];
+    memset(q, 0, sizeof *q);
+    q->arrival = r->arrival;
+    q->first_token = q->finish = -1;
+    q->prompt_len = r->prompt_len;
+    q->output_len = r->output_len;
+    q->instance = q->prefill_instance = -1;
+    uint32_t k = r->slo_class <= e->t->n_slo ? r->slo_class : 0;
+    q->has_slo = k > 0;
+    q->slo_class = (uint8_t)k;
+    q->slo_ttft_s = k ? e->cls_ttft[k] : e->o->slo_ttft_s;
+    q->slo_tpot_s = k ? e->cls_tpot[k] : e->o->slo_tpot_s;
+}
+
+/* Give request id a slot in flight (the slots grow to the peak in flight, then are reused). */
+static live *live_open(eng *e, size_t id)
+{
+    uint32_t k;
+    if (e->n_free) {
+        k = e->free_lv[--e->n_free];
+    } else {
+        if ((e->n_lv & (e->n_lv - 1)) == 0) { /* a power of two (or 0): full, double */
+            size_t nc = e->n_lv ? e->n_lv * 2 : 64;
+            live *p = realloc(e->lv, nc * sizeof *p);
+            if (!p) return NULL;
+            e->lv = p;
+            uint32_t *f = realloc(e->free_lv, nc * sizeof *f);
+            if (!f) return NULL;
+            e->free_lv = f;
+        }
+        k = (uint32_t)e->n_lv++;
+    }
+    live *l = &e->lv[k];
+    memset(&l->r, 0, sizeof l->r);
+    out_init(e, id, &l->o);
+    e->slot[id] = k;
+    return l;
+}
+
+/* Request id has ended (or the run has): its outcome into the summary, its slot freed. */
+static void live_close(eng *e, uint64_t id)
+{
+    const tdm_sim_req_out *o = &L(e, id)->o;
+    tdm_sim_acc_add(&e->acc, o);
+    if (e->res->reqs) e->res->reqs[id] = *o;
+    e->free_lv[e->n_free++] = e->slot[id];
+    e->slot[id] = NO_SLOT;
 }
 
 static int fail(eng *e, const char *what, tdm_sched *s, int rc)
@@ -146,7 +223,11 @@ static int inst_init(eng *e, tdm_sim_inst *in, const tdm_sim_pool *p, int role, 
     tdm_sched_get_param(in->s, TDM_SCHED_BLOCK_SIZE, &bs);
     in->block_size = (uint32_t)bs;
     if (!json_has(p->sched_json, "num_blocks")) {
-        uint32_t blocks = tdm_sim_cost_num_blocks(&in->cost, (uint32_t)bs, e->o->mem_util);
+        int64_t mbt = 8192, mns = 256;
+        tdm_sched_get_param(in->s, TDM_SCHED_MAX_NUM_BATCHED_TOKENS, &mbt);
+        tdm_sched_get_param(in->s, TDM_SCHED_MAX_NUM_SEQS, &mns);
+        uint32_t blocks = tdm_sim_cost_num_blocks(&in->cost, (uint32_t)bs, e->o->mem_util,
+                                                  (uint32_t)mbt, (uint32_t)mns);
         if (blocks > 1 && (rc = tdm_sched_set_param(in->s, TDM_SCHED_NUM_BLOCKS, blocks + 1)) != TDM_OK)
             return fail(e, "num_blocks", in->s, rc);
     }
@@ -197,20 +278,33 @@ static int route(eng *e, uint64_t id, int to_decode)
     }
     in->outstanding++;
     in->outstanding_tokens += r->prompt_len + (to_decode || !e->c->disagg ? r->output_len : 0);
-    e->rs[id].inst = k;
+    L(e, id)->r.inst = k;
     return 0;
 }
 
 static void finish_req(eng *e, tdm_sim_inst *in, uint64_t id, double t, uint8_t status)
 {
     const tdm_sim_req *r = &e->t->reqs[id];
-    tdm_sim_req_out *o = &e->res->reqs[id];
-    o->finish = t;
+    tdm_sim_req_out *o = &L(e, id)->o;
+    if (status != 2) o->finish = t; /* a rejected request never finished */
     o->status = status;
     in->outstanding--;
     in->outstanding_tokens -= r->prompt_len + r->output_len;
     e->done++;
     if (e->inflight) e->inflight--;
+    live_close(e, id);
+}
+
+/* The serving path before the scheduler (HTTP, tokenization, the hop to the engine core) of
+ * request id: the run's frontend_s, spread uniformly over [0.5, 1.5] of it per request (a
+ * fixed delay would keep a closed loop of equal requests in lockstep, which real clients
+ * and servers never are). 0 = none. */
+static double frontend_s(const eng *e, uint64_t id)
+{
+    double f = e->o->frontend_s;
+    if (f <= 0) return 0;
+    double u = (double)(tdm_sim_mix64(id * 0x9e3779b97f4a7c15ull + 17) >> 11) / 9007199254740992.0;
+    return f * (0.5 + u);
 }
 
 /* Send the requests due at `now`: every arrival up to now (open loop), or in closed loop
@@ -221,12 +315,26 @@ static int deliver(eng *e, size_t *next, double now)
     uint32_t conc = e->o->concurrency;
     while (*next < t->n && t->reqs[*next].arrival <= now && (!conc || e->inflight < conc)) {
         size_t id = *next;
-        tdm_sim_req_out *o = &e->res->reqs[id];
+        live *l = live_open(e, id);
+        if (!l) {
+            snprintf(e->err, e->errlen, "out of memory");
+            return -1;
+        }
+        tdm_sim_req_out *o = &l->o;
         if (conc) o->arrival = now;
         o->warmup = e->sent < e->warmup;
         e->sent++;
         e->inflight++;
-        if (route(e, id, 0) != 0) return -1;
+        double fe = frontend_s(e, id);
+        if (fe > 0) {
+            xfer x = {o->arrival + fe, id, 0, 0};
+            if (heap_push(&e->transit, x) != 0) {
+                snprintf(e->err, e->errlen, "out of memory");
+                return -1;
+            }
+        } else if (route(e, id, 0) != 0) {
+            return -1;
+        }
         (*next)++;
     }
     return 0;
@@ -252,9 +360,10 @@ static int flush_pending(eng *e, tdm_sim_inst *in, double t)
         d.max_tokens = r->output_len;
         d.eos_token_id = -1;
         d.priority = r->priority;
-        d.arrival_time = e->res->reqs[id].arrival;
-        d.ttft_slo = e->res->reqs[id].slo_ttft_s;
-        d.tpot_slo = e->res->reqs[id].slo_tpot_s;
+        live *l = L(e, id);
+        d.arrival_time = l->o.arrival;
+        d.ttft_slo = l->o.slo_ttft_s;
+        d.tpot_slo = l->o.slo_tpot_s;
         d.flags = TDM_REQ_SLO_DEPRIORITIZE; /* a late request counts as a miss anyway */
         if (in->role == TDM_ROLE_PREFILL) {
             d.flags |= TDM_REQ_REMOTE_DECODE;
@@ -265,20 +374,19 @@ static int flush_pending(eng *e, tdm_sim_inst *in, double t)
         int rc = tdm_sched_add(in->s, &d);
         if (rc != TDM_OK) {
             /* too long for max_model_len or the pool: rejected, an SLO miss */
-            tdm_sim_req_out *o = &e->res->reqs[id];
+            tdm_sim_req_out *o = &l->o;
             if (in->role == TDM_ROLE_DECODE && o->prefill_instance >= 0)
                 tdm_sched_release(e->in[o->prefill_instance].s, id);
             if (in->role == TDM_ROLE_PREFILL) {
                 in->outstanding_tokens += r->output_len; /* finish_req subtracts the full */
             }
             finish_req(e, in, id, t, 2);
-            o->finish = -1;
             continue;
         }
-        e->rs[id].total = r->prompt_len;
-        e->rs[id].phase = in->role == TDM_ROLE_PREFILL;
-        if (in->role != TDM_ROLE_PREFILL) e->res->reqs[id].instance = (int32_t)(in - e->in);
-        else e->res->reqs[id].prefill_instance = (int32_t)(in - e->in);
+        l->r.total = r->prompt_len;
+        l->r.phase = in->role == TDM_ROLE_PREFILL;
+        if (in->role != TDM_ROLE_PREFILL) l->o.instance = (int32_t)(in - e->in);
+        else l->o.prefill_instance = (int32_t)(in - e->in);
     }
     in->n_add = 0;
     return 0;
@@ -288,7 +396,7 @@ static int start_transfers(eng *e, tdm_sim_inst *dec, double t)
 {
     for (uint32_t i = 0; i < dec->batch.num_recv_ready; i++) {
         uint64_t id = dec->batch.recv_ready_ids[i];
-        int32_t p = e->res->reqs[id].prefill_instance;
+        int32_t p = L(e, id)->o.prefill_instance;
         if (p < 0) continue;
         tdm_sim_inst *pre = &e->in[p];
         double bytes = tdm_sim_model_kv_bytes_per_token(&pre->cost.model) *
@@ -298,7 +406,7 @@ static int start_transfers(eng *e, tdm_sim_inst *dec, double t)
         pre->link_free = end;
         tdm_sim_steptrace_xfer(e->o, (size_t)p, (size_t)(dec - e->in), id, start, end, bytes);
         xfer x = {end, id, (uint32_t)p, (uint32_t)(dec - e->in)};
-        if (heap_push(e, x) != 0) {
+        if (heap_push(&e->heap, x) != 0) {
             snprintf(e->err, e->errlen, "out of memory");
             return -1;
         }
@@ -318,14 +426,14 @@ static int try_step(eng *e, tdm_sim_inst *in, double t)
     if (b->num_recv_ready && start_transfers(e, in, t) != 0) return -1;
     for (uint32_t i = 0; i < b->num_preempted; i++) {
         uint64_t id = b->preempted_ids[i];
-        if (id < e->t->n) e->res->reqs[id].preemptions++;
+        if (id < e->t->n && e->slot[id] != NO_SLOT) L(e, id)->o.preemptions++;
     }
     if (b->num_reqs == 0) return 0;
     tdm_sim_shape sh;
     memset(&sh, 0, sizeof sh);
     for (uint32_t i = 0; i < b->num_reqs; i++) {
         uint64_t id = b->req_ids[i];
-        const rstate *r = &e->rs[id];
+        const rstate *r = &L(e, id)->r;
         uint32_t n = b->num_tokens[i], c = b->num_computed[i];
         int emits = c + n >= r->total;
         if (n == 1 && emits && r->total > e->t->reqs[id].prompt_len) {
@@ -376,8 +484,9 @@ static int complete_step(eng *e, tdm_sim_inst *in)
         uint64_t id = b->req_ids[i];
         in->out_ids[i] = id;
         in->out_offs[i] = nt;
-        if (b->num_computed[i] + b->num_tokens[i] >= e->rs[id].total)
-            in->out_toks[nt++] = (tdm_token)(1 + tdm_sim_mix64(id * 131 + e->rs[id].total) % 32000);
+        uint32_t total = L(e, id)->r.total;
+        if (b->num_computed[i] + b->num_tokens[i] >= total)
+            in->out_toks[nt++] = (tdm_token)(1 + tdm_sim_mix64(id * 131 + total) % 32000);
     }
     in->out_offs[n] = nt;
     tdm_step_output so;
@@ -393,8 +502,8 @@ static int complete_step(eng *e, tdm_sim_inst *in)
     if (rc != TDM_OK) return fail(e, "tdm_sched_update", in->s, rc);
     for (uint32_t j = 0; j < ur.num_reqs; j++) {
         uint64_t id = ur.req_ids[j];
-        if (id >= e->t->n) continue;
-        rstate *r = &e->rs[id];
+        if (id >= e->t->n || e->slot[id] == NO_SLOT) continue;
+        rstate *r = &L(e, id)->r;
         uint32_t nn = ur.num_new_tokens[j];
         r->total += nn;
         if (r->phase == 1) {
@@ -408,15 +517,19 @@ static int complete_step(eng *e, tdm_sim_inst *in)
             continue;
         }
         if (nn) {
-            tdm_sim_req_out *o = &e->res->reqs[id];
+            tdm_sim_req_out *o = &L(e, id)->o;
             if (r->generated == 0) {
                 o->first_token = t;
-            } else if (!o->warmup && e->res->n_gaps < e->res->cap_gaps) {
-                e->res->gaps[e->res->n_gaps++] = (float)(t - r->last_token);
+            } else if (!o->warmup && tdm_sim_sketch_add(&e->res->itl, t - r->last_token) != 0) {
+                snprintf(e->err, e->errlen, "out of memory");
+                return -1;
             }
             /* several tokens in one step (speculative decoding) share one gap */
-            for (uint32_t k = 1; k < nn && !o->warmup && e->res->n_gaps < e->res->cap_gaps; k++)
-                e->res->gaps[e->res->n_gaps++] = 0.0f;
+            for (uint32_t k = 1; k < nn && !o->warmup; k++)
+                if (tdm_sim_sketch_add(&e->res->itl, 0) != 0) {
+                    snprintf(e->err, e->errlen, "out of memory");
+                    return -1;
+                }
             r->generated += nn;
             r->last_token = t;
             o->generated = r->generated;
@@ -460,8 +573,12 @@ static int loop(eng *e)
         for (size_t i = 0; i < e->ninst; i++)
             if (e->in[i].busy && e->in[i].step_end <= now && complete_step(e, &e->in[i]) != 0)
                 goto out;
-        while (e->nheap && e->heap[0].end <= now) {
-            xfer x = heap_pop(e);
+        while (e->transit.n && e->transit.a[0].end <= now) {
+            xfer x = heap_pop(&e->transit);
+            if (route(e, x.id, 0) != 0) goto out;
+        }
+        while (e->heap.n && e->heap.a[0].end <= now) {
+            xfer x = heap_pop(&e->heap);
             if (complete_xfer(e, &x) != 0) goto out;
         }
         /* closed loop: a request that finished at `now` frees a slot for the next one */
@@ -473,7 +590,8 @@ static int loop(eng *e)
             tn = t->reqs[next].arrival > now ? t->reqs[next].arrival : now;
         for (size_t i = 0; i < e->ninst; i++)
             if (e->in[i].busy && e->in[i].step_end < tn) tn = e->in[i].step_end;
-        if (e->nheap && e->heap[0].end < tn) tn = e->heap[0].end;
+        if (e->heap.n && e->heap.a[0].end < tn) tn = e->heap.a[0].end;
+        if (e->transit.n && e->transit.a[0].end < tn) tn = e->transit.a[0].end;
         int pending = 0;
         for (size_t i = 0; i < e->ninst; i++) pending |= e->in[i].n_add || e->in[i].n_done;
         if (tn == INFINITY && !pending) break;
@@ -521,7 +639,7 @@ void tdm_sim_result_free(tdm_sim_result *r)
 {
     if (!r) return;
     free(r->reqs);
-    free(r->gaps);
+    tdm_sim_sketch_free(&r->itl);
     memset(r, 0, sizeof *r);
 }
 
@@ -545,21 +663,18 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
     e.err = err;
     e.errlen = errlen;
     int rc = -1;
-    uint64_t out_total = 0;
     for (size_t i = 0; i < t->n; i++) {
-        out_total += t->reqs[i].output_len;
         if (t->reqs[i].prompt_len > e.max_prompt) e.max_prompt = t->reqs[i].prompt_len;
     }
     res->n = t->n;
-    res->reqs = calloc(t->n ? t->n : 1, sizeof *res->reqs);
-    res->cap_gaps = out_total;
-    res->gaps = malloc((out_total ? out_total : 1) * sizeof *res->gaps);
-    e.rs = calloc(t->n ? t->n : 1, sizeof *e.rs);
+    if (o->keep_requests) res->reqs = calloc(t->n ? t->n : 1, sizeof *res->reqs);
+    e.slot = malloc((t->n ? t->n : 1) * sizeof *e.slot);
+    tdm_sim_acc_init(&e.acc, o->slo_ttft_s, o->slo_tpot_s);
     e.toks = malloc(((size_t)e.max_prompt + 1) * sizeof *e.toks);
     e.npre = c->disagg ? c->pools[0].instances : 0;
     e.ninst = c->pools[0].instances + (c->disagg ? c->pools[1].instances : 0);
     e.in = calloc(e.ninst ? e.ninst : 1, sizeof *e.in);
-    if (!res->reqs || !res->gaps || !e.rs || !e.toks || !e.in) {
+    if ((o->keep_requests && !res->reqs) || !e.slot || !e.toks || !e.in) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -580,19 +695,7 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
                  e.warmup, t->n);
         goto done;
     }
-    for (size_t i = 0; i < t->n; i++) {
-        tdm_sim_req_out *q = &res->reqs[i];
-        q->arrival = t->reqs[i].arrival;
-        q->first_token = q->finish = -1;
-        q->prompt_len = t->reqs[i].prompt_len;
-        q->output_len = t->reqs[i].output_len;
-        q->instance = q->prefill_instance = -1;
-        uint32_t k = t->reqs[i].slo_class <= t->n_slo ? t->reqs[i].slo_class : 0;
-        q->has_slo = k > 0;
-        q->slo_class = (uint8_t)k;
-        q->slo_ttft_s = k ? e.cls_ttft[k] : o->slo_ttft_s;
-        q->slo_tpot_s = k ? e.cls_tpot[k] : o->slo_tpot_s;
-    }
+    memset(e.slot, 0xff, (t->n ? t->n : 1) * sizeof *e.slot); /* NO_SLOT */
     e.kv_gbps = c->kv_gbps;
     if (c->disagg && e.kv_gbps <= 0) {
         double a = c->pools[0].hw.interconnect_gbps, b = c->pools[1].hw.interconnect_gbps;
@@ -614,15 +717,21 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
     int lrc = loop(&e);
     tdm_sim_steptrace_end(o);
     if (lrc != 0) goto done;
+    /* the requests still in flight (a max_steps stop) and those never sent: unfinished */
+    for (size_t i = 0; i < t->n; i++) {
+        if (e.slot[i] != NO_SLOT) {
+            live_close(&e, i);
+        } else if (i >= e.sent) {
+            tdm_sim_req_out q;
+            out_init(&e, i, &q);
+            tdm_sim_acc_add(&e.acc, &q);
+            if (res->reqs) res->reqs[i] = q;
+        }
+    }
     if (e.warmup) {
         /* the measurement window: first measured send to last measured finish */
-        double a = INFINITY, z = 0;
-        for (size_t i = 0; i < t->n; i++) {
-            const tdm_sim_req_out *q = &res->reqs[i];
-            if (q->warmup) continue;
-            if (q->arrival < a) a = q->arrival;
-            if (q->finish > z) z = q->finish;
-        }
+        double a = e.acc.first_arrival < 0 ? INFINITY : e.acc.first_arrival;
+        double z = e.acc.last_finish > 0 ? e.acc.last_finish : 0;
         res->sum.duration_s = z > a ? z - a : 0;
     }
     res->sum.warmup = e.warmup;
@@ -654,7 +763,8 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
     res->sum.mean_batch_tokens = steps ? (double)toks / (double)steps : 0;
     if (res->sum.kv_transfers) res->sum.kv_transfer_mean_s /= (double)res->sum.kv_transfers;
     res->sum.gpus = tdm_sim_config_gpus(c);
-    if (tdm_sim_summarize(res, o->slo_ttft_s, o->slo_tpot_s) != 0) {
+    int arc = tdm_sim_acc_finish(&e.acc, res);
+    if (arc != 0) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -663,9 +773,15 @@ int tdm_sim_run(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_sim_r
 done:
     for (size_t i = 0; i < e.ninst; i++) inst_free(&e.in[i]);
     free(e.in);
-    free(e.rs);
+    free(e.slot);
+    free(e.lv);
+    free(e.free_lv);
+    tdm_sim_sketch_free(&e.acc.ttft); /* after an error (tdm_sim_acc_finish frees them too) */
+    tdm_sim_sketch_free(&e.acc.tpot);
+    tdm_sim_sketch_free(&e.acc.e2e);
     free(e.toks);
-    free(e.heap);
+    free(e.heap.a);
+    free(e.transit.a);
     if (rc != 0) tdm_sim_result_free(res);
     else res->sum.wall_s = tdm_sim_wall() - w0;
     return rc;
@@ -680,4 +796,5 @@ void tdm_sim_run_opts_init(tdm_sim_run_opts *o)
     o->mem_util = 0.9;
     o->label = "sim";
     o->warmup = -1;
+    o->keep_requests = 1;
 }

@@ -23,6 +23,7 @@ static int attain_at(const tdm_sim_trace *t, const tdm_sim_config *c, const tdm_
     }
     tdm_sim_run_opts q = *o;
     q.progress = 0;
+    q.keep_requests = 0; /* the summary is all a search needs */
     q.steps_csv = q.chrome_trace = NULL; /* the traces are of the base run only */
     tdm_sim_result r;
     int rc = tdm_sim_run(&s, c, &q, &r, err, errlen);

@@ -205,8 +205,18 @@ done:
 int tdm_sim_model_set_precision(tdm_sim_model *m, const char *p)
 {
     if (!m || !p) return -1;
-    if (!strcmp(p, "bf16") || !strcmp(p, "fp16")) m->bytes_per_param = m->bytes_per_kv = 2;
-    else if (!strcmp(p, "fp8")) m->bytes_per_param = m->bytes_per_kv = 1;
+    if (!strcmp(p, "bf16") || !strcmp(p, "fp16")) m->bytes_per_param = 2;
+    else if (!strcmp(p, "fp8")) m->bytes_per_param = 1;
+    else return -1;
+    return 0;
+}
+
+int tdm_sim_model_set_kv_dtype(tdm_sim_model *m, const char *d)
+{
+    if (!m || !d) return -1;
+    /* "auto": the model's activation dtype, bf16 here (vLLM's --kv-cache-dtype auto) */
+    if (!strcmp(d, "auto") || !strcmp(d, "bf16") || !strcmp(d, "fp16")) m->bytes_per_kv = 2;
+    else if (!strcmp(d, "fp8") || !strcmp(d, "fp8_e4m3") || !strcmp(d, "fp8_e5m2")) m->bytes_per_kv = 1;
     else return -1;
     return 0;
 }

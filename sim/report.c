@@ -255,6 +255,7 @@ int tdm_sim_write_json(const char *path, const tdm_sim_result *r, const char *ex
 
 int tdm_sim_write_requests_csv(const char *path, const tdm_sim_result *r)
 {
+    if (!r->reqs) return -1; /* the run did not keep them (keep_requests) */
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     fputs("id,arrival_s,prompt_tokens,output_tokens,generated,status,ttft_s,tpot_s,e2e_s,"

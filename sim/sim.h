@@ -116,6 +116,13 @@ int tdm_sim_parse_lengths(const char *buf, size_t len, const char *name, tdm_sim
                           char *err, size_t errlen);
 int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_fmt fmt,
                         tdm_sim_trace *t, char *err, size_t errlen);
+/* The same in pieces, so a file need not be held whole: begin empties t; each chunk of whole
+ * lines appends to it (*line counts the lines before it, for the messages; on error t is left
+ * for the caller to free); end fails on an empty trace. */
+void tdm_sim__jsonl_begin(tdm_sim_trace *t);
+int tdm_sim__parse_jsonl_chunk(const char *buf, size_t len, const char *name, tdm_sim_fmt fmt,
+                               tdm_sim_trace *t, size_t *line, char *err, size_t errlen);
+int tdm_sim__jsonl_end(tdm_sim_trace *t, const char *name, size_t line, char *err, size_t errlen);
 int tdm_sim_trace_builtin(tdm_sim_trace *t, const tdm_sim_trace_opts *o);
 /* The fixed-length synthetic workload (o->isl, o->osl, o->len_range, o->max_requests). */
 int tdm_sim_trace_fixed(tdm_sim_trace *t, const tdm_sim_trace_opts *o);
@@ -179,8 +186,12 @@ const tdm_sim_tableset *tdm_sim_tableset_get(const char *const paths[TDM_SIM_OP_
 int tdm_sim_profile_to_tables(const char *hw_json, const char *dir, uint32_t heads,
                               uint32_t kv_heads, uint32_t head_dim, uint32_t tp, char *err,
                               size_t errlen);
-/* Weight / KV precision: "bf16" (2 bytes) or "fp8" (1 byte, fp8 GEMM rates). */
+/* Weight precision: "bf16" (2 bytes) or "fp8" (1 byte, fp8 GEMM rates). The KV cache keeps
+ * its own dtype (vLLM keeps bf16 KV under fp8 weights unless --kv-cache-dtype fp8). */
 int tdm_sim_model_set_precision(tdm_sim_model *m, const char *precision);
+/* KV cache dtype, vLLM's --kv-cache-dtype: "auto"/"bf16"/"fp16" (2 bytes) or "fp8"
+ * ("fp8_e4m3", "fp8_e5m2"; 1 byte). 0, or -1 for anything else. */
+int tdm_sim_model_set_kv_dtype(tdm_sim_model *m, const char *dtype);
 const char *tdm_sim_model_precision(const tdm_sim_model *m);
 
 int tdm_sim_model_preset(const char *name, tdm_sim_model *m);
@@ -224,7 +235,8 @@ typedef struct tdm_sim_cost {
     tdm_sim_model model;
     tdm_sim_hw hw;
     /* derived, per step */
-    double flop_rate, byte_rate;     /* effective FLOP/s and B/s of one rank */
+    double flop_rate, byte_rate;     /* effective GEMM FLOP/s and B/s of one rank */
+    double attn_flop_rate;           /* attention's FLOP/s: bf16 tensor cores, never fp8 GEMM's */
     double lin_flops_per_token;      /* per rank */
     double lm_flops_per_seq;
     double weight_bytes;             /* per rank */
@@ -252,6 +264,10 @@ typedef struct tdm_sim_cost {
 #define TDM_SIM_DEFAULT_LINK_GBPS 300.0
 /* Per-all-reduce latency (seconds), fitted to Vidur's H100 DGX all-reduce table. */
 #define TDM_SIM_ALLREDUCE_ALPHA_S 12e-6
+/* The serving path before the scheduler (seconds; HTTP, tokenization, the hop to the engine
+ * core) of the silicon check: tried on the fitting half of aiconfigurator's silicon rows only
+ * (sim/calib_silicon.c, docs/cost_model.md): 5 ms made the median TTFT error worse than 0. */
+#define TDM_SIM_FRONTEND_S 0.0
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);
@@ -262,8 +278,26 @@ double tdm_sim_cost_table_step(const tdm_sim_cost *c, const tdm_sim_shape *s,
                                tdm_sim_cost_terms *t);
 /* The adapter installed with tdm_sched_set_cost_model(): ctx is a tdm_sim_cost. */
 double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *shape);
-/* KV blocks a pool of this model fits on this hardware (0 when mem_gib is unknown). */
-uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util);
+/* KV blocks a pool of this model fits on this hardware (0 when mem_gib is unknown), as vLLM's
+ * worker sizes its KV cache (determine_available_memory): mem_gib x gpu_memory_utilization
+ * less the weights (per TP rank), the activation peak of the profiling forward pass of
+ * max_num_batched_tokens tokens and of the sampler's dummy run over max_num_seqs sequences,
+ * and the memory outside PyTorch (CUDA context, cuBLAS workspace; NCCL buffers under TP).
+ * CUDA graphs are captured after the KV cache is allocated, from the headroom above
+ * gpu_memory_utilization (vLLM before 0.21's cudagraph estimate), so they take none of it. */
+uint32_t tdm_sim_cost_num_blocks(const tdm_sim_cost *c, uint32_t block_size, double mem_util,
+                                 uint32_t max_batched_tokens, uint32_t max_num_seqs);
+/* That activation peak, in bytes per TP rank. */
+double tdm_sim_cost_activation_bytes(const tdm_sim_cost *c, uint32_t max_batched_tokens,
+                                     uint32_t max_num_seqs);
+/* Memory outside PyTorch's allocator in vLLM's accounting: the CUDA context and library
+ * workspaces (GiB), plus NCCL's buffers with more than one rank. */
+#define TDM_SIM_NON_TORCH_GIB 0.5
+/* Attention's efficiency relative to the GEMMs' on the bf16 tensor cores: FlashAttention-3's
+ * causal forward at head dim 128 reaches about 600 TFLOP/s on an H100 (Shah et al. 2024,
+ * fig. 5) where dense bf16 GEMMs reach about 0.74 x 989 = 730 (the presets' eff_compute). */
+#define TDM_SIM_ATTN_REL_EFF 0.82
+#define TDM_SIM_NCCL_GIB 0.25
 
 /* Calibration against ../shared/profiles: writes a report to f (may be NULL) and the mean
  * absolute percentage error of each table into errs (Vidur linear layers, DistServe prefill,
@@ -296,10 +330,21 @@ typedef struct tdm_sim_calib_table {
     double sw_alpha[2], sw_overhead_ms[2][16];
     uint64_t attn_extrapolated;                 /* held-out attention rows outside the table */
     double attn_roofline_mape;                  /* the roofline's attention terms, same rows */
+    /* measured serving runs (calib_silicon.c): median |error| of TTFT and TPOT p50 over the
+     * rows replayed (-1 when none), the rows, the share with TTFT predicted low */
+    double silicon_ttft_mape, silicon_tpot_mape, silicon_ttft_low;
+    size_t silicon_n;
 } tdm_sim_calib_table;
 int tdm_sim_calibrate_table(const char *shared_dir, const char *tables_dir, FILE *f,
                             tdm_sim_calib_table *out);
-/* Print the closing "calibrate vidur_mape=... splitwise_token_mape=..." line (percent). */
+/* aiconfigurator's measured vLLM serving rows (its silicon_sample.csv) replayed closed-loop
+ * on the table model under tables_dir with this serving path (frontend_s), on the rows of
+ * one half (FIT: the rows any constant was fitted on; CHECK: the others) or ALL: fills
+ * out->silicon_*; returns the rows replayed. */
+enum { TDM_SIM_SILICON_ALL = 0, TDM_SIM_SILICON_FIT = 1, TDM_SIM_SILICON_CHECK = 2 };
+int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double frontend_s,
+                              int rows, FILE *f, tdm_sim_calib_table *out);
+/* Print the closing "calibrate vidur_mape=... silicon_tpot_mape=..." line (percent). */
 void tdm_sim_calib_table_line(FILE *f, const tdm_sim_calib_table *c);
 /* Internal CSV helpers shared by the calibration files. */
 char *tdm_sim__slurp(const char *path, size_t *len);
@@ -375,6 +420,14 @@ typedef struct tdm_sim_run_opts {
     int64_t warmup;
     const tdm_sim_slo_class *slo_classes;  /* the trace's class names resolved here */
     size_t n_slo_classes;
+    /* the serving path before the scheduler: a request sent at t reaches it at t + about
+     * this (uniform over [0.5, 1.5] of it per request), its TTFT counted from t; it then
+     * waits for the step in flight, as in a server. 0 = none (default). */
+    double frontend_s;
+    /* keep every request's outcome in the result's reqs (requests CSV, CDF plots); 0: only
+     * the summary, so that memory does not grow with the trace beyond the trace itself and
+     * 4 bytes per request (default 1) */
+    int keep_requests;
     FILE *steps_csv;                 /* one row per step (may be NULL) */
     FILE *chrome_trace;              /* Chrome trace JSON (Perfetto), one track per instance */
 } tdm_sim_run_opts;
@@ -400,6 +453,26 @@ typedef struct tdm_sim_stat {
     double mean, p50, p90, p99, max;
     size_t n;
 } tdm_sim_stat;
+
+/* A streaming quantile sketch (sketch.c): HdrHistogram's log-linear buckets on a double's
+ * bits, 2^TDM_SIM_SKETCH_SUB_BITS per power of two; every quantile within a relative
+ * 2^-(SUB_BITS+1) of the exact one (numpy's linear interpolation), count, mean, min and max
+ * exact; memory fixed (at most 512 KiB, touched only where values fall). */
+#define TDM_SIM_SKETCH_SUB_BITS 10
+typedef struct tdm_sim_sketch {
+    uint64_t *counts;                /* NULL until the first value */
+    uint64_t n, under;               /* values; those below 2^-30 (valued as the minimum) */
+    double sum, min, max;
+} tdm_sim_sketch;
+void tdm_sim_sketch_init(tdm_sim_sketch *s);
+void tdm_sim_sketch_free(tdm_sim_sketch *s);
+void tdm_sim_sketch_reset(tdm_sim_sketch *s);    /* empty, keeping its buckets */
+/* Record v (negatives and NaN count as 0). 0, or -1 when the buckets cannot be allocated. */
+int tdm_sim_sketch_add(tdm_sim_sketch *s, double v);
+int tdm_sim_sketch_merge(tdm_sim_sketch *dst, const tdm_sim_sketch *src);
+/* The q-quantile (0..1), linear between the closest ranks as numpy's default; 0 if empty. */
+double tdm_sim_sketch_quantile(const tdm_sim_sketch *s, double q);
+void tdm_sim_sketch_stat(const tdm_sim_sketch *s, tdm_sim_stat *st);  /* mean, p50/90/99, max */
 
 typedef struct tdm_sim_summary {
     size_t requests, completed, rejected;
@@ -433,10 +506,9 @@ typedef struct tdm_sim_summary {
 } tdm_sim_summary;
 
 typedef struct tdm_sim_result {
-    tdm_sim_req_out *reqs;
+    tdm_sim_req_out *reqs;           /* NULL when the run did not keep them (keep_requests) */
     size_t n;
-    float *gaps;                     /* every inter-token gap (ITL samples), seconds */
-    size_t n_gaps, cap_gaps;
+    tdm_sim_sketch itl;              /* the inter-token gaps (ITL samples), seconds */
     tdm_sim_summary sum;
     char name[64];
     tdm_sim_slo_class classes[TDM_SIM_MAX_SLO_CLASSES];  /* the trace's, as resolved */
@@ -467,10 +539,27 @@ int tdm_sim_trace_scaled(const tdm_sim_trace *src, double scale, tdm_sim_trace *
 /* ---------------------------------------------------------------------------------------- */
 /* Metrics and outputs                                                                        */
 /* ---------------------------------------------------------------------------------------- */
-/* Percentile with linear interpolation between closest ranks (numpy's default); sorts v. */
+/* Percentile of sorted v with linear interpolation between closest ranks (numpy's default). */
 double tdm_sim_percentile_sorted(const double *v, size_t n, double q);
-void tdm_sim_stat_compute(double *v, size_t n, tdm_sim_stat *s);  /* sorts v in place */
-/* Fill res->sum from res->reqs and res->gaps (the scheduler counters are set by the run). */
+/* The streaming form of the summary: each request's outcome added once (when it ends, or
+ * at the end of the run), then folded into res->sum with res->itl. Memory is fixed. */
+typedef struct tdm_sim_acc {
+    tdm_sim_sketch ttft, tpot, e2e;
+    double slo_ttft_s, slo_tpot_s;   /* the run's, for requests without their own */
+    size_t measured, completed, rejected, ok_t, ok_p, ok_b;
+    size_t cls_n[TDM_SIM_MAX_SLO_CLASSES], cls_t[TDM_SIM_MAX_SLO_CLASSES];
+    size_t cls_b[TDM_SIM_MAX_SLO_CLASSES];
+    uint64_t out_tokens, in_tokens;
+    double first_arrival, last_finish;  /* of the measured requests (-1: none) */
+    int oom;
+} tdm_sim_acc;
+void tdm_sim_acc_init(tdm_sim_acc *a, double slo_ttft_s, double slo_tpot_s);
+void tdm_sim_acc_add(tdm_sim_acc *a, const tdm_sim_req_out *r);  /* warm-up ones skipped */
+/* Fill res->sum (all but the scheduler counters and duration_s, which the caller sets) and
+ * free the accumulator; -1 when a sketch could not be allocated. */
+int tdm_sim_acc_finish(tdm_sim_acc *a, tdm_sim_result *res);
+/* Fill res->sum from res->reqs and res->itl (the scheduler counters are set by the run);
+ * percentiles come from sketches (tdm_sim_sketch), within 2^-11 relative of exact ones. */
 int tdm_sim_summarize(tdm_sim_result *res, double slo_ttft_s, double slo_tpot_s);
 /* Per-request derived values: TPOT = (finish - first_token) / (generated - 1). */
 double tdm_sim_req_tpot(const tdm_sim_req_out *r);

@@ -278,6 +278,49 @@ static int read_file(const char *path, char **buf, size_t *len, char *err, size_
     return 0;
 }
 
+/* JSONL is parsed as it is read, a chunk of whole lines at a time, so a long trace file costs
+ * its parsed requests and not its text as well (a week of requests is a 200 MB file). */
+#define STREAM_CHUNK ((size_t)4 << 20)
+
+/* Parse the JSONL file f, whose first `have` bytes are already in buf (capacity cap, which
+ * may grow for a line longer than it); buf is the caller's to free. */
+static int stream_jsonl(FILE *f, char **bufp, size_t cap, size_t have, const char *path,
+                        tdm_sim_fmt fmt, tdm_sim_trace *t, char *err, size_t errlen)
+{
+    char *buf = *bufp;
+    size_t line = 0;
+    int eof = 0;
+    tdm_sim__jsonl_begin(t);
+    for (;;) {
+        size_t cut = have;
+        if (!eof)
+            while (cut > 0 && buf[cut - 1] != '\n') cut--;
+        if (cut > 0 || eof) {
+            if (tdm_sim__parse_jsonl_chunk(buf, cut, path, fmt, t, &line, err, errlen) != 0)
+                return -1;
+            memmove(buf, buf + cut, have - cut);
+            have -= cut;
+            if (eof) break;
+        } else if (have == cap) { /* one line fills the buffer: make room */
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                snprintf(err, errlen, "%s: out of memory", path);
+                return -1;
+            }
+            *bufp = buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + have, 1, cap - have, f);
+        if (r == 0 && ferror(f)) {
+            snprintf(err, errlen, "%s: read error", path);
+            return -1;
+        }
+        have += r;
+        eof = r == 0;
+    }
+    return tdm_sim__jsonl_end(t, path, line, err, errlen);
+}
+
 static tdm_sim_fmt detect(const char *buf, size_t len)
 {
     size_t i = 0;
@@ -348,10 +391,32 @@ int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_tr
         }
         return 0;
     }
-    char *buf;
-    size_t len;
-    if (read_file(path, &buf, &len, err, errlen) != 0) return -1;
+    /* the first chunk tells the format; JSONL streams on from it, the rest is read whole */
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t len = 0;
+    char *buf = malloc(STREAM_CHUNK);
+    if (buf) len = fread(buf, 1, STREAM_CHUNK, f);
+    if (!buf || ferror(f)) {
+        free(buf);
+        fclose(f);
+        snprintf(err, errlen, "%s: %s", path, buf ? "read error" : "out of memory");
+        return -1;
+    }
     tdm_sim_fmt fmt = o->fmt != TDM_SIM_FMT_AUTO ? o->fmt : detect(buf, len);
+    int jsonl = fmt == TDM_SIM_FMT_MOONCAKE || fmt == TDM_SIM_FMT_TANDEM;
+    int jrc = 0;
+    if (jsonl) {
+        jrc = stream_jsonl(f, &buf, STREAM_CHUNK, len, path, fmt, t, err, errlen);
+        fclose(f);
+    } else {
+        fclose(f);
+        free(buf);
+        if (read_file(path, &buf, &len, err, errlen) != 0) return -1;
+    }
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     int rc = -1, has_times = 1;
@@ -368,12 +433,12 @@ int tdm_sim_trace_load(const char *path, const tdm_sim_trace_opts *o, tdm_sim_tr
         has_times = 0;
         break;
     case TDM_SIM_FMT_MOONCAKE:
-        rc = tdm_sim_parse_jsonl(buf, len, path, fmt, t, err, errlen);
+        rc = jrc;
         /* Mooncake timestamps are quantized to ~3 s bins: spread each bin by default. */
         if (eff.jitter_s < 0) eff.jitter_s = 3.0;
         break;
     case TDM_SIM_FMT_TANDEM:
-        rc = tdm_sim_parse_jsonl(buf, len, path, fmt, t, err, errlen);
+        rc = jrc;
         break;
     default:
         snprintf(err, errlen, "%s:1:1: unknown trace format (expected an Azure CSV header "

@@ -53,18 +53,44 @@ static int get_uint(json_t *o, const char *key, int required, long long lo, long
     return 0;
 }
 
+void tdm_sim__jsonl_begin(tdm_sim_trace *t)
+{
+    memset(t, 0, sizeof *t);
+    t->hash_block = HASH_BLOCK;
+}
+
+int tdm_sim__jsonl_end(tdm_sim_trace *t, const char *name, size_t line, char *err, size_t errlen)
+{
+    if (t->n == 0) {
+        snprintf(err, errlen, "%s:%zu:1: no requests in the file", name, line ? line : 1);
+        return -1;
+    }
+    return 0;
+}
+
 int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_fmt fmt,
                         tdm_sim_trace *t, char *err, size_t errlen)
+{
+    size_t line = 0;
+    tdm_sim__jsonl_begin(t);
+    if (tdm_sim__parse_jsonl_chunk(buf, len, name, fmt, t, &line, err, errlen) != 0 ||
+        tdm_sim__jsonl_end(t, name, line, err, errlen) != 0) {
+        tdm_sim_trace_free(t);
+        return -1;
+    }
+    return 0;
+}
+
+int tdm_sim__parse_jsonl_chunk(const char *buf, size_t len, const char *name, tdm_sim_fmt fmt,
+                               tdm_sim_trace *t, size_t *line_io, char *err, size_t errlen)
 {
     int mooncake = fmt == TDM_SIM_FMT_MOONCAKE;
     const char *kt = mooncake ? "timestamp" : "arrival_s";
     const char *ki = mooncake ? "input_length" : "input_tokens";
     const char *ko = mooncake ? "output_length" : "output_tokens";
     const char *end = buf + len, *p = buf;
-    size_t line = 0, hcap = 0;
+    size_t line = *line_io, hcap = 0;
     uint64_t *hash = NULL;
-    memset(t, 0, sizeof *t);
-    t->hash_block = HASH_BLOCK;
     while (p < end) {
         const char *s = p, *e = p;
         while (e < end && *e != '\n') e++;
@@ -184,14 +210,9 @@ int tdm_sim_parse_jsonl(const char *buf, size_t len, const char *name, tdm_sim_f
         }
     }
     free(hash);
-    if (t->n == 0) {
-        snprintf(err, errlen, "%s:%zu:1: no requests in the file", name, line ? line : 1);
-        tdm_sim_trace_free(t);
-        return -1;
-    }
+    *line_io = line;
     return 0;
 fail:
     free(hash);
-    tdm_sim_trace_free(t);
     return -1;
 }

@@ -607,6 +607,7 @@ int tdm_sim_tune_run(const tdm_sim_trace *t, const char *base_json, const tdm_si
     x.ro.progress = 0;
     x.ro.steps_csv = x.ro.chrome_trace = NULL;
     x.ro.label = NULL;
+    x.ro.keep_requests = 0; /* the summary is all a search needs */
     x.s = s;
     x.o = o;
     x.res = res;

@@ -82,6 +82,7 @@ int tdm_cmd_ab(int argc, char **argv)
     tdm_sim_cli_describe(stdout, &c, NULL);
     for (size_t i = 0; i < n; i++, nres++) {
         c.ropts.label = cfg[i].name;
+        c.ropts.keep_requests = c.plot != NULL; /* the CDFs need every request */
         if (tdm_sim_run(&c.t, &cfg[i], &c.ropts, &res[i], err, sizeof err) != 0) {
             fprintf(stderr, "tandem ab: %s: %s\n", cfg[i].name, err);
             goto out;

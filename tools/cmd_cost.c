@@ -16,7 +16,9 @@ static const char USAGE[] =
     "usage: tandem cost --model M --hw H [--tp N] [--precision bf16|fp8] --prefill P --decode-batch B\n"
     "                   --context C [--json]\n"
     "       tandem cost --model M --hw H [--tp N] [--precision bf16|fp8] --batch SPEC|JSON|@FILE [--json]\n"
-    "       tandem cost --calibrate [--shared DIR] [--tables DIR]\n"
+    "       tandem cost --calibrate [--shared DIR] [--tables DIR] [--silicon CSV]\n"
+    "  --silicon: aiconfigurator's silicon_sample.csv (make calibrate extracts it), replayed\n"
+    "     closed loop on the tables' hardware (docs/cost_model.md).\n"
     "  SPEC: comma-separated [K*]prefill:N[@C] (a chunk of N tokens on C cached tokens that ends\n"
     "     its prompt), [K*]chunk:N[@C] (a chunk mid-prompt), decode:B[@C] (B decodes at\n"
     "     context C), e.g. prefill:512@2048,decode:64@1024; JSON: [{\"kind\", \"tokens\",\n"
@@ -120,7 +122,9 @@ static int cost_batch(const tdm_sim_cost *c, const char *spec, int json)
 int tdm_cmd_cost(int argc, char **argv)
 {
     const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL, *batch_spec = NULL;
-    const char *precision = NULL, *tables = NULL;
+    const char *precision = NULL, *tables = NULL, *silicon = NULL;
+    int silicon_rows = TDM_SIM_SILICON_CHECK;
+    double frontend_ms = TDM_SIM_FRONTEND_S * 1e3;
     long tp = 1, prefill = 2048, batch = 64, context = 2048;
     int json = 0, calibrate = 0;
     for (int i = 1; i < argc; i++) {
@@ -144,6 +148,23 @@ int tdm_cmd_cost(int argc, char **argv)
         else if (!strcmp(a, "--shared")) shared = v;
         else if (!strcmp(a, "--batch")) batch_spec = v;
         else if (!strcmp(a, "--tables")) tables = v;
+        else if (!strcmp(a, "--silicon")) silicon = v;
+        else if (!strcmp(a, "--silicon-rows")) {
+            if (!strcmp(v, "all")) silicon_rows = TDM_SIM_SILICON_ALL;
+            else if (!strcmp(v, "fit")) silicon_rows = TDM_SIM_SILICON_FIT;
+            else if (!strcmp(v, "check")) silicon_rows = TDM_SIM_SILICON_CHECK;
+            else {
+                fprintf(stderr, "tandem cost: --silicon-rows: all, fit or check\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--frontend-ms")) {
+            char *e2;
+            frontend_ms = strtod(v, &e2);
+            if (*e2 || !(frontend_ms >= 0 && frontend_ms < 1e4)) {
+                fprintf(stderr, "tandem cost: --frontend-ms: bad value '%s'\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--precision")) precision = v;
         else if (!isnum || n < 0 || n > 100000000) {
             fprintf(stderr, "tandem cost: %s: bad value '%s'\n", a, v);
@@ -168,6 +189,7 @@ int tdm_cmd_cost(int argc, char **argv)
         }
         tdm_sim_calib_table ct;
         tdm_sim_calibrate_table(shared, tables, stdout, &ct);
+        tdm_sim_calibrate_silicon(silicon, tables, frontend_ms / 1e3, silicon_rows, stdout, &ct);
         tdm_sim_calib_table_line(stdout, &ct);
         return 0;
     }

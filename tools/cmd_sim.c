@@ -49,6 +49,7 @@ int tdm_cmd_sim(int argc, char **argv)
         goto out;
     }
     c.ropts.steps_csv = steps;
+    c.ropts.keep_requests = c.csv != NULL; /* else memory does not grow with the trace */
     c.ropts.chrome_trace = chrome;
     int run_rc = tdm_sim_run(&c.t, &cfg, &c.ropts, &r, err, sizeof err);
     c.ropts.steps_csv = c.ropts.chrome_trace = NULL;

@@ -148,6 +148,7 @@ int tdm_cmd_sweep(int argc, char **argv)
         }
         tdm_sim_result res;
         c.ropts.label = label;
+        c.ropts.keep_requests = 0;
         int ok = tdm_sim_run(&c.t, &cfg, &c.ropts, &res, err, sizeof err);
         tdm_sim_config_free(&cfg);
         labels[g] = strdup(label);

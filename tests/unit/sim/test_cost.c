@@ -177,11 +177,12 @@ static void cost_step__prefill_hand_computed(void **state)
     tdm_sim_cost_terms t;
     double total = toy_step(1, &s, &t);
     /* GEMMs (2 x 20M x 1000 + 2 x 1M) / 50 TFLOP/s = 800.04 us (compute-bound); element-wise
-     * 192 us; attention 4 x 2 x 10 x 100 x 500000 / 50e12 = 80 us; overhead 1000 us. */
+     * 192 us; attention 4 x 2 x 10 x 100 x 500000 / (50e12 x TDM_SIM_ATTN_REL_EFF) = 80 us
+     * / 0.82; overhead 1000 us. */
     assert_float_equal(t.linear_compute_s, 800.04e-6, 1e-12);
     assert_int_equal(t.linear_compute_bound, 1);
-    assert_float_equal(t.attn_prefill_s, 80e-6, 1e-12);
-    assert_float_equal(total, 2072.04e-6 + FLOOR2, 1e-12);
+    assert_float_equal(t.attn_prefill_s, 80e-6 / TDM_SIM_ATTN_REL_EFF, 1e-12);
+    assert_float_equal(total, 1992.04e-6 + 80e-6 / TDM_SIM_ATTN_REL_EFF + FLOOR2, 1e-12);
 }
 
 static void cost_step__tensor_parallel_divides_and_adds_allreduce(void **state)
@@ -258,7 +259,7 @@ static void hw_from_json__tandem_profile_output_runs(void **state)
     double bytes = 2.0 * 80 * 8192 * 2 * 1000;
     assert_float_equal(t.allreduce_s, 160 * TDM_SIM_ALLREDUCE_ALPHA_S +
                                           bytes * 2 * 3 / 4 / (TDM_SIM_DEFAULT_LINK_GBPS * 1e9), 1e-12);
-    assert_true(tdm_sim_cost_num_blocks(&c, 16, 0.9) > 0);
+    assert_true(tdm_sim_cost_num_blocks(&c, 16, 0.9, 8192, 256) > 0);
 }
 
 static void cost_num_blocks__fits_memory(void **state)
@@ -270,14 +271,33 @@ static void cost_num_blocks__fits_memory(void **state)
     tdm_sim_hw_preset("h100-sxm", &h);
     tdm_sim_cost c;
     tdm_sim_cost_init(&c, &m, &h);
-    uint32_t b = tdm_sim_cost_num_blocks(&c, 16, 0.9);
-    /* (72 GiB - 1 GiB - 16.06 GB) / (128 KiB x 16) = 28.7k */
-    double want = floor((0.9 * 80 - 1) * 1073741824.0 - tdm_sim_model_params(&m) * 2) / (131072.0 * 16);
+    uint32_t b = tdm_sim_cost_num_blocks(&c, 16, 0.9, 8192, 256);
+    /* vLLM's accounting: 72 GiB less 16.06 GB of weights, the activation peak of an
+     * 8192-token forward (8192 x (3 x 14336 + 4 x 4096) x 2 B = 0.91 GiB) and of the
+     * sampler (256 x 128256 x 4 B x 2 = 0.24 GiB), 0.5 GiB outside PyTorch */
+    double act = 8192.0 * (3 * 14336 + 4 * 4096) * 2 + 256.0 * 128256 * 8;
+    assert_float_equal(tdm_sim_cost_activation_bytes(&c, 8192, 256), act, 1);
+    double want = ((0.9 * 80 - 0.5) * 1073741824.0 - tdm_sim_model_params(&m) * 2 - act) /
+                  (131072.0 * 16);
     assert_int_equal(b, (uint32_t)floor(want));
     assert_true(b > 27000 && b < 30000);
+    /* a larger token budget and more sequences take more of it; fp8 KV doubles the blocks */
+    assert_true(tdm_sim_cost_num_blocks(&c, 16, 0.9, 16384, 1024) < b);
+    tdm_sim_model k8 = m;
+    tdm_sim_model_set_kv_dtype(&k8, "fp8");
+    tdm_sim_cost c8;
+    tdm_sim_cost_init(&c8, &k8, &h);
+    assert_int_equal(tdm_sim_cost_num_blocks(&c8, 16, 0.9, 8192, 256), (uint32_t)floor(2 * want));
+    /* TP: weights and activations per rank, NCCL's buffers beyond one rank */
     tdm_sim_model_preset("llama-3-70b", &m);
     tdm_sim_cost_init(&c, &m, &h);
-    assert_int_equal(tdm_sim_cost_num_blocks(&c, 16, 0.9), 0); /* 141 GB does not fit in 80 */
+    assert_int_equal(tdm_sim_cost_num_blocks(&c, 16, 0.9, 8192, 256), 0); /* 141 GB in 80 */
+    m.tp = 4;
+    tdm_sim_cost_init(&c, &m, &h);
+    double act4 = 8192.0 * (3 * 28672 / 4.0 + 4 * 8192) * 2 + 256.0 * 128256 * 8;
+    double want4 = ((0.9 * 80 - 0.75) * 1073741824.0 - tdm_sim_model_params(&m) * 2 / 4 - act4) /
+                   (2.0 * 80 * 8 * 128 * 2 / 4 * 16);
+    assert_int_equal(tdm_sim_cost_num_blocks(&c, 16, 0.9, 8192, 256), (uint32_t)floor(want4));
 }
 
 static void calibrate__errors_within_documented_bounds(void **state)

@@ -69,7 +69,7 @@ static void check_all_finished(const tdm_sim_trace *t, const tdm_sim_result *r)
         assert_true(q->finish >= q->first_token);
         gaps += q->generated - 1;
     }
-    assert_int_equal(r->n_gaps, gaps);
+    assert_int_equal(r->sum.itl.n, gaps);
 }
 
 static void sim_run__every_request_finishes_with_its_outputs(void **state)
@@ -93,6 +93,59 @@ static void sim_run__every_request_finishes_with_its_outputs(void **state)
         tdm_sim_result_free(&r);
         tdm_sim_config_free(&c);
     }
+    tdm_sim_trace_free(&t);
+}
+
+/* Without the per-request outcomes the summary is the same, field by field: the metrics are
+ * streamed as requests end (and at a max_steps stop, the unfinished and unsent ones count),
+ * colocated and disaggregated, closed loop with warm-up. */
+static void sim_run__summary_without_kept_requests_is_the_same(void **state)
+{
+    (void)state;
+    tdm_sim_trace t;
+    builtin(&t, 1500, 60, 7);
+    static const char *const CFG[] = {
+        "{\"mode\": \"vllm\", \"max_num_batched_tokens\": 2048}",
+        "{\"deployment\": {\"mode\": \"disaggregated\", \"prefill\": {\"instances\": 1}, "
+        "\"decode\": {\"instances\": 2}}}",
+    };
+    for (size_t k = 0; k < 2; k++)
+        for (int variant = 0; variant < 3; variant++) {
+            tdm_sim_config c;
+            config(CFG[k], &c);
+            tdm_sim_run_opts o;
+            tdm_sim_run_opts_init(&o);
+            if (variant == 1) o.concurrency = 16;
+            if (variant == 2) o.max_steps = 1; /* stops at the first check (4096 events), with
+                                                 * requests in flight and unsent */
+            tdm_sim_result a, b;
+            char err[TDM_SIM_ERRLEN];
+            if (tdm_sim_run(&t, &c, &o, &a, err, sizeof err) != 0) fail_msg("%s", err);
+            o.keep_requests = 0;
+            if (tdm_sim_run(&t, &c, &o, &b, err, sizeof err) != 0) fail_msg("%s", err);
+            assert_non_null(a.reqs);
+            assert_null(b.reqs);
+            if (variant == 2) assert_true(a.sum.completed < t.n);
+            assert_int_equal(a.sum.requests, b.sum.requests);
+            assert_int_equal(a.sum.completed, b.sum.completed);
+            assert_true(a.sum.duration_s == b.sum.duration_s);
+            assert_true(a.sum.attainment == b.sum.attainment);
+            assert_true(a.sum.output_throughput_tok_s == b.sum.output_throughput_tok_s);
+            const tdm_sim_stat *sa[] = {&a.sum.ttft, &a.sum.tpot, &a.sum.e2e, &a.sum.itl};
+            const tdm_sim_stat *sb[] = {&b.sum.ttft, &b.sum.tpot, &b.sum.e2e, &b.sum.itl};
+            for (int m = 0; m < 4; m++) {
+                assert_int_equal(sa[m]->n, sb[m]->n);
+                assert_true(sa[m]->p50 == sb[m]->p50 && sa[m]->p99 == sb[m]->p99);
+                assert_true(sa[m]->max == sb[m]->max);
+            }
+            /* and the kept outcomes summarize to the streamed figures */
+            tdm_sim_summary keep = a.sum;
+            assert_int_equal(tdm_sim_summarize(&a, o.slo_ttft_s, o.slo_tpot_s), 0);
+            assert_true(keep.ttft.p90 == a.sum.ttft.p90 && keep.attainment == a.sum.attainment);
+            tdm_sim_result_free(&a);
+            tdm_sim_result_free(&b);
+            tdm_sim_config_free(&c);
+        }
     tdm_sim_trace_free(&t);
 }
 
@@ -529,6 +582,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sim_run__every_request_finishes_with_its_outputs),
+        cmocka_unit_test(sim_run__summary_without_kept_requests_is_the_same),
         cmocka_unit_test(sim_run__decode_first_caps_token_gaps),
         cmocka_unit_test(sim_run__same_seed_same_json),
         cmocka_unit_test(disagg__conserves_every_request),

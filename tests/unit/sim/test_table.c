@@ -267,13 +267,18 @@ static void hw_json__table_model_sums_the_operators(void **state)
     assert_float_equal(total, 228e-6, 1e-12);
     assert_int_equal(c.steps, 1);
     assert_int_equal(c.extrapolated_steps, 0);
-    /* fp8: the fp8 GEMM rows (4 us), the bf16 attention rows flagged as extrapolated */
+    /* fp8 weights: the fp8 GEMM rows (4 us); the KV stays bf16, inside the attention rows */
     tdm_sim_model m8 = m;
     assert_int_equal(tdm_sim_model_set_precision(&m8, "fp8"), 0);
     tdm_sim_cost c8;
     tdm_sim_cost_init(&c8, &m8, &h);
     tdm_sim_cost_step(&c8, &s, &t);
     assert_float_equal(t.linear_s, (2 * (4 * 4 + 5) + 4) * 1e-6, 1e-12);
+    assert_int_equal(c8.extrapolated_steps, 0);
+    /* fp8 KV too: the bf16 attention rows flagged as extrapolated */
+    assert_int_equal(tdm_sim_model_set_kv_dtype(&m8, "fp8"), 0);
+    tdm_sim_cost_init(&c8, &m8, &h);
+    tdm_sim_cost_step(&c8, &s, &t);
     assert_int_equal(c8.extrapolated_steps, 1);
     /* a GEMM taller than the table runs as slices: 2e6 tokens = 2 x 1e6 */
     tdm_sim_shape big = {0};
@@ -320,7 +325,7 @@ static void hw_json__table_errors(void **state)
     rm_dir(dir);
 }
 
-static void precision__fp8_halves_bytes_and_doubles_gemm_rate(void **state)
+static void precision__fp8_halves_weight_bytes_and_doubles_gemm_rate(void **state)
 {
     (void)state;
     tdm_sim_model m, m8;
@@ -333,18 +338,31 @@ static void precision__fp8_halves_bytes_and_doubles_gemm_rate(void **state)
     assert_int_equal(tdm_sim_model_set_precision(&m8, "int3"), -1);
     assert_string_equal(tdm_sim_model_precision(&m8), "fp8");
     assert_string_equal(tdm_sim_model_precision(&m), "bf16");
+    /* fp8 weights keep a bf16 KV cache (vLLM without --kv-cache-dtype); fp8 KV halves it */
     assert_float_equal(tdm_sim_model_kv_bytes_per_token(&m8),
+                       tdm_sim_model_kv_bytes_per_token(&m), 1e-9);
+    tdm_sim_model k8 = m8;
+    assert_int_equal(tdm_sim_model_set_kv_dtype(&k8, "fp8"), 0);
+    assert_int_equal(tdm_sim_model_set_kv_dtype(&k8, "int4"), -1);
+    assert_float_equal(tdm_sim_model_kv_bytes_per_token(&k8),
                        tdm_sim_model_kv_bytes_per_token(&m) / 2, 1e-9);
+    assert_float_equal(k8.bytes_per_param, 1, 0);
+    assert_int_equal(tdm_sim_model_set_kv_dtype(&k8, "auto"), 0);
+    assert_float_equal(k8.bytes_per_kv, 2, 0);
     tdm_sim_cost c, c8;
     tdm_sim_cost_init(&c, &m, &h);
     tdm_sim_cost_init(&c8, &m8, &h);
     tdm_sim_shape s = {0};
     s.prefill_tokens = 4096;
     s.prefill_reqs = s.emit_seqs = 1;
+    s.prefill_attn = 4096 * 2048.0;
     tdm_sim_cost_terms t, t8;
     tdm_sim_cost_step(&c, &s, &t);
     tdm_sim_cost_step(&c8, &s, &t8);
     assert_float_equal(t8.linear_compute_s / t.linear_compute_s, 989.0 / 1979.0, 1e-9);
+    /* attention stays on the bf16 tensor cores: fp8 weights do not speed it up */
+    assert_true(t.attn_prefill_s > 0);
+    assert_float_equal(t8.attn_prefill_s, t.attn_prefill_s, 1e-15);
     assert_float_equal(t8.linear_memory_s / t.linear_memory_s, 0.5, 1e-9);
     /* the A100 has no fp8 tensor cores: the bf16 rate */
     tdm_sim_hw a;
@@ -362,15 +380,21 @@ static void precision__fp8_halves_bytes_and_doubles_gemm_rate(void **state)
     assert_float_equal(cfg.pools[0].model.bytes_per_param, 1, 0);
     tdm_sim_config_free(&cfg);
     assert_int_equal(tdm_sim_config_parse("{\"deployment\": {\"mode\": \"disaggregated\", "
-                                          "\"precision\": \"fp8\", \"prefill\": {}, \"decode\": "
-                                          "{\"precision\": \"bf16\"}}}", "x", &m, &h, &cfg, err,
+                                          "\"precision\": \"fp8\", \"kv_cache_dtype\": \"fp8\", "
+                                          "\"prefill\": {}, \"decode\": {\"precision\": \"bf16\", "
+                                          "\"kv_cache_dtype\": \"auto\"}}}", "x", &m, &h, &cfg, err,
                                           sizeof err), 0);
     assert_float_equal(cfg.pools[0].model.bytes_per_kv, 1, 0);
+    assert_float_equal(cfg.pools[0].model.bytes_per_param, 1, 0);
     assert_float_equal(cfg.pools[1].model.bytes_per_kv, 2, 0);
+    assert_float_equal(cfg.pools[1].model.bytes_per_param, 2, 0);
     tdm_sim_config_free(&cfg);
     assert_int_equal(tdm_sim_config_parse("{\"deployment\": {\"precision\": 8}}", "x", &m, &h,
                                           &cfg, err, sizeof err), -1);
     assert_non_null(strstr(err, "\"precision\" must be"));
+    assert_int_equal(tdm_sim_config_parse("{\"deployment\": {\"kv_cache_dtype\": \"int4\"}}", "x",
+                                          &m, &h, &cfg, err, sizeof err), -1);
+    assert_non_null(strstr(err, "\"kv_cache_dtype\" must be"));
 }
 
 static void run__counts_extrapolated_steps(void **state)
@@ -477,8 +501,8 @@ static void sim_command__precision_and_table_model(void **state)
     snprintf(hw, sizeof hw, "%s/hw.json", dir);
     write_tmp(hw, sizeof hw, "tables/hw.json", json);
     snprintf(out, sizeof out, "%s/out.json", dir);
-    snprintf(cmd, sizeof cmd, "%s sim --hw %s --precision fp8 --max-requests 30 --quiet --json %s"
-             " >/dev/null", tool, hw, out);
+    snprintf(cmd, sizeof cmd, "%s sim --hw %s --precision fp8 --kv-cache-dtype fp8 --max-requests 30"
+             " --quiet --json %s >/dev/null", tool, hw, out);
     int rc = system(cmd);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
     json_error_t je;
@@ -575,7 +599,7 @@ int main(void)
         cmocka_unit_test(merge_and_write__round_trip),
         cmocka_unit_test(hw_json__table_model_sums_the_operators),
         cmocka_unit_test(hw_json__table_errors),
-        cmocka_unit_test(precision__fp8_halves_bytes_and_doubles_gemm_rate),
+        cmocka_unit_test(precision__fp8_halves_weight_bytes_and_doubles_gemm_rate),
         cmocka_unit_test(run__counts_extrapolated_steps),
         cmocka_unit_test(profile_to_tables__writes_a_table_model),
         cmocka_unit_test(sim_command__precision_and_table_model),

@@ -190,6 +190,52 @@ static int reqs_equal(const tdm_sim_trace *a, const tdm_sim_trace *b)
     return 1;
 }
 
+/* JSONL is parsed as it is read, in 4 MB chunks of whole lines: a 10 MB file with a 5 MB line
+ * (a buffer that must grow) loads exactly as the whole text parses, and an error past the
+ * first chunk names its own line. */
+static void trace_load__jsonl_streams_in_chunks(void **state)
+{
+    (void)state;
+    size_t cap = 16u << 20, n = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    size_t lines = 0;
+    for (int i = 0; i < 120000; i++, lines++)
+        n += (size_t)snprintf(text + n, cap - n, "{\"arrival_s\": %d, \"input_tokens\": %d, "
+                              "\"output_tokens\": %d, \"hash_ids\": [%d, %d]}\n", i, 1024 + i % 7,
+                              1 + i % 11, i % 5, i);
+    /* one line longer than a chunk */
+    n += (size_t)snprintf(text + n, cap - n, "{\"arrival_s\": 200000, \"input_tokens\": 100000000, "
+                          "\"output_tokens\": 2, \"hash_ids\": [0");
+    for (int k = 1; k < 700000; k++) n += (size_t)snprintf(text + n, cap - n, ",%d", k);
+    n += (size_t)snprintf(text + n, cap - n, "]}\n");
+    lines++;
+    for (int i = 0; i < 20000; i++, lines++)
+        n += (size_t)snprintf(text + n, cap - n, "{\"arrival_s\": %d, \"input_tokens\": 9, "
+                              "\"output_tokens\": 3}\n", 300000 + i);
+    assert_true(n > (size_t)(10u << 20) && n < cap);
+    char p[512];
+    write_tmp(p, sizeof p, "big.jsonl", text);
+    tdm_sim_trace a, b;
+    load_rows(p, NULL, &a, lines);
+    char err[TDM_SIM_ERRLEN];
+    assert_int_equal(tdm_sim_parse_jsonl(text, n, "big.jsonl", TDM_SIM_FMT_TANDEM, &b, err,
+                                         sizeof err), 0);
+    assert_true(reqs_equal(&a, &b));
+    assert_int_equal(a.n_hash, b.n_hash);
+    assert_memory_equal(a.hash_ids, b.hash_ids, a.n_hash * sizeof *a.hash_ids);
+    assert_int_equal(a.reqs[120000].num_hash, 100000000 / 512 + 1);
+    tdm_sim_trace_free(&a);
+    tdm_sim_trace_free(&b);
+    /* a bad line far past the first chunk */
+    n += (size_t)snprintf(text + n, cap - n, "{\"arrival_s\": 1e9, \"input_tokens\": \"x\"}\n");
+    write_tmp(p, sizeof p, "bad.jsonl", text);
+    char want[64];
+    snprintf(want, sizeof want, "bad.jsonl:%zu:", lines + 1);
+    load_fails(p, NULL, want);
+    free(text);
+}
+
 /* Vidur's request traces are detected by their arrived_at column and keep their arrivals. */
 static void trace_load__vidur_trace_keeps_its_arrivals(void **state)
 {
@@ -393,6 +439,7 @@ int main(void)
         cmocka_unit_test(trace_load__mooncake_default_jitter_spreads_bins),
         cmocka_unit_test(trace_load__length_files_get_poisson_arrivals),
         cmocka_unit_test(trace_load__gamma_cv_controls_burstiness),
+        cmocka_unit_test(trace_load__jsonl_streams_in_chunks),
         cmocka_unit_test(trace_load__vidur_trace_keeps_its_arrivals),
         cmocka_unit_test(trace_load__slo_class_column_and_field),
         cmocka_unit_test(trace_load__same_seed_same_trace),
