@@ -11,6 +11,7 @@
 
 #include "../../sim/table.c"
 #include "../../sim/metrics.c"
+#include "../../sim/sketch.c"
 #include "../../sim/rng.c"
 #include "../../sim/model.c"
 #include "../../sim/cost.c"
