@@ -11,18 +11,21 @@ from pathlib import Path
 
 from setuptools import setup
 
-cmdclass = {}
+kw = {}
 if (Path(__file__).resolve().parent / "tandem" / "_native" / "libtandem.so.1").is_file():
     from setuptools.command.bdist_wheel import bdist_wheel
+    from setuptools.dist import Distribution
+
+    class NativeDistribution(Distribution):
+        """Native files inside: installed into platlib, and the wheel is not pure."""
+
+        def has_ext_modules(self):
+            return True
 
     class bdist_wheel_native(bdist_wheel):
-        def finalize_options(self):
-            super().finalize_options()
-            self.root_is_pure = False
-
         def get_tag(self):
             return "py3", "none", super().get_tag()[2]
 
-    cmdclass["bdist_wheel"] = bdist_wheel_native
+    kw = {"distclass": NativeDistribution, "cmdclass": {"bdist_wheel": bdist_wheel_native}}
 
-setup(cmdclass=cmdclass)
+setup(**kw)
