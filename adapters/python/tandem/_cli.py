@@ -1,30 +1,24 @@
 """The `tandem` console command of the Python distribution: runs the native `tandem` executable.
 
 The self-contained wheel (make wheel) bundles the executable next to libtandem.so.1 in
-tandem/_native/ (its RUNPATH finds the library and the bundled dependencies there and in the
-wheel's .libs directory), and pip installs this entry point as `tandem` on the PATH. The
-executable is found, in order, through: TANDEM_TOOL (a path; when set, only that is tried),
-the bundled one, then the repository's build/tandem (a checkout used in place). This module
-imports nothing from the package, so the command works even where the bindings cannot load.
+tandem/_native/ (its RPATH finds the library there and the bundled dependencies in the
+wheel's tandem_serving.libs/), and pip installs this entry point as `tandem` on the PATH. The
+executable is found like the library (_lib.search_paths): TANDEM_TOOL (a path; when set, only
+that is tried), the bundled one, TANDEM_BUILD/tandem, the repository's build/tandem. Importing
+this module imports the package, which loads libtandem first: the executable links the same
+library, so where the bindings cannot load, neither could it.
 """
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
+
+from ._lib import search_paths
 
 
 def _candidates(environ=None, package_dir=None):
     """(path, how) pairs in the order they are tried."""
-    environ = os.environ if environ is None else environ
-    here = Path(__file__).resolve().parent if package_dir is None else Path(package_dir)
-    env = environ.get("TANDEM_TOOL")
-    if env:
-        yield env, "TANDEM_TOOL"
-        return
-    yield str(here / "_native" / "tandem"), "bundled"
-    if len(here.parents) > 2:
-        yield str(here.parents[2] / "build" / "tandem"), "repository build/"
+    return search_paths("TANDEM_TOOL", "tandem", "tandem", environ, package_dir)
 
 
 def find_tool(environ=None, package_dir=None) -> str:

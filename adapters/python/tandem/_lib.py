@@ -29,27 +29,34 @@ ABI_VERSION = 1
 c_token = c_int32
 
 
-#: The directory of the native files bundled in the self-contained wheel (make wheel):
-#: libtandem.so.1, the `tandem` executable and, when built, libtandem_cuda.so. Absent in a
-#: pure-Python install (pip install ./adapters/python).
-NATIVE_DIR = Path(__file__).resolve().parent / "_native"
+def search_paths(env_var, native_name, build_name, environ=None, package_dir=None):
+    """(path, how) pairs where a native file is looked for, in order: the variable env_var (a
+    path; when set and non-empty, nothing else), the copy bundled in this package's _native/
+    (the self-contained wheel of `make wheel`: libtandem.so.1, the `tandem` executable,
+    libtandem_cuda.so), TANDEM_BUILD/build_name, the repository's build/build_name (a
+    checkout used in place). environ and package_dir default to os.environ and this package."""
+    environ = os.environ if environ is None else environ
+    here = Path(__file__).resolve().parent if package_dir is None else Path(package_dir)
+    explicit = environ.get(env_var)
+    if explicit:
+        yield explicit, env_var
+        return
+    yield str(here / "_native" / native_name), "bundled"
+    build = environ.get("TANDEM_BUILD")
+    if build:
+        yield str(Path(build) / build_name), "TANDEM_BUILD"
+    # adapters/python/tandem/ -> the repository root is two levels up.
+    if len(here.parents) > 2:
+        yield str(here.parents[2] / "build" / build_name), "repository build/"
 
 
 def _candidates(environ=None, package_dir=None):
     """(path, how) pairs in the order they are tried; see the module docstring."""
     environ = os.environ if environ is None else environ
-    here = Path(__file__).resolve().parent if package_dir is None else Path(package_dir)
-    env = environ.get("TANDEM_LIBRARY")
-    if env:
-        yield env, "TANDEM_LIBRARY"
+    yield from search_paths("TANDEM_LIBRARY", f"libtandem.so.{ABI_VERSION}", "libtandem.so",
+                            environ, package_dir)
+    if environ.get("TANDEM_LIBRARY"):
         return
-    yield str(here / "_native" / f"libtandem.so.{ABI_VERSION}"), "bundled"
-    build = environ.get("TANDEM_BUILD")
-    if build:
-        yield str(Path(build) / "libtandem.so"), "TANDEM_BUILD"
-    # adapters/python/tandem/ -> the repository root is two levels up.
-    if len(here.parents) > 2:
-        yield str(here.parents[2] / "build" / "libtandem.so"), "repository build/"
     yield f"libtandem.so.{ABI_VERSION}", "system loader"
     found = ctypes.util.find_library("tandem")
     if found:

@@ -73,10 +73,11 @@ def test_cli__explicit_tool_is_the_only_one_tried(tmp_path):
     assert got == [("/t/tandem", "TANDEM_TOOL")]
 
 
-def test_cli__bundled_tool_before_repository_build(tmp_path):
+def test_cli__bundled_tool_before_build_directories(tmp_path):
     pkg = tmp_path / "a" / "b" / "tandem"
-    got = list(_cli._candidates({}, pkg))
+    got = list(_cli._candidates({"TANDEM_BUILD": "/b"}, pkg))
     assert got == [(str(pkg / "_native" / "tandem"), "bundled"),
+                   (str(Path("/b") / "tandem"), "TANDEM_BUILD"),
                    (str(tmp_path / "build" / "tandem"), "repository build/")]
 
 
