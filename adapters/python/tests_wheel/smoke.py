@@ -3,12 +3,14 @@ by `make wheel-check` (part of `make test`: a clean virtualenv on the build mach
 `make test-wheel` (a fresh Debian chroot with only python3 and python3-venv). Run it with the
 virtualenv's python, from outside the repository, with no TANDEM_* variable set.
 
-    python smoke.py [--trace FILE.csv] [--expect-no-system-libs]
+    python smoke.py [--trace FILE.csv] [--expect-no-system-libs] [--import-name-only]
 
 Each check prints "PASS name" or "FAIL name: why"; the exit status is the number of failures.
 --trace also runs `tandem sim` on a CSV trace (header + one row per request) and checks that
 every request completed; --expect-no-system-libs (the chroot) also checks that no libzmq,
-libsodium, jansson or msgpack-c exists outside the wheel and that there is no compiler.
+libsodium, jansson or msgpack-c exists outside the wheel and that there is no compiler;
+--import-name-only checks only that no other installed distribution has files under tandem/
+(the chroot runs it after installing vLLM).
 """
 import argparse
 import glob
@@ -150,15 +152,32 @@ def no_system_copies():
         assert shutil.which(cc) is None, f"a compiler is installed: {shutil.which(cc)}"
 
 
+def import_name_is_ours():
+    """No installed distribution but tandem-serving has files under tandem/ (after vLLM and
+    its dependencies are installed too: the import name `tandem` collides with none)."""
+    import importlib.metadata as md
+    owners = sorted({d.metadata["Name"] for d in md.distributions()
+                     for f in (d.files or ()) if f.parts and f.parts[0] == "tandem"})
+    assert owners == ["tandem-serving"], f"distributions with files under tandem/: {owners}"
+    print(f"     {len(list(md.distributions()))} distributions installed, tandem/ is "
+          f"tandem-serving's alone")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace")
     ap.add_argument("--expect-no-system-libs", action="store_true")
+    ap.add_argument("--import-name-only", action="store_true",
+                    help="only check that no other distribution installs tandem/")
     a = ap.parse_args()
+    if a.import_name_only:
+        check("import_name_is_ours", import_name_is_ours)
+        return len(FAILED)
     check("no_tandem_variables", no_tandem_variables)
     if a.expect_no_system_libs:
         check("no_system_copies_of_the_dependencies", no_system_copies)
     check("imports_bundled_library", imports_bundled_library)
+    check("import_name_is_ours", import_name_is_ours)
     check("dependencies_come_from_the_wheel", dependencies_come_from_the_wheel)
     check("schedules_with_prefix_cache", schedules_with_prefix_cache)
     check("tandem_command_runs", command_runs)
