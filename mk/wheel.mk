@@ -27,10 +27,11 @@ wheel-venv:
 	@scripts/wheel-venv $(WHEEL_VENV) $(PYTHON3)
 
 wheel: all wheel-venv
-	@scripts/build-wheel $(BUILD) $(WHEEL_VENV) $(WHEELHOUSE)
+	@scripts/build-wheel $(BUILD) $(WHEEL_VENV) $(WHEELHOUSE) $(HAVE_CUDA)
 
 test-wheel-quick: all
-	@scripts/wheel-check $(BUILD) $(WHEEL_VENV) $(WHEELHOUSE) $(RESULTS)/wheel-quick.counts $(PYTHON3)
+	@scripts/wheel-check $(BUILD) $(WHEEL_VENV) $(WHEELHOUSE) $(RESULTS)/wheel-quick.counts \
+	  $(PYTHON3) $(HAVE_CUDA)
 
 # The chroot is rebuilt from a cached base (debootstrap is slow) for every run; the trace is
 # copied in at test time. WHEEL_VLLM_PKG: the vLLM that TandemScheduler is checked against.
