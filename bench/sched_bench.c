@@ -17,60 +17,26 @@
  *            queue a heap; TTFT 2 s and TPOT 50 ms SLOs, half the requests with a priority or
  *            flagged TDM_REQ_SLO_DEPRIORITIZE) instead of FCFS (with SCHED_BENCH_ONLY=mixed).
  *   steady_allocs  heap allocations during the timed decode cycles: the library's own count
- *            (tdm__alloc_count) plus every libc malloc/calloc/realloc of the process (this file
- *            interposes them and forwards to glibc's __libc_* entry points).
+ *            (tdm__alloc_count) plus every libc malloc/calloc/realloc of the process (counted
+ *            by bench/common/alloc_count.c, linked into this benchmark only).
  * A baseline measured in the same run (touching 64 bytes per request, the least a scheduler
  * must do per request per step) is printed first. The last line is machine-readable.
  * Targets (printed, never enforced): decode <= 100 ns/req, mixed <= 100 us/step, 0 allocs.
  */
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/alloc_count.h"
+#include "common/bench_host.h"
 #include "internal.h"
 #include "tandem.h"
 #include "../sched/hash.h"
 
 #ifndef TDM_HAVE_SCHED_IMPL
 #define TDM_HAVE_SCHED_IMPL 1
-#endif
-
-/* ---- libc allocation counting (glibc) ---- */
-
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
-#define BENCH_COUNT_LIBC 1
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void __libc_free(void *);
-static atomic_ullong g_libc_allocs;
-void *malloc(size_t n);
-void *calloc(size_t n, size_t m);
-void *realloc(void *p, size_t n);
-void free(void *p);
-void *malloc(size_t n)
-{
-    atomic_fetch_add_explicit(&g_libc_allocs, 1, memory_order_relaxed);
-    return __libc_malloc(n);
-}
-void *calloc(size_t n, size_t m)
-{
-    atomic_fetch_add_explicit(&g_libc_allocs, 1, memory_order_relaxed);
-    return __libc_calloc(n, m);
-}
-void *realloc(void *p, size_t n)
-{
-    atomic_fetch_add_explicit(&g_libc_allocs, 1, memory_order_relaxed);
-    return __libc_realloc(p, n);
-}
-void free(void *p) { __libc_free(p); }
-static uint64_t libc_allocs(void) { return atomic_load(&g_libc_allocs); }
-#else
-#define BENCH_COUNT_LIBC 0
-static uint64_t libc_allocs(void) { return 0; }
 #endif
 
 static double now_s(void)
@@ -80,79 +46,34 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void die(const char *what, int rc, const tdm_sched *s)
-{
-    fprintf(stderr, "sched_bench: %s failed: %d (%s)\n", what, rc, s ? tdm_sched_errmsg(s) : "");
-    exit(1);
-}
+static void die(const char *what, int rc, const tdm_sched *s) { bench_die("sched_bench", what, rc, s); }
 
-#define CHECK(call, s)                                  \
-    do {                                                \
-        int rc_ = (call);                               \
-        if (rc_ != TDM_OK) die(#call, rc_, (s));        \
-    } while (0)
+#define CHECK(call, s) BENCH_CHECK(die, call, s)
 
-/* ---- a tiny host: per-request bookkeeping and the fake model ---- */
+/* ---- the host (bench/common/bench_host.c), timed around the library calls ---- */
 
-typedef struct host {
-    tdm_sched *s;
-    uint32_t cap;            /* ids are 0..cap-1 */
-    uint32_t *prompt_len;
-    uint32_t *out_len;
-    uint8_t *done;
-    uint64_t *ids;           /* output arrays, sized for max_num_seqs entries */
-    uint32_t *offs;
-    tdm_token *toks;
-    uint32_t finished_since;
-    double clock;            /* the host clock passed to step/update */
-    double t_lib;            /* seconds spent in step + update */
-    double t_step, t_update; /* the same, split */
-    double t_add;            /* seconds spent in tdm_sched_add (prompt digests are made there) */
-    int slo;                 /* SCHED_BENCH_POLICY set: requests get priorities, SLOs, flags */
-} host;
+typedef bench_host host;
 
 static void host_init(host *h, tdm_sched *s, uint32_t cap, uint32_t max_entries)
 {
-    memset(h, 0, sizeof(*h));
-    h->s = s;
-    h->cap = cap;
-    h->prompt_len = calloc(cap, sizeof(uint32_t));
-    h->out_len = calloc(cap, sizeof(uint32_t));
-    h->done = calloc(cap, 1);
-    h->ids = calloc(max_entries + 1, sizeof(uint64_t));
-    h->offs = calloc(max_entries + 2, sizeof(uint32_t));
-    h->toks = calloc(max_entries + 1, sizeof(tdm_token));
-    if (!h->prompt_len || !h->out_len || !h->done || !h->ids || !h->offs || !h->toks) die("calloc", -2, NULL);
+    if (bench_host_init(h, s, cap, max_entries)) die("calloc", -2, NULL);
 }
 
-static void host_free(host *h)
-{
-    free(h->prompt_len);
-    free(h->out_len);
-    free(h->done);
-    free(h->ids);
-    free(h->offs);
-    free(h->toks);
-}
+static void host_free(host *h) { bench_host_free(h); }
 
 static void host_add(host *h, uint32_t id, const tdm_token *prompt, uint32_t n, uint32_t max_tokens)
 {
     tdm_request_desc d;
-    tdm_request_desc_init(&d);
-    d.id = id;
-    d.prompt = prompt;
-    d.num_prompt_tokens = n;
-    d.max_tokens = max_tokens;
-    d.arrival_time = h->clock;
-    if (h->slo) {
-        d.priority = (int32_t)(id % 3);
-        d.ttft_slo = (id & 1) ? 2.0 : 0.0;
-        d.flags = (id & 2) ? TDM_REQ_SLO_DEPRIORITIZE : 0;
-    }
+    bench_host_desc(h, &d, id, prompt, n, max_tokens);
     double t0 = now_s();
     CHECK(tdm_sched_add(h->s, &d), h->s);
     h->t_add += now_s() - t0;
-    h->prompt_len[id] = n;
+}
+
+static tdm_token sample(void *ctx, uint64_t id)
+{
+    (void)ctx;
+    return (tdm_token)(100 + (id & 1023));
 }
 
 /* One cycle: step, fake outputs, update. Returns the number of scheduled requests. */
@@ -164,23 +85,8 @@ static uint32_t host_cycle(host *h)
     double t0 = now_s();
     CHECK(tdm_sched_step(h->s, h->clock, &b), h->s);
     double t1 = now_s();
-    uint32_t m = 0, nt = 0;
-    for (uint32_t i = 0; i < b.num_reqs; i++) {
-        uint64_t id = b.req_ids[i];
-        h->ids[m] = id;
-        h->offs[m] = nt;
-        if ((uint64_t)b.num_computed[i] + b.num_tokens[i] >= (uint64_t)h->prompt_len[id] + h->out_len[id])
-            h->toks[nt++] = (tdm_token)(100 + (id & 1023));
-        m++;
-    }
-    h->offs[m] = nt;
     tdm_step_output o;
-    tdm_step_output_init(&o);
-    o.num_reqs = m;
-    o.req_ids = h->ids;
-    o.token_offsets = h->offs;
-    o.tokens = h->toks;
-    o.now = h->clock + 0.01;
+    bench_host_output(h, &b, sample, NULL, &o);
     tdm_update_result r;
     tdm_update_result_init(&r);
     double t2 = now_s();
@@ -189,14 +95,7 @@ static uint32_t host_cycle(host *h)
     h->t_lib += (t1 - t0) + (t3 - t2);
     h->t_step += t1 - t0;
     h->t_update += t3 - t2;
-    for (uint32_t i = 0; i < r.num_reqs; i++) {
-        uint64_t id = r.req_ids[i];
-        h->out_len[id] += r.num_new_tokens[i];
-        if (r.finish_reasons[i] != TDM_FINISH_NONE && !h->done[id]) {
-            h->done[id] = 1;
-            h->finished_since++;
-        }
-    }
+    bench_host_account(h, &r);
     return b.num_reqs;
 }
 
@@ -267,7 +166,7 @@ static double bench_decode(uint32_t n, uint64_t *allocs)
     for (int k = 0; k < 20; k++) host_cycle(&h); /* admit all, reach steady decode */
     const int cycles = 270;
     double per[CHUNKS];
-    uint64_t a0 = tdm__alloc_count(), l0 = libc_allocs();
+    uint64_t a0 = tdm__alloc_count(), l0 = tdm_bench_libc_allocs();
     uint64_t sched_reqs = 0;
     h.t_step = h.t_update = 0;
     for (int c = 0; c < CHUNKS; c++) {
@@ -277,12 +176,12 @@ static double bench_decode(uint32_t n, uint64_t *allocs)
         per[c] = h.t_lib * 1e9 / (double)(reqs ? reqs : 1);
         sched_reqs += reqs;
     }
-    uint64_t a1 = tdm__alloc_count(), l1 = libc_allocs();
+    uint64_t a1 = tdm__alloc_count(), l1 = tdm_bench_libc_allocs();
     if (sched_reqs != (uint64_t)cycles * n) {
         fprintf(stderr, "sched_bench: decode%u scheduled %llu of %llu request-steps\n", n,
                 (unsigned long long)sched_reqs, (unsigned long long)cycles * n);
     }
-    *allocs = BENCH_COUNT_LIBC ? (l1 - l0) : (a1 - a0);
+    *allocs = tdm_bench_libc_counting() ? (l1 - l0) : (a1 - a0);
     if (a1 - a0 > *allocs) *allocs = a1 - a0;
     double ns = median(per, CHUNKS);
     printf("decode%-5u %8.1f ns/req/cycle  (median of %d runs of %d cycles [%.1f .. %.1f]; step %.0f%%;"
@@ -387,7 +286,7 @@ static double bench_hash(int algo, const char *name)
     double ns = median(per, CHUNKS);
     printf("hash_%-8s %6.1f ns/block     (16 tokens, chained; median of %d runs of %d blocks [%.1f .. %.1f]%s)\n",
            name, ns, CHUNKS, N / CHUNKS, per[0], per[CHUNKS - 1],
-           algo == TDM_PREFIX_HASH_SHA256 ? (hs.use_evp ? "; libcrypto EVP" : "; libcrypto SHA256_*") : "; libxxhash");
+           algo == TDM_PREFIX_HASH_SHA256 ? "; libcrypto SHA256_*" : "; libxxhash");
     tdm__hasher_free(&hs);
     return ns;
 }
@@ -455,7 +354,7 @@ int main(void)
     double p_sha = bench_prefix("sha256", 1);
     double p_xxh = bench_prefix("xxh3_128", 1);
     if (only && !strcmp(only, "prefix")) return 0;
-    uint64_t libc_before = libc_allocs();
+    uint64_t libc_before = tdm_bench_libc_allocs();
     double d256 = bench_decode(256, &al256);
     double d1024 = bench_decode(1024, &al1024);
     double d4096 = bench_decode(4096, &al4096);
@@ -463,9 +362,9 @@ int main(void)
     double mixed = bench_mixed("sha256", &add_sha);
     double mixed_xxh = bench_mixed("xxh3_128", &add_xxh);
     printf("libc allocations counted over the whole run: %llu (the counter works)\n",
-           (unsigned long long)(libc_allocs() - libc_before));
+           (unsigned long long)(tdm_bench_libc_allocs() - libc_before));
     printf("targets: decode <= 100 ns/req, mixed <= 100 us/step, steady_allocs 0%s\n",
-           BENCH_COUNT_LIBC ? "" : " (libc allocations not counted in this build)");
+           tdm_bench_libc_counting() ? "" : " (libc allocations not counted in this build)");
     printf("sched_bench decode256_ns_per_req=%.1f decode1024_ns_per_req=%.1f decode4096_ns_per_req=%.1f"
            " mixed_us_per_step=%.1f steady_allocs=%llu mixed_xxh3_us_per_step=%.1f"
            " hash_sha256_ns_per_block=%.1f hash_xxh3_128_ns_per_block=%.1f prefix_off_ns_per_block=%.1f"

@@ -396,8 +396,7 @@ TDM_API int tdm_batch_init(tdm_batch *b);
 TDM_API int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out);
 
 /* The host's report of one step, struct of arrays over num_reqs requests that were
- * scheduled (a subset in any order is fine; unknown or finished ids are skipped, as a
- * late output of an aborted request is in vLLM). */
+ * scheduled, in any order (see tdm_sched_update and tdm_sched_update_step for which). */
 typedef struct tdm_step_output {
     uint32_t struct_size;           /* sizeof(tdm_step_output) */
     uint32_t num_reqs;
@@ -426,14 +425,33 @@ TDM_API int tdm_update_result_init(tdm_update_result *r);
 /* Apply a step's output: append the sampled tokens, correct num_computed_tokens for
  * rejected drafts, apply max_tokens / max_model_len / EOS / stop tokens with trimming, free
  * finished requests' blocks (or hold them: REMOTE_DECODE), record timings. result may be NULL.
- * Each entry must report a step of that request that was scheduled and not yet reported
- * (in step order when the host keeps several batches in flight; without pipelining: exactly
- * the requests of the step just returned); tokens only for a step that completed the prompt
- * or decoded. A request finished after it was scheduled is skipped (vLLM). Errors, with
+ * Each entry reports the oldest step of that request that was scheduled and not yet
+ * reported (in step order when the host keeps several batches in flight; without pipelining:
+ * exactly the requests of the step just returned); tokens only for a step that completed the
+ * prompt or decoded. A request left out is not reported: its step stays owed, and a later
+ * report of that request is taken as the report of that older step, so a host must report
+ * every scheduled request, prefill chunks that sampled nothing included (with no tokens).
+ * A host that reports only the requests that sampled uses tdm_sched_update_step instead.
+ * A request finished after it was scheduled is skipped (vLLM). Errors, with
  * nothing applied: TDM_E_INVAL (malformed arrays, a duplicate id, now negative or not finite),
  * TDM_E_STATE (an unknown id, a request with no step awaiting its output such as a replayed
  * update, tokens for a non-final prefill chunk; the message names the request). */
 TDM_API int tdm_sched_update(tdm_sched *s, const tdm_step_output *out, tdm_update_result *result);
+
+/* Apply the output of the whole batch of step `step` (tdm_batch.step), as vLLM's
+ * update_from_output does: `out` lists the requests of that batch that have something to
+ * report, and a request of the batch it leaves out reports no tokens (a prefill chunk that
+ * did not complete its prompt, or a step whose samples the host discarded: its last token is
+ * computed again). Each batch with entries is reported once, in step order (the oldest first
+ * when several are in flight); the last 8 batches awaiting a report are kept, older ones can
+ * no longer be reported. A host uses this function for every batch or for none (per-request
+ * reports through tdm_sched_update do not retire batches). An empty report of a step that
+ * awaits none (an empty batch) is accepted and changes nothing but the clock. Otherwise as
+ * tdm_sched_update(); errors, with nothing applied: TDM_E_INVAL as there, TDM_E_STATE when
+ * `step` is not the oldest batch awaiting its report (the message names the step expected)
+ * or `out` names a request that was not in that batch (the message names it). */
+TDM_API int tdm_sched_update_step(tdm_sched *s, uint64_t step, const tdm_step_output *out,
+                                  tdm_update_result *result);
 
 /* Store speculative draft tokens for the next step of request id (replacing earlier ones);
  * they are scheduled with it and verified by the next update. Errors: TDM_E_NOT_FOUND,

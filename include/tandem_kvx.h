@@ -111,7 +111,13 @@ TDM_API int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out);
 /* The same from a JSON object with the keys engine_id, role ("prefill"|"decode"|"both"),
  * listen, curve: {secret_key, public_key, allowed_clients: [...]}, transports: ["zmq","shm",
  * "cuda_ipc","nixl"], heartbeat_ms, peer_timeout_ms, handshake_timeout_ms, transfer_timeout_ms,
- * cancel_timeout_ms, max_chunk_bytes, shm_slots. Unknown keys are errors (TDM_E_CONFIG). */
+ * cancel_timeout_ms, max_chunk_bytes, shm_slots. Unknown keys are errors (TDM_E_CONFIG).
+ * Also, through JSON only (tdm_kvx_create gives their defaults): max_peers_per_source and
+ * max_peers_per_key (accepted peers from one source address / of one CURVE key; default 64
+ * of the 256 slots each), peer_idle_ms (an accepted peer that started no transfer this long
+ * after its HELLO gives its slot to a new peer when all are taken; default 10000) and
+ * nixl_require_curve (bool, default false: NIXL only with peers authenticated by CURVE).
+ * docs/protocol.md section 7. */
 TDM_API int tdm_kvx_create_json(const char *json, tdm_kvx **out);
 
 /* Stop the I/O thread, tell connected peers goodbye, close sockets, unmap shared memory and

@@ -305,6 +305,11 @@ static int start(tdm_kvx *k)
 
 int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out)
 {
+    return tdm__kvx_create_lim(cfg, NULL, out);
+}
+
+int tdm__kvx_create_lim(const tdm_kvx_config *cfg, const tdm__kvx_limits *lim, tdm_kvx **out)
+{
     tdm__kvx_err_clear();
     if (!out) return tdm__kvx_fail(TDM_E_INVAL, "out is NULL");
     int rc = check_config(cfg);
@@ -315,6 +320,10 @@ int tdm_kvx_create(const tdm_kvx_config *cfg, tdm_kvx **out)
     k->wake_fd = k->ev_fd = -1;
     memcpy(&k->cfg, cfg, TDM_MIN(sizeof(k->cfg), cfg->struct_size));
     k->cfg.struct_size = sizeof(k->cfg);
+    if (lim) k->lim = *lim;
+    if (!k->lim.max_peers_per_source) k->lim.max_peers_per_source = MAX_PEERS / 4;
+    if (!k->lim.max_peers_per_key) k->lim.max_peers_per_key = MAX_PEERS / 4;
+    if (!k->lim.peer_idle_ms) k->lim.peer_idle_ms = 10000;
     k->cfg.listen_endpoint = NULL;
     k->cfg.engine_id = k->engine_id;
     k->cfg.curve_secret_key = k->cfg.curve_public_key = NULL;

@@ -252,6 +252,8 @@ int tdm_kvx_create_json(const char *json, tdm_kvx **out)
     const char *allowed[64];
     tdm_kvx_config c;
     tdm_kvx_config_init(&c);
+    tdm__kvx_limits lim;
+    memset(&lim, 0, sizeof(lim));
     if (!json_is_object(root)) { rc = tdm__kvx_fail(TDM_E_CONFIG, "the config must be a JSON object"); goto out; }
     const char *key;
     json_t *v;
@@ -307,10 +309,17 @@ int tdm_kvx_create_json(const char *json, tdm_kvx **out)
         else if (!strcmp(key, "cancel_timeout_ms")) rc = json_u32(v, key, &c.cancel_timeout_ms);
         else if (!strcmp(key, "max_chunk_bytes")) rc = json_u32(v, key, &c.max_chunk_bytes);
         else if (!strcmp(key, "shm_slots")) rc = json_u32(v, key, &c.shm_slots);
+        else if (!strcmp(key, "max_peers_per_source")) rc = json_u32(v, key, &lim.max_peers_per_source);
+        else if (!strcmp(key, "max_peers_per_key")) rc = json_u32(v, key, &lim.max_peers_per_key);
+        else if (!strcmp(key, "peer_idle_ms")) rc = json_u32(v, key, &lim.peer_idle_ms);
+        else if (!strcmp(key, "nixl_require_curve")) {
+            if (!json_is_boolean(v)) rc = tdm__kvx_fail(TDM_E_CONFIG, "\"nixl_require_curve\" must be a boolean");
+            else lim.nixl_require_curve = json_is_true(v);
+        }
         else rc = tdm__kvx_fail(TDM_E_CONFIG, "unknown key \"%s\"", key);
         if (rc) break;
     }
-    if (!rc) rc = tdm_kvx_create(&c, out);
+    if (!rc) rc = tdm__kvx_create_lim(&c, &lim, out);
 out:
     json_decref(root);
     return rc;

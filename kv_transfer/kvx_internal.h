@@ -92,6 +92,17 @@ extern const tdm__kvx_transport tdm__kvx_cuda_ipc_transport;
 
 enum { PEER_FREE = 0, PEER_HANDSHAKE, PEER_ALIVE, PEER_DEAD };
 
+/* Settings that tdm_kvx_create_json accepts beyond tdm_kvx_config (0 = the default). */
+typedef struct tdm__kvx_limits {
+    uint32_t max_peers_per_source;  /* accepted peers from one Peer-Address; default 64 */
+    uint32_t max_peers_per_key;     /* of one CURVE key; default 64 */
+    uint32_t peer_idle_ms;          /* no transfer this long after HELLO: slot reclaimable */
+    uint32_t nixl_require_curve;    /* NIXL only with CURVE-authenticated peers */
+} tdm__kvx_limits;
+
+/* tdm_kvx_create with those settings (lim NULL: the defaults). */
+int tdm__kvx_create_lim(const tdm_kvx_config *cfg, const tdm__kvx_limits *lim, tdm_kvx **out);
+
 typedef struct kvx_peer {
     uint32_t id;                   /* (generation << 16) | slot index: ids are never reused */
     uint32_t gen;
@@ -122,6 +133,11 @@ typedef struct kvx_peer {
     int hs_done, hs_status;
     int hs_waiting;                /* tdm_kvx_connect still reads this slot */
     char hs_reason[TDM__KVX_REASON_LEN];
+    /* an accepted peer: where from, and whether it has done more than HELLO and PING */
+    char src[48];                  /* ZeroMQ Peer-Address ("" over ipc) */
+    char key[41];                  /* its CURVE key (Z85), "" without CURVE */
+    double t_hello;
+    int used;
 } kvx_peer;
 
 enum { XS_WAIT = 1, XS_ACTIVE, XS_DRAIN, XS_CANCELLING };
@@ -233,6 +249,8 @@ struct tdm_kvx {
     int test_stop;                 /* TDM_KVX_TEST_STOP_AT, 0 = none */
     tdm__kvx_nixl *nixl;           /* TDM_KVX_TRANSPORT_NIXL configured: agent, registrations */
     tdm_kvx_stats st;
+    tdm__kvx_limits lim;           /* peer slots and NIXL policy (JSON-only settings) */
+    uint64_t peers_refused, peers_reclaimed;
 };
 
 /* Test hook: stages of the handshake and transfer at which a test can stop this process.

@@ -268,7 +268,11 @@ static int server_shm(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, tdm__kvx
 static void server_nixl(tdm_kvx *k, kvx_peer *p, const tdm__kvx_hello *h, tdm__kvx_hello *ack)
 {
     char nwhy[TDM__KVX_REASON_LEN];
-    if ((ack->transports & TDM_KVX_TRANSPORT_NIXL) && tdm__kvx_nixl_peer_open(k, p, h, nwhy, sizeof(nwhy)) == TDM_OK)
+    /* nixl_require_curve: an accepted NIXL peer may read our whole registered region, so
+     * only a peer whose CURVE key we allowed gets it (docs/protocol.md section 7) */
+    int allowed = !k->lim.nixl_require_curve || (k->curve && p->key[0]);
+    if (allowed && (ack->transports & TDM_KVX_TRANSPORT_NIXL) &&
+        tdm__kvx_nixl_peer_open(k, p, h, nwhy, sizeof(nwhy)) == TDM_OK)
         return;
     ack->transports &= ~(uint32_t)TDM_KVX_TRANSPORT_NIXL;
     ack->nixl_agent[0] = '\0';
@@ -285,8 +289,50 @@ static int engine_taken(tdm_kvx *k, const char *id, uint32_t except, int *outgoi
     return -1;
 }
 
+/* Accepted peers from src (and of key, when not "") other than slot except: 0 or the reason
+ * why one more would exceed max_peers_per_source / max_peers_per_key. */
+static int peer_caps(tdm_kvx *k, const char *src, const char *key, int except, char *why, size_t n)
+{
+    uint32_t from_src = 0, of_key = 0;
+    for (uint32_t i = 0; i < k->num_peers; i++) {
+        const kvx_peer *q = &k->peers[i];
+        if ((int)i == except || q->outgoing || q->state != PEER_ALIVE) continue;
+        from_src += !strcmp(q->src, src);
+        of_key += key[0] && !strcmp(q->key, key);
+    }
+    if (from_src >= k->lim.max_peers_per_source) {
+        snprintf(why, n, "too many peers from %.40s (max_peers_per_source %u)", src[0] ? src : "ipc",
+                 k->lim.max_peers_per_source);
+        return TDM_E_NO_SPACE;
+    }
+    if (of_key >= k->lim.max_peers_per_key) {
+        snprintf(why, n, "too many peers of this CURVE key (max_peers_per_key %u)", k->lim.max_peers_per_key);
+        return TDM_E_NO_SPACE;
+    }
+    return TDM_OK;
+}
+
+/* All slots taken: the accepted peer that has started no transfer for the longest time, at
+ * least peer_idle_ms after its HELLO, gives up its slot. 1 when one did. */
+static int reclaim_idle_peer(tdm_kvx *k)
+{
+    double now = tdm__now(), idle = k->lim.peer_idle_ms / 1000.0;
+    kvx_peer *best = NULL;
+    for (uint32_t i = 0; i < k->num_peers; i++) {
+        kvx_peer *q = &k->peers[i];
+        if (q->outgoing || q->state != PEER_ALIVE || q->used || now - q->t_hello < idle) continue;
+        int busy = 0;
+        for (kvx_xfer *x = k->xfers; x && !busy; x = x->next) busy = x->peer == q->id;
+        if (!busy && (!best || q->t_hello < best->t_hello)) best = q;
+    }
+    if (!best) return 0;
+    tdm__kvx_peer_lost(k, best, TDM_E_PEER, "slot reclaimed: no transfer since its HELLO");
+    k->peers_reclaimed++;
+    return 1;
+}
+
 static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm__kvx_msg *m, int decode_rc,
-                     const char *decode_why)
+                     const char *decode_why, const char *src, const char *key)
 {
     tdm__kvx_msg a;
     tdm__kvx_msg_init(&a, TDM__KVX_HELLO_ACK);
@@ -312,10 +358,16 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
         st = TDM_E_EXISTS;
         snprintf(why, sizeof(why), "already connected to engine '%s'", m->hello.engine_id);
     }
+    if (!st) st = peer_caps(k, src, key, other, why, sizeof(why));
     kvx_peer *p = NULL;
     if (!st) {
         if (other >= 0) tdm__kvx_peer_lost(k, &k->peers[other], TDM_E_PEER, "the peer reconnected");
         p = tdm__kvx_peer_new(k);
+        if (!p && reclaim_idle_peer(k)) p = tdm__kvx_peer_new(k);
+        if (p) {
+            snprintf(p->src, sizeof(p->src), "%s", src);   /* before server_nixl reads it */
+            snprintf(p->key, sizeof(p->key), "%s", key);
+        }
         if (!p) { st = TDM_E_NO_SPACE; snprintf(why, sizeof(why), "too many peers"); }
         else if (!(st = peer_adopt(k, p, &m->hello, why, sizeof(why)))) {
             server_nixl(k, p, &m->hello, &a.hello);
@@ -332,6 +384,7 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
         }
     }
     if (st) {
+        if (st == TDM_E_NO_SPACE) k->peers_refused++;
         a.status = st;
         snprintf(a.reason, sizeof(a.reason), "%s", why);
         a.hello.scale_kind = TDM_KV_SCALE_NONE;   /* a refusal needs no scales, segment */
@@ -344,6 +397,7 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
     }
     memcpy(p->rtid, rtid, rtid_len);
     p->rtid_len = rtid_len;
+    p->t_hello = tdm__now();
     peer_up(k, p);
     tdm__kvx_send_frames(k, p, &a, NULL);
 }
@@ -499,15 +553,19 @@ static void dispatch(tdm_kvx *k, kvx_peer *p, const zmq_msg_t *rt, zmq_msg_t *fr
     if (!p && rt) {
         /* unknown routing id: only a HELLO (or a HELLO of another version) is acceptable */
         size_t rl = zmq_msg_size(rt);
+        const char *src = zmq_msg_gets(&frames[0], "Peer-Address");
+        const char *key = zmq_msg_gets(&frames[0], "User-Id");
+        if (!src) src = "";
+        if (!key) key = "";
         if (rl == 0 || rl > sizeof(p->rtid)) { k->st.msgs_rejected++; return; }
         if ((rc == TDM_OK && m.type == TDM__KVX_HELLO && nf == 1) || rc == TDM_E_VERSION) {
-            on_hello(k, zmq_msg_data((zmq_msg_t *)rt), rl, &m, rc, why);
+            on_hello(k, zmq_msg_data((zmq_msg_t *)rt), rl, &m, rc, why, src, key);
             return;
         }
         if (rc == TDM_E_PROTOCOL && m.type == TDM__KVX_HELLO && nf == 1) {
             /* a malformed HELLO is refused with the reason (and counted) */
             k->st.msgs_rejected++;
-            on_hello(k, zmq_msg_data((zmq_msg_t *)rt), rl, &m, rc, why);
+            on_hello(k, zmq_msg_data((zmq_msg_t *)rt), rl, &m, rc, why, src, key);
             return;
         }
         k->st.msgs_rejected++;
@@ -528,6 +586,7 @@ static void dispatch(tdm_kvx *k, kvx_peer *p, const zmq_msg_t *rt, zmq_msg_t *fr
         return;
     }
     if (p->state != PEER_ALIVE) { k->st.msgs_rejected++; return; }
+    if (m.type != TDM__KVX_PING && m.type != TDM__KVX_BYE) p->used = 1; /* keeps its slot */
     p->last_rx = tdm__now();
     if (!p->outgoing && tdm__kvx_shm_named(p->shm)) {
         /* the client's first message after our HELLO_ACK: it has mapped our segment */
@@ -744,19 +803,21 @@ void *tdm__kvx_zap_main(void *arg)
             break;
         }
         const char *code = "400", *text = "not allowed";
+        char user[41] = "";
         if (nf >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
             zmq_msg_size(&f[6]) == 32) {
             char z[41];
             zmq_z85_encode(z, zmq_msg_data(&f[6]), 32);
             for (uint32_t i = 0; i < k->num_allowed; i++)
                 if (!memcmp(z, k->allowed[i], 40)) { code = "200"; text = "OK"; }
+            if (code[0] == '2') memcpy(user, z, sizeof(user)); /* User-Id: per-key peer caps */
         }
         if (nf >= 2) {
             zmq_send(s, "1.0", 3, ZMQ_SNDMORE);
             zmq_send(s, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
             zmq_send(s, code, 3, ZMQ_SNDMORE);
             zmq_send(s, text, strlen(text), ZMQ_SNDMORE);
-            zmq_send(s, "", 0, ZMQ_SNDMORE);
+            zmq_send(s, user, strlen(user), ZMQ_SNDMORE);
             zmq_send(s, "", 0, 0);
         }
         for (int i = 0; i < nf; i++) zmq_msg_close(&f[i]);

@@ -525,7 +525,7 @@ static int send_direct(tdm_kvx *k, kvx_xfer *x, kvx_peer *p, uint32_t lb, uint32
     zmq_msg_close(&frame);
     if (rc == TDM_E_AGAIN) { p->tx_blocked = 1; return 0; }
     if (rc) { tdm__kvx_finish(k, x, TDM_KVX_EV_FAILED, TDM_E_PEER, "send failed", 0); return -1; }
-    chunk_sent(k, x, lb, le, cnt, nbytes, 1);
+    chunk_sent(k, x, lb, le, cnt, nbytes, p->nx == NULL); /* direct over NIXL is not shm */
     return 1;
 }
 

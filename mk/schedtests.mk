@@ -1,5 +1,5 @@
 # mk/schedtests.mk -- build rules for the scheduler tests (tests/unit/sched/) and the
-# scheduler benchmark (bench/sched_bench.c).
+# scheduler benchmark (bench/sched_bench.c, with the allocation counter of bench/common/).
 #
 # TDM_HAVE_SCHED_IMPL tells the test and benchmark sources whether sched/ has its
 # implementation yet: without it they compile to a binary that reports one skipped test
@@ -21,3 +21,13 @@ $(SCHED_PLUGIN_SO): tests/unit/sched/plugin_sjf.c include/tandem.h
 
 tests: $(SCHED_PLUGIN_SO)
 $(BUILD)/tests/sched/test_sched_policy: $(SCHED_PLUGIN_SO)
+
+# The benchmark counts libc allocations (steady_allocs) with the malloc interposer of
+# bench/common/alloc_count.c, linked into it alone (never into the library), and drives the
+# library through the host of bench/common/bench_host.c (shared with bench/ir/sched_ir.c).
+BENCH_HOST        := bench/common/bench_host.c bench/common/bench_host.h
+BENCH_ALLOC_COUNT := bench/common/alloc_count.c bench/common/alloc_count.h
+$(BUILD)/bench/sched_bench: bench/sched_bench.c $(BENCH_ALLOC_COUNT) $(BENCH_HOST) $(LIB_A) $(SIM_A) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Isim $(ALL_CFLAGS) -o $@ $< bench/common/alloc_count.c bench/common/bench_host.c \
+	  $(SIM_A) $(LIB_A) $(LINK_LIBS)

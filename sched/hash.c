@@ -1,6 +1,6 @@
 /*
- * hash.c -- the prefix cache's block digests from libraries (see hash.h): SHA-256 through
- * OpenSSL's EVP API (the default; collision-resistant) and XXH3-128 from libxxhash (fast, not
+ * hash.c -- the prefix cache's block digests from libraries (see hash.h): SHA-256 from
+ * OpenSSL's libcrypto (the default; collision-resistant) and XXH3-128 from libxxhash (fast, not
  * collision-resistant against a chosen-prompt attacker). A block is serialized into the
  * hasher's buffer as
  *     parent digest (L bytes; L zero bytes for the first block)
@@ -10,14 +10,16 @@
  * XXH3-128 digests are stored in xxHash's canonical (big-endian) byte order, the bytes
  * `xxhsum -H2` and Python's xxhash.xxh3_128_digest print.
  *
- * Allocation: OpenSSL 3.0's EVP_DigestInit frees and allocates the provider's context on
- * every call (OpenSSL >= 3.1 reuses it), i.e. one malloc per block. The scheduler must not
- * allocate in steady state, so with a 3.0 library at run time the SHA-256 digest is taken
- * with libcrypto's SHA256_Init/Update/Final on a stack context instead (deprecated in 3.0 but
- * shipped by every 3.x; the same SHA-256, allocation-free); from 3.1 on it is EVP.
+ * The cost: SHA-256 is taken with libcrypto's SHA256_Init/Update/Final on a stack context
+ * (deprecated in 3.0 but shipped by every 3.x). That is libcrypto's fast path: no provider
+ * look-up, no context set-up or allocation per digest (OpenSSL 3.0's EVP_DigestInit frees
+ * and allocates the provider's context on every call; 3.1+ still dispatches through the
+ * provider per call), and the block function is the one libcrypto picks for the CPU at load
+ * time (the SHA extensions where the CPU has them, else AVX2/SSSE3 code). The digest is
+ * written straight into its 32-byte slot. EVP is used once, at init, to check that the
+ * library provides SHA-256 at all (a FIPS-only configuration, say, may not).
  */
-#define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_Init & co. for OpenSSL 3.0 (see above) */
-#include <openssl/crypto.h>
+#define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_Init & co. (see above) */
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <xxhash.h>
@@ -31,21 +33,12 @@ int tdm__hasher_init(tdm__hasher *h)
     memset(h, 0, sizeof(*h));
     EVP_MD *md = EVP_MD_fetch(NULL, "SHA256", NULL);
     if (!md) return TDM_E_INTERNAL;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    if (!ctx) {
-        EVP_MD_free(md);
-        return TDM_E_NOMEM;
-    }
-    h->md = md;
-    h->ctx = ctx;
-    h->use_evp = OpenSSL_version_num() >= 0x30100000UL;
+    EVP_MD_free(md);
     return TDM_OK;
 }
 
 void tdm__hasher_free(tdm__hasher *h)
 {
-    EVP_MD_CTX_free(h->ctx);
-    EVP_MD_free(h->md);
     tdm__free(h->buf);
     memset(h, 0, sizeof(*h));
 }
@@ -75,25 +68,20 @@ static inline unsigned char *put_u32le(unsigned char *p, uint32_t v)
 
 static int digest(const tdm__hasher *h, int algo, const void *data, size_t len, tdm__digest *out)
 {
-    memset(out, 0, sizeof(*out));
+    (void)h;
     if (algo == TDM_PREFIX_HASH_XXH3_128) {
         XXH128_canonical_t c;
         XXH128_canonicalFromHash(&c, XXH3_128bits(data, len));
         memcpy(out, c.digest, sizeof(c.digest));
+        memset((unsigned char *)out + sizeof(c.digest), 0, sizeof(*out) - sizeof(c.digest));
         return TDM_OK;
     }
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    if (h->use_evp) {
-        if (!EVP_DigestInit_ex2(h->ctx, h->md, NULL) || !EVP_DigestUpdate(h->ctx, data, len) ||
-            !EVP_DigestFinal_ex(h->ctx, md, &n) || n != 32)
-            return TDM_E_INTERNAL;
-    } else {
-        SHA256_CTX c;
-        if (!SHA256_Init(&c) || !SHA256_Update(&c, data, len) || !SHA256_Final(md, &c))
-            return TDM_E_INTERNAL;
+    _Static_assert(sizeof(tdm__digest) == SHA256_DIGEST_LENGTH, "a SHA-256 digest fills a tdm__digest");
+    SHA256_CTX c;
+    if (!SHA256_Init(&c) || !SHA256_Update(&c, data, len) || !SHA256_Final((unsigned char *)out, &c)) {
+        memset(out, 0, sizeof(*out));
+        return TDM_E_INTERNAL;
     }
-    memcpy(out, md, 32);
     return TDM_OK;
 }
 

@@ -1,6 +1,6 @@
 /*
  * hash.h -- the chained block hash of the prefix cache, computed by well-kept libraries
- * (SHA-256 from OpenSSL's libcrypto through the EVP API, or XXH3-128 from libxxhash), and
+ * (SHA-256 from OpenSSL's libcrypto, or XXH3-128 from libxxhash), and
  * the digest type the block pool indexes. A block's digest covers its parent block's digest,
  * its token ids and an extra key (the digest of the cache salt, first block only), so equal
  * digests mean equal prefixes up to the algorithm's collision resistance. Hosts may supply
@@ -30,19 +30,16 @@ static inline int tdm__digest_eq(const tdm__digest *a, const tdm__digest *b)
     return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) | (a->w[3] ^ b->w[3])) == 0;
 }
 
-/* The hashing state of one scheduler: the fetched algorithm, a reusable digest context and
- * a serialization buffer sized for one block. Not thread-safe (one per scheduler). */
+/* The hashing state of one scheduler: a serialization buffer sized for one block (the
+ * SHA-256 context lives on the stack of each digest; see hash.c). Not thread-safe (one per
+ * scheduler). */
 typedef struct tdm__hasher {
-    void *md;               /* EVP_MD * (SHA-256), fetched once */
-    void *ctx;              /* EVP_MD_CTX * */
     unsigned char *buf;     /* parent | n | tokens | extra_len | extra */
     size_t cap;             /* bytes of buf */
-    int use_evp;            /* SHA-256 through EVP (libcrypto >= 3.1), else SHA256_* (3.0,
-                               whose EVP allocates per digest; see hash.c) */
 } tdm__hasher;
 
-/* Fetch SHA-256 and create the context. TDM_OK, TDM_E_NOMEM or TDM_E_INTERNAL (libcrypto
- * has no SHA-256: a broken installation). */
+/* Check that libcrypto provides SHA-256. TDM_OK or TDM_E_INTERNAL (it does not: a broken
+ * or FIPS-restricted installation). */
 int tdm__hasher_init(tdm__hasher *h);
 void tdm__hasher_free(tdm__hasher *h);
 

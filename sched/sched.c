@@ -143,6 +143,8 @@ void tdm_sched_destroy(tdm_sched *s)
     tdm__free(s->ad_long);
     tdm__free(s->running);
     tdm__vec_free(&s->finished);
+    tdm__vec_free(&s->lingering);
+    for (uint32_t i = 0; i < TDM__KEPT_BATCHES; i++) tdm__vec_free(&s->kept[i].ids);
     tdm__policy_drop(s);
     tdm__free(s->victim_views);
     tdm__free(s->victim_ptrs);
@@ -271,9 +273,10 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
     const tdm_request_desc *d = &dc;
     int rc = validate_desc(s, d);
     if (rc) return rc;
-    /* Reserve first so that nothing after the map insert can fail: the finished array and
-     * the heap hold room for every live request. */
+    /* Reserve first so that nothing after the map insert can fail: the finished and
+     * lingering arrays and the heap hold room for every live request. */
     if (tdm__vec_reserve(&s->finished, s->map_len + 1, sizeof(tdm__req *)) ||
+        tdm__vec_reserve(&s->lingering, s->map_len + 1, sizeof(tdm__req *)) ||
         tdm__waiting_reserve(s, s->map_len + 1))
         return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
     /* One allocation: the record, the prompt digests (room for every full prompt block: the

@@ -73,6 +73,8 @@ struct tdm__req {
      * bring sampled tokens. Steps older than the newest 64 never do (see update.c). */
     uint64_t pend_bits;
     uint32_t pend_n;
+    uint64_t pend_step;        /* the step of the newest awaited one */
+    uint64_t batch_mark;       /* update stamp: in the batch a named update reports */
     double first_sched, first_token, last_token, max_gap;
 
     /* ---- cold ---- */
@@ -160,6 +162,14 @@ typedef struct tdm__vec {
     uint32_t len, cap;
 } tdm__vec;
 
+/* A batch awaiting a named report (tdm_sched_update_step), kept past the step that made
+ * it: its step and request ids. */
+#define TDM__KEPT_BATCHES 8u
+typedef struct tdm__kept_batch {
+    uint64_t step;
+    tdm__vec ids;              /* uint64_t */
+} tdm__kept_batch;
+
 struct tdm_sched {
     tdm__err err;
     tdm__params prm;
@@ -184,6 +194,13 @@ struct tdm_sched {
     tdm__list held;     /* FINISHED_HELD for a remote decode, finish (= deadline) order */
     uint32_t remote_aborted; /* FINISHED_HELD requests still in `remote` (aborted receives) */
     tdm__vec finished;  /* tdm__req *: finished since the last step */
+    tdm__vec lingering; /* tdm__req *: finished and reported, kept for a step awaiting its
+                           update (freed by update.c once none is owed) */
+    uint64_t reported_step; /* the newest step an update is known to have reported */
+    /* batches awaiting a named report: the latest (the step's entries), then older ones */
+    bool latest_awaited;
+    tdm__kept_batch kept[TDM__KEPT_BATCHES]; /* ring, oldest at kept_head */
+    uint32_t kept_head, kept_len;
 
     /* policy */
     tdm_policy policy;  /* valid when prm.policy == TDM_POLICY_CUSTOM */
@@ -319,8 +336,19 @@ int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs);
 /* step: offer r's full blocks of its first upto_tokens tokens to the prefix cache */
 void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens);
 
+/* update: the batches awaiting a named report. Before a step: room to keep the latest
+ * batch (TDM_E_NOMEM), then keep it; once a named update has taken a batch: drop it. */
+int tdm__batch_reserve(tdm_sched *s);
+void tdm__batch_keep(tdm_sched *s);
+void tdm__batch_reported(tdm_sched *s, bool kept);
+
 /* update: record a scheduled step whose output is awaited (finalize of each step) */
-void tdm__pend_push(tdm__req *r, bool samples);
+static inline void tdm__pend_push(tdm__req *r, bool samples, uint64_t step)
+{
+    r->pend_bits = (r->pend_bits << 1) | (samples ? 1u : 0u);
+    if (r->pend_n < UINT32_MAX) r->pend_n++;
+    r->pend_step = step;
+}
 
 /* cost model */
 double tdm__cost_estimate(const tdm_sched *s, const tdm_step_shape *sh);

@@ -163,6 +163,9 @@ typedef struct step_ctx {
     uint32_t partial_prefills; /* prefills in this step (decode-first limit) */
     uint64_t out_blocks_bound; /* upper bound of the block ids the batch will list */
     uint32_t threshold;        /* long_prefill_token_threshold, 0 when one request is eligible */
+    uint32_t bs, look;         /* block_size, num_lookahead_tokens */
+    uint64_t max_len;          /* max_model_len */
+    bool caching;              /* enable_prefix_caching */
     bool stop_running;         /* a request preempted itself: the running pass ends (vLLM <= 0.32) */
 } step_ctx;
 
@@ -180,7 +183,7 @@ static bool reserve_blocks_for(step_ctx *c, const tdm__req *r)
     return true;
 }
 
-static void add_entry(step_ctx *c, tdm__req *r, uint32_t n, uint32_t computed, uint32_t first_new, uint8_t kind)
+static inline __attribute__((always_inline)) void add_entry(step_ctx *c, tdm__req *r, uint32_t n, uint32_t computed, uint32_t first_new, uint8_t kind)
 {
     tdm_sched *s = c->s;
     tdm__entry *e = &s->entries[s->num_entries];
@@ -233,7 +236,7 @@ static void preempt_at(step_ctx *c, uint32_t idx)
 
 /* Schedule running request at index *i. `which`: 0 any, 1 decodes only, 2 prefills only.
  * Advances *i past it unless it was removed from running. */
-static void schedule_running(step_ctx *c, uint32_t *i, int which)
+static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, uint32_t *i, int which)
 {
     tdm_sched *s = c->s;
     tdm__req *r = s->running[*i];
@@ -257,7 +260,7 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
     uint64_t n = r->num_computed < end ? end + r->num_spec - r->num_computed : 0;
     if (c->threshold && n > c->threshold) n = c->threshold;
     n = TDM_MIN(n, (uint64_t)c->budget);
-    uint64_t room = (uint64_t)s->prm.max_model_len - 1;
+    uint64_t room = c->max_len - 1;
     n = r->num_computed >= room ? 0 : TDM_MIN(n, room - r->num_computed);
     if (!decode && c->tbt)
         n = tbt_fit(s, &c->shape, r->num_computed, (uint32_t)n, s->num_entries == 0, c->target);
@@ -268,24 +271,33 @@ static void schedule_running(step_ctx *c, uint32_t *i, int which)
         (*i)++;
         return;
     }
-    if (!reserve_blocks_for(c, r)) {
-        c->budget = 0;
-        return;
-    }
     uint32_t first_new = r->num_blocks;
-    for (;;) {
-        if (allocate(s, r, (uint32_t)n, 0, 0, (uint32_t)s->prm.num_lookahead_tokens, false, false)) break;
-        uint32_t v = tdm__policy_victim(s);
-        bool self = s->running[v] == r;
-        preempt_at(c, v);
-        /* r preempted itself: the requests after it rank higher (priority) and may still fit
-         * in the blocks it freed; *i already points at the next one (vLLM 0.33). vLLM 0.32
-         * and older end the running pass there. */
-        if (self) {
-            c->stop_running = !s->prm.continue_after_self_preemption;
+    uint64_t upto = (uint64_t)r->num_computed + n;
+    if (TDM_MIN(upto + c->look, c->max_len) <= (uint64_t)r->num_blocks * c->bs) {
+        /* The common decode step: r's blocks already hold the new tokens (and the lookahead),
+         * so the batch lists no new block of r; the blocks completed join the cache
+         * (allocate()'s first case, without its call). */
+        if (c->caching && upto >= (uint64_t)(r->num_cached_blocks + 1) * c->bs)
+            tdm__cache_full_blocks(s, r, (uint32_t)upto);
+    } else {
+        if (!reserve_blocks_for(c, r)) {
+            c->budget = 0;
             return;
         }
-        if (v < *i) (*i)--;
+        for (;;) {
+            if (allocate(s, r, (uint32_t)n, 0, 0, c->look, false, false)) break;
+            uint32_t v = tdm__policy_victim(s);
+            bool self = s->running[v] == r;
+            preempt_at(c, v);
+            /* r preempted itself: the requests after it rank higher (priority) and may still
+             * fit in the blocks it freed; *i already points at the next one (vLLM 0.33). vLLM
+             * 0.32 and older end the running pass there. */
+            if (self) {
+                c->stop_running = !s->prm.continue_after_self_preemption;
+                return;
+            }
+            if (v < *i) (*i)--;
+        }
     }
     uint32_t drafts = r->num_computed + n > end ? (uint32_t)(r->num_computed + n - end) : 0;
     r->num_spec_sched = TDM_MIN(drafts, r->num_spec);
@@ -411,9 +423,13 @@ static void flush_and_expire(tdm_sched *s, double now)
         TDM_VEC_AT(&s->out_finished, uint64_t, s->out_finished.len++) = r->id;
         r->reported = true;
         /* Kept until the update of the last step it was scheduled in (freed there). */
-        if (r->state == TDM_STATE_FINISHED && !r->pend_n) {
-            tdm__map_del(s, r->id);
-            tdm__req_destroy(s, r);
+        if (r->state == TDM_STATE_FINISHED) {
+            if (!r->pend_n) {
+                tdm__map_del(s, r->id);
+                tdm__req_destroy(s, r);
+            } else { /* room: reserved at add for every live request */
+                TDM_VEC_AT(&s->lingering, tdm__req *, s->lingering.len++) = r;
+            }
         }
     }
     s->finished.len = 0;
@@ -449,10 +465,11 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
         r->in_flight = r->num_computed >= (uint64_t)r->num_tokens + r->num_placeholders;
         /* Async scheduling: a step that samples holds a placeholder per token it may bring. */
         if (r->in_flight && s->prm.async_scheduling) r->num_placeholders += 1 + e->num_spec;
-        tdm__pend_push(r, r->in_flight); /* the update that may report this entry */
+        tdm__pend_push(r, r->in_flight, s->step_no); /* the update that may report this entry */
         if (r->first_sched < 0) r->first_sched = c->now;
     }
     s->out_block_offsets[s->num_entries] = pos;
+    s->latest_awaited = s->num_entries > 0;
     s->out_blocks.len = pos;
     s->scheduled_tokens += total;
 
@@ -486,7 +503,9 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: batch is NULL or its struct_size is too small");
     if (!isfinite(now) || now < 0)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: now (%g) must be finite and >= 0", now);
-    if (reserve_outputs(s)) return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
+    if (reserve_outputs(s) || tdm__batch_reserve(s))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
+    tdm__batch_keep(s); /* the last batch, if it awaits a named report, before it is overwritten */
     if (now > s->now) s->now = now;
     s->step_no++;
     flush_and_expire(s, s->now);
@@ -500,6 +519,10 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     c.decode_first = s->prm.mode == TDM_MODE_DECODE_FIRST || c.adaptive;
     c.tbt = c.decode_first && (s->prm.tbt_target_us > 0 || c.adaptive);
     c.target = (double)s->prm.tbt_target_us * 1e-6;
+    c.bs = (uint32_t)s->prm.block_size;
+    c.look = (uint32_t)s->prm.num_lookahead_tokens;
+    c.max_len = (uint64_t)s->prm.max_model_len;
+    c.caching = s->prm.enable_prefix_caching != 0;
     /* The threshold keeps a long prefill from starving the others: with one eligible request
      * (running, waiting or receiving its KV) there is nobody to starve (vLLM 0.33). */
     if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) > 1)

@@ -1,7 +1,8 @@
 /*
  * steptrace.c -- the per-step traces of a simulation run: a CSV with one row per step of
  * every instance (start, duration, prefill and decode tokens and requests, KV usage,
- * preemptions; --steps-csv) and a Chrome trace-event JSON that Perfetto and
+ * preemptions, sampling sequences and prefill attention work; --steps-csv: what `tandem fit`
+ * reads, as the vLLM adapter's recorder writes it) and a Chrome trace-event JSON that Perfetto and
  * chrome://tracing load (--chrome-trace): one process, one track (thread) per instance with
  * each step as a complete ("X") slice, counter ("C") tracks of each instance's KV usage and
  * running/waiting requests, and one track per prefill instance's outgoing KV link with each
@@ -35,7 +36,8 @@ void tdm_sim_steptrace_begin(const tdm_sim_run_opts *o, const char *config, cons
 {
     if (o->steps_csv)
         fputs("instance,role,step,start_s,duration_s,prefill_tokens,prefill_reqs,decode_reqs,"
-              "decode_context_tokens,batch_tokens,running,waiting,kv_usage,preemptions\n",
+              "decode_context_tokens,batch_tokens,running,waiting,kv_usage,preemptions,emit_seqs,"
+              "prefill_attn\n",
               o->steps_csv);
     FILE *f = o->chrome_trace;
     if (!f) return;
@@ -63,11 +65,11 @@ void tdm_sim_steptrace_step(const tdm_sim_run_opts *o, const tdm_sim_inst *in, s
     tdm_sched_stats_init(&st);
     if (tdm_sched_get_stats(in->s, &st) != TDM_OK) memset(&st, 0, sizeof st);
     if (o->steps_csv)
-        fprintf(o->steps_csv, "%zu,%s,%llu,%.6f,%.6f,%llu,%u,%u,%llu,%u,%u,%u,%.4f,%u\n", idx,
-                role_name(in->role), (unsigned long long)b->step, t, dt,
+        fprintf(o->steps_csv, "%zu,%s,%llu,%.6f,%.6f,%llu,%u,%u,%llu,%u,%u,%u,%.4f,%u,%u,%.0f\n",
+                idx, role_name(in->role), (unsigned long long)b->step, t, dt,
                 (unsigned long long)sh->prefill_tokens, sh->prefill_reqs, sh->decode_reqs,
                 (unsigned long long)sh->decode_ctx, b->total_tokens, st.num_running,
-                st.num_waiting, st.kv_usage, b->num_preempted);
+                st.num_waiting, st.kv_usage, b->num_preempted, sh->emit_seqs, sh->prefill_attn);
     FILE *f = o->chrome_trace;
     if (!f) return;
     const char *name = !sh->prefill_reqs ? "decode" : !sh->decode_reqs ? "prefill" : "mixed";

@@ -5,7 +5,8 @@
  * exactly one reply in the same envelope. Requests are handled in arrival order on this one
  * thread, so named instances need no locking; an op that would wait (kvx_connect, a kvx_poll
  * with a timeout) defers its reply, which is sent in the client's saved envelope when ready.
- * The socket may use CURVE (serve_auth.c); a monitor caps the client connections.
+ * The socket may use CURVE (serve_auth.c); its monitor and the source descriptor of each
+ * request feed the connection slots (serve_conn.c).
  * SIGINT/SIGTERM or the "shutdown" op end it cleanly.
  */
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <zmq.h>
 
@@ -22,6 +24,13 @@
 #include "serve.h"
 
 static volatile sig_atomic_t stop_flag;
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static void on_signal(int sig)
 {
@@ -47,9 +56,13 @@ static void usage(FILE *o)
             "  --insecure    allow a non-loopback --bind without CURVE (anyone may connect)\n"
             "  limits: --max-blocks-per-instance N (default %u), --max-total-blocks N (%u),\n"
             "          --max-queued-requests N (%u), --max-queued-tokens N (%u),\n"
-            "          --max-prompt-tokens N (%u), --max-connections N (%u: a connection\n"
-            "          beyond is dropped when accepted; frames in flight are at most this\n"
-            "          times 4 x --max-msg)\n"
+            "          --max-prompt-tokens N (%u)\n"
+            "  connections (docs/service.md, \"Connections\"): --max-connections N (%u slots,\n"
+            "          taken by a connection's first request), --max-connections-per-source N\n"
+            "          and --max-connections-per-key N (default half the slots),\n"
+            "          --max-pending N (%u accepted without a request yet; the oldest goes),\n"
+            "          --max-pending-per-source N (%u), --handshake-ms MS (%u),\n"
+            "          --idle-ms MS (%u: a connection with no request by then is ended)\n"
             "  --max-msg     largest request accepted (default %u); larger ones get an\n"
             "                error reply (beyond 4x the limit the connection is dropped)\n"
             "  --max-instances  named scheduler instances at most (default %u)\n"
@@ -60,6 +73,8 @@ static void usage(FILE *o)
             TDM_SERVE_DEFAULT_MAX_BLOCKS_PER_INSTANCE, TDM_SERVE_DEFAULT_MAX_TOTAL_BLOCKS,
             TDM_SERVE_DEFAULT_MAX_QUEUED_REQUESTS, TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS,
             TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS, TDM_SERVE_DEFAULT_MAX_CONNECTIONS,
+            TDM_SERVE_DEFAULT_MAX_PENDING, TDM_SERVE_DEFAULT_MAX_PENDING_PER_SOURCE,
+            TDM_SERVE_DEFAULT_HANDSHAKE_MS, TDM_SERVE_DEFAULT_IDLE_MS,
             TDM_SERVE_DEFAULT_MAX_MSG,
             TDM_SERVE_DEFAULT_MAX_INSTANCES, TDM_SERVE_DEFAULT_MAX_KVX_BYTES);
 }
@@ -113,18 +128,18 @@ static void pay(tdm__serve_state *st, void *sock)
     }
 }
 
-/* Client connections, counted from the ROUTER socket's monitor: one beyond the cap is shut
- * down as soon as it is accepted (before it can send a byte that ZeroMQ would buffer), so
- * that the frames being received are bounded by the cap times ZMQ_MAXMSGSIZE. */
+/* The ROUTER socket's monitor feeds the connection table (serve_conn.c). */
 typedef struct conn_guard {
     void *mon;
-    uint64_t open, max, refused;
+    tdm__serve_conns conns;
+    uint64_t handshakes; /* ZMTP/CURVE handshakes completed (the event names no connection) */
 } conn_guard;
 
 static int guard_start(conn_guard *g, void *ctx, void *sock)
 {
     if (zmq_socket_monitor(sock, "inproc://tandem-serve-monitor",
-                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0)
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0)
         return -1;
     g->mon = zmq_socket(ctx, ZMQ_PAIR);
     int linger = 0;
@@ -155,17 +170,9 @@ static void guard_events(conn_guard *g)
             zmq_msg_recv(&addr, g->mon, 0);
             zmq_msg_close(&addr);
         }
-        if (type == ZMQ_EVENT_ACCEPTED) {
-            g->open++;
-            if (g->open > g->max) {
-                /* Not closed here (ZeroMQ owns the descriptor): shut down, ZeroMQ sees the
-                 * end of the stream and drops the connection (DISCONNECTED follows). */
-                shutdown((int)value, SHUT_RDWR);
-                g->refused++;
-            }
-        } else if (type == ZMQ_EVENT_DISCONNECTED && g->open) {
-            g->open--;
-        }
+        if (type == ZMQ_EVENT_ACCEPTED) tdm__serve_conns_accepted(&g->conns, (int)value, mono_s());
+        else if (type == ZMQ_EVENT_DISCONNECTED) tdm__serve_conns_closed(&g->conns, (int)value);
+        else if (type == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) g->handshakes++;
     }
 }
 
@@ -270,18 +277,28 @@ static int send_reply(void *sock, zmq_msg_t *frames, int nenv, const msgpack_sbu
     return zmq_send(sock, reply->data, reply->size, 0) < 0 ? -1 : 0;
 }
 
-static int protocol_error(tdm__serve_state *st, msgpack_sbuffer *out, const char *what)
+static void error_reply(tdm__serve_state *st, msgpack_sbuffer *out, int status, const char *what)
 {
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
     st->requests++;
     st->errors++;
-    msgpack_pack_map(&pk, 4);
-    tdm__serve_kv_bool(&pk, "ok", 0);
-    tdm__serve_kv_i64(&pk, "status", TDM_E_PROTOCOL);
-    tdm__serve_kv_str(&pk, "error", tdm_strerror(TDM_E_PROTOCOL));
-    tdm__serve_kv_str(&pk, "message", what);
-    return 0;
+    tdm__serve_pack_reply(out, status, NULL, 0, NULL, 0, what);
+}
+
+/* Answers the queued requests the worker has decoded, in their order. */
+static void answer_queued(tdm__serve_state *st, void *sock, tdm__serve_queue *q)
+{
+    tdm__serve_item *it;
+    while ((it = tdm__serve_queue_pop(q)) != NULL) {
+        msgpack_sbuffer reply;
+        msgpack_sbuffer_init(&reply);
+        uint64_t token = 0;
+        tdm__serve_handle_decoded(st, &it->who, it->rc, &it->e, &it->up, &reply, &token);
+        if (token) owe(token, it->frames, it->nenv);
+        else if (reply.size) send_reply(sock, it->frames, it->nenv, &reply);
+        msgpack_sbuffer_destroy(&reply);
+        tdm__serve_item_free(it);
+        if (st->pending) pay(st, sock);
+    }
 }
 
 int tdm_cmd_serve(int argc, char **argv)
@@ -359,6 +376,24 @@ int tdm_cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--max-connections") && v) {
             if (parse_u64(a, v, 1, 1u << 20, &st.lim.max_connections)) return 2;
             i++;
+        } else if (!strcmp(a, "--max-connections-per-source") && v) {
+            if (parse_u64(a, v, 1, 1u << 20, &st.lim.max_connections_per_source)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-connections-per-key") && v) {
+            if (parse_u64(a, v, 1, 1u << 20, &st.lim.max_connections_per_key)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-pending") && v) {
+            if (parse_u64(a, v, 1, 1u << 20, &st.lim.max_pending)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-pending-per-source") && v) {
+            if (parse_u64(a, v, 1, 1u << 20, &st.lim.max_pending_per_source)) return 2;
+            i++;
+        } else if (!strcmp(a, "--handshake-ms") && v) {
+            if (parse_u64(a, v, 100, 600000, &st.lim.handshake_ms)) return 2;
+            i++;
+        } else if (!strcmp(a, "--idle-ms") && v) {
+            if (parse_u64(a, v, 100, 86400000, &st.lim.idle_ms)) return 2;
+            i++;
         } else if (!strcmp(a, "--max-prompt-tokens") && v) {
             if (parse_u64(a, v, 1, UINT32_MAX, &st.lim.max_prompt_tokens)) return 2;
             i++;
@@ -405,7 +440,12 @@ int tdm_cmd_serve(int argc, char **argv)
 
     conn_guard guard;
     memset(&guard, 0, sizeof guard);
+    tdm__serve_queue queue;
+    memset(&queue, 0, sizeof queue);
     void *ctx = zmq_ctx_new();
+    /* two I/O threads: one connection's large frame (read, CURVE-decrypted) does not hold
+     * the frames of every other connection behind it */
+    if (ctx) zmq_ctx_set(ctx, ZMQ_IO_THREADS, 2);
     void *sock = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;
     int rc = 1;
     if (!sock) {
@@ -413,9 +453,16 @@ int tdm_cmd_serve(int argc, char **argv)
         goto out;
     }
     int64_t hard = (int64_t)st.max_msg_bytes * 4 + 4096;
-    int linger = 0;
+    int linger = 0, hs_ms = (int)st.lim.handshake_ms;
+    /* heartbeats: a peer that answers nothing for 5 s is dropped (a raw socket that
+     * completed the greeting and then went silent, a dead client) */
+    int hb_ivl = 1000, hb_timeout = 5000, hb_ttl = 10000;
     zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &hard, sizeof hard);
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(sock, ZMQ_HANDSHAKE_IVL, &hs_ms, sizeof hs_ms);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &hb_ttl, sizeof hb_ttl);
     if (st.curve) {
         char err[256];
         if (tdm__serve_auth_start(auth, ctx, sock, err, sizeof err)) {
@@ -425,7 +472,15 @@ int tdm_cmd_serve(int argc, char **argv)
         fprintf(stderr, "tandem serve: CURVE on; public key %s; %u client key(s), %u admin key(s)\n",
                 auth->pub, auth->allowed.n, auth->admins.n);
     }
-    guard.max = st.lim.max_connections;
+    if (!st.lim.max_connections_per_source)
+        st.lim.max_connections_per_source = (st.lim.max_connections + 1) / 2;
+    if (!st.lim.max_connections_per_key)
+        st.lim.max_connections_per_key = (st.lim.max_connections + 1) / 2;
+    tdm__serve_conns_init(&guard.conns, &st.lim);
+    if (tdm__serve_queue_start(&queue, st.max_msg_bytes * 2) != 0) {
+        fprintf(stderr, "tandem serve: cannot start the decoding thread\n");
+        goto out;
+    }
     if (guard_start(&guard, ctx, sock) != 0) {
         fprintf(stderr, "tandem serve: socket monitor: %s\n", zmq_strerror(zmq_errno()));
         goto out;
@@ -446,16 +501,19 @@ int tdm_cmd_serve(int argc, char **argv)
     fflush(stdout);
 
     while (!stop_flag && !st.shutdown) {
-        zmq_pollitem_t it[3] = {{sock, 0, ZMQ_POLLIN, 0}, {guard.mon, 0, ZMQ_POLLIN, 0},
+        zmq_pollitem_t it[4] = {{sock, 0, ZMQ_POLLIN, 0}, {guard.mon, 0, ZMQ_POLLIN, 0},
+                                {NULL, queue.wake[0], ZMQ_POLLIN, 0},
                                 {NULL, st.wake_fd[0], ZMQ_POLLIN, 0}};
         int wait = tdm__serve_kvx_timeout_ms(&st);
-        int pr = zmq_poll(it, st.wake_fd[0] >= 0 ? 3 : 2, wait < 0 || wait > 200 ? 200 : wait);
+        int pr = zmq_poll(it, st.wake_fd[0] >= 0 ? 4 : 3, wait < 0 || wait > 200 ? 200 : wait);
         if (pr < 0) {
             if (zmq_errno() == EINTR) continue;
             fprintf(stderr, "tandem serve: poll: %s\n", zmq_strerror(zmq_errno()));
             goto out;
         }
-        if (it[1].revents & ZMQ_POLLIN) guard_events(&guard);
+        guard_events(&guard); /* before any request: its connection is known */
+        tdm__serve_conns_tick(&guard.conns, mono_s());
+        answer_queued(&st, sock, &queue);
         if (st.pending) pay(&st, sock);
         if (!(it[0].revents & ZMQ_POLLIN)) continue;
         zmq_msg_t frames[3];
@@ -466,45 +524,66 @@ int tdm_cmd_serve(int argc, char **argv)
             fprintf(stderr, "tandem serve: recv: %s\n", zmq_strerror(zmq_errno()));
             goto out;
         }
-        msgpack_sbuffer reply;
-        msgpack_sbuffer_init(&reply);
-        int nenv = 1; /* identity; plus the empty delimiter of a REQ client */
         tdm__serve_caller who;
         tdm__serve_caller_of(auth, st.curve, local, &frames[n - 1], &who);
+        char why[200];
+        int fd = zmq_msg_get(&frames[n - 1], ZMQ_SRCFD);
+        if (fd >= 0 && tdm__serve_conns_request(&guard.conns, fd, st.curve ? who.user : NULL,
+                                                mono_s(), why, sizeof why) != 0) {
+            /* no reply: the connection is already being shut down (as a refused one
+             * always was); the client's ZeroMQ socket reconnects and retries */
+            for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
+            continue;
+        }
+        /* the request frame, after the identity and a REQ client's empty delimiter */
+        int body = n == 3 && zmq_msg_size(&frames[1]) == 0 && !extra ? 2 : n == 2 && !extra ? 1 : 0;
+        int nenv = body ? body : n >= 2 && zmq_msg_size(&frames[1]) == 0 ? 2 : 1;
+        msgpack_sbuffer reply;
+        msgpack_sbuffer_init(&reply);
         uint64_t token = 0;
-        /* a deferred reply needs a free envelope slot (the ops cap pending ones at the same) */
-        uint64_t *defer = &token;
-        if (n == 3 && zmq_msg_size(&frames[1]) == 0 && !extra) {
-            nenv = 2;
-            tdm__serve_handle_as(&st, &who, zmq_msg_data(&frames[2]), zmq_msg_size(&frames[2]),
-                                 &reply, defer);
-        } else if (n == 2 && !extra) {
-            tdm__serve_handle_as(&st, &who, zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]),
-                                 &reply, defer);
-        } else if (n >= 2) {
-            nenv = (zmq_msg_size(&frames[1]) == 0) ? 2 : 1;
-            protocol_error(&st, &reply, "a request is one msgpack frame (after an optional "
-                                        "empty delimiter)");
+        if (body && (zmq_msg_size(&frames[body]) > TDM_SERVE_SMALL_MSG ||
+                     tdm__serve_queue_has(&queue, zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0])))) {
+            /* large, or its client has one queued: decoded by the worker, answered in order */
+            tdm__serve_err e;
+            memset(&e, 0, sizeof e);
+            int erc = tdm__serve_early_check(&st, zmq_msg_data(&frames[body]),
+                                             zmq_msg_size(&frames[body]), &e);
+            int qrc = tdm__serve_queue_push(&queue, frames, n, nenv, &who, erc, &e);
+            if (qrc == 0) n = 0; /* the frames moved into the queue */
+            else
+                error_reply(&st, &reply, qrc, qrc == TDM_E_AGAIN
+                            ? "the service is decoding other large requests; retry"
+                            : "out of memory queueing the request");
+        } else if (body) {
+            /* a deferred reply needs a free envelope slot (the ops cap pending ones alike) */
+            tdm__serve_handle_as(&st, &who, zmq_msg_data(&frames[body]),
+                                 zmq_msg_size(&frames[body]), &reply, &token);
         } else {
-            nenv = 1;
-            protocol_error(&st, &reply, "empty message");
+            error_reply(&st, &reply, TDM_E_PROTOCOL, n >= 2 ? "a request is one msgpack frame "
+                        "(after an optional empty delimiter)" : "empty message");
         }
         if (token) owe(token, frames, nenv);
         else if (reply.size) send_reply(sock, frames, nenv, &reply);
         msgpack_sbuffer_destroy(&reply);
         for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
+        answer_queued(&st, sock, &queue);
         if (st.pending) pay(&st, sock); /* e.g. a poll whose events were already queued */
     }
     rc = 0;
-    fprintf(stderr, "tandem serve: stopped after %llu requests (%llu errors), %llu connections "
-            "refused over --max-connections\n", (unsigned long long)st.requests,
-            (unsigned long long)st.errors, (unsigned long long)guard.refused);
+    fprintf(stderr, "tandem serve: stopped after %llu requests (%llu errors); connections: "
+            "%llu accepted, %llu handshakes, %llu refused, %llu evicted, %llu expired\n",
+            (unsigned long long)st.requests, (unsigned long long)st.errors,
+            (unsigned long long)guard.conns.accepted, (unsigned long long)guard.handshakes,
+            (unsigned long long)guard.conns.refused, (unsigned long long)guard.conns.evicted,
+            (unsigned long long)guard.conns.expired);
 out:
+    tdm__serve_queue_stop(&queue);
     tdm__serve_free(&st); /* joins connect workers (bounded by the handshake cap) */
     if (guard.mon) {
         zmq_socket_monitor(sock, NULL, 0);
         zmq_close(guard.mon);
     }
+    tdm__serve_conns_free(&guard.conns);
     if (sock) zmq_close(sock);
     if (ctx) zmq_ctx_term(ctx);
     tdm__serve_auth_join(auth);

@@ -16,6 +16,7 @@ TDM_WEAK int tdm_cmd_ab(int argc, char **argv);
 TDM_WEAK int tdm_cmd_sweep(int argc, char **argv);
 TDM_WEAK int tdm_cmd_tune(int argc, char **argv);
 TDM_WEAK int tdm_cmd_cost(int argc, char **argv);
+TDM_WEAK int tdm_cmd_fit(int argc, char **argv);
 TDM_WEAK int tdm_cmd_profile(int argc, char **argv);
 TDM_WEAK int tdm_cmd_serve(int argc, char **argv);
 TDM_WEAK int tdm_cmd_kvbench(int argc, char **argv);

@@ -22,6 +22,7 @@ int main(int argc, char **argv)
         {"sweep", tdm_cmd_sweep, "grid over scheduler parameters, Pareto table and plot"},
         {"tune", tdm_cmd_tune, "search the static scheduler parameters for the best goodput"},
         {"cost", tdm_cmd_cost, "the cost model as a calculator"},
+        {"fit", tdm_cmd_fit, "fit the table cost model to a deployment's measured steps"},
         {"profile", tdm_cmd_profile, "measure GEMM and bandwidth rates with cuBLAS (GPU)"},
         {"serve", tdm_cmd_serve, "the ABI as a ZeroMQ + msgpack service"},
         {"kvbench", tdm_cmd_kvbench, "KV pack/transfer throughput against baselines"},

@@ -12,6 +12,7 @@
 #define TANDEM_TOOLS_SERVE_H
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,7 +70,13 @@ typedef struct tdm__serve_limits {
     uint64_t max_queued_requests;     /* unfinished requests, all instances */
     uint64_t max_queued_tokens;       /* their prompt tokens */
     uint64_t max_prompt_tokens;       /* one request's prompt */
-    uint64_t max_connections;         /* client connections at once */
+    uint64_t max_connections;         /* admitted client connections at once (serve_conn.c) */
+    uint64_t max_connections_per_source; /* admitted ones from one non-loopback address */
+    uint64_t max_connections_per_key; /* admitted ones of one CURVE key */
+    uint64_t max_pending;             /* accepted, no request yet (handshaking or silent) */
+    uint64_t max_pending_per_source;  /* of those, from one address (or one local uid) */
+    uint64_t handshake_ms;            /* ZMTP/CURVE handshake deadline (ZMQ_HANDSHAKE_IVL) */
+    uint64_t idle_ms;                 /* first-request deadline; idle admitted ones may be evicted */
 } tdm__serve_limits;
 
 #define TDM_SERVE_DEFAULT_MAX_BLOCKS_PER_INSTANCE (1u << 20)
@@ -78,6 +85,11 @@ typedef struct tdm__serve_limits {
 #define TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS (64u << 20)
 #define TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS (1u << 20)
 #define TDM_SERVE_DEFAULT_MAX_CONNECTIONS 64u
+#define TDM_SERVE_DEFAULT_MAX_PENDING 64u
+#define TDM_SERVE_DEFAULT_MAX_PENDING_PER_SOURCE 64u
+#define TDM_SERVE_DEFAULT_HANDSHAKE_MS 3000u
+#define TDM_SERVE_DEFAULT_IDLE_MS 10000u
+/* per-source and per-key caps default to half the slots */
 
 struct tdm__serve_kvx;
 struct tdm__serve_pending;
@@ -185,6 +197,40 @@ int tdm__serve_get_tokens(const msgpack_object *m, const char *key, int required
 int tdm__serve_as_u64(const msgpack_object *o, const char *what, uint64_t *out,
                       tdm__serve_err *e);
 
+/* ---- before decoding (serve_check.c) ------------------------------------------------------- */
+
+#define TDM_SERVE_SMALL_MSG (64u << 10)   /* larger requests only for the ops that need them */
+#define TDM_SERVE_PEEK_BUDGET 4096u       /* elements the peek walks at most */
+/* msgpack elements of one request: the decoder allocates one msgpack_object (24 bytes) each,
+ * so one decode holds at most ~100 MiB beyond the message */
+#define TDM_SERVE_MAX_ELEMENTS (TDM_SERVE_MAX_ARRAY + (1u << 16))
+
+/* What the peek saw of a request's top-level map. */
+typedef struct tdm__serve_peek_info {
+    char op[32];          /* the "op" string, when seen */
+    int have_op;
+    int64_t prompt_n;     /* element count of "prompt" (-1: not seen) */
+    uint64_t max_array;   /* the largest count of a top-level array value seen */
+    int complete;         /* every top-level key was seen within the budget */
+} tdm__serve_peek_info;
+
+/* Reads the top-level keys of a request within TDM_SERVE_PEEK_BUDGET elements, without
+ * allocating: 0 (what it saw in *pi, possibly incomplete), -1 when the message is not a
+ * well-formed map as far as it read. */
+int tdm__serve_peek(const char *msg, size_t len, tdm__serve_peek_info *pi);
+/* Refusals decided before decoding: over --max-msg; over TDM_SERVE_SMALL_MSG for an op that
+ * takes small requests; a prompt over --max-prompt-tokens; an array over TDM_SERVE_MAX_ARRAY.
+ * Costs O(TDM_SERVE_PEEK_BUDGET) at most. 0, or the status with e filled. */
+int tdm__serve_early_check(const tdm__serve_state *st, const char *msg, size_t len,
+                           tdm__serve_err *e);
+/* Pre-check and decode into *up (initialised by the caller): no service state is touched,
+ * so any thread may run it. 0, or the status with e filled. */
+int tdm__serve_decode(const char *msg, size_t len, msgpack_unpacked *up, tdm__serve_err *e);
+/* The rest of tdm__serve_handle_as once decoded: rc and derr are tdm__serve_decode's. */
+int tdm__serve_handle_decoded(tdm__serve_state *st, const tdm__serve_caller *c, int rc,
+                              const tdm__serve_err *derr, const msgpack_unpacked *up,
+                              msgpack_sbuffer *out, uint64_t *deferred);
+
 /* Walks the msgpack structure without allocating: every length and element count must fit in
  * the remaining bytes, nesting at most TDM_SERVE_PRECHECK_DEPTH, no trailing bytes. Run before
  * msgpack-c's unpacker, whose zone would otherwise allocate what a 5-byte header claims. */
@@ -221,6 +267,89 @@ void tdm__serve_recount_blocks(tdm__serve_state *st, tdm__serve_instance *in);
  * it); then tdm__serve_admitted records it once the library has taken it. */
 int tdm__serve_admit(tdm__serve_state *st, tdm__serve_instance *in, uint32_t np, tdm__serve_err *e);
 void tdm__serve_admitted(tdm__serve_state *st, tdm__serve_instance *in, uint64_t id, uint32_t np);
+
+/* ---- connection slots (serve_conn.c) ------------------------------------------------------ */
+
+typedef struct tdm__serve_conn {
+    int fd;                            /* ZeroMQ's descriptor (ACCEPTED event, ZMQ_SRCFD) */
+    struct sockaddr_storage addr;      /* its peer when accepted: checked before shutdown */
+    socklen_t addr_len;
+    char src[64];                      /* source: the peer's IP, or "uid:N" over ipc */
+    char key[TDM_SERVE_USER_MAX + 1];  /* CURVE key of its first request ("" without) */
+    int local;                         /* loopback or ipc: no per-source cap on its slots */
+    int admitted;                      /* has sent a request: holds a slot */
+    double t_open, t_last;             /* accepted; last request (monotonic seconds) */
+} tdm__serve_conn;
+
+typedef struct tdm__serve_conns {
+    tdm__serve_conn *c;
+    uint32_t n, cap;
+    uint64_t pending, admitted;
+    uint64_t accepted, refused, evicted, expired; /* counters, printed at exit */
+    tdm__serve_limits lim;
+    int (*kill)(const tdm__serve_conn *c);      /* ends a connection (tests replace it) */
+} tdm__serve_conns;
+
+void tdm__serve_conns_init(tdm__serve_conns *cs, const tdm__serve_limits *lim);
+void tdm__serve_conns_free(tdm__serve_conns *cs);
+/* The monitor's ACCEPTED fd: a pending connection (evicting the oldest pending one beyond
+ * --max-pending or the per-source pending cap). */
+void tdm__serve_conns_accepted(tdm__serve_conns *cs, int fd, double now);
+/* DISCONNECTED fd: forgotten. */
+void tdm__serve_conns_closed(tdm__serve_conns *cs, int fd);
+/* A request arrived through fd from CURVE key (NULL or "" without CURVE): 0 when it may be
+ * served (the connection is, or now becomes, admitted), -1 with why when the connection was
+ * refused (and ended). */
+int tdm__serve_conns_request(tdm__serve_conns *cs, int fd, const char *key, double now,
+                             char *why, size_t why_size);
+/* Ends pending connections older than --idle-ms. */
+void tdm__serve_conns_tick(tdm__serve_conns *cs, double now);
+/* shutdown(2) of c's descriptor if it still has c's peer; -1 when it does not. */
+int tdm__serve_conn_shutdown(const tdm__serve_conn *c);
+
+/* ---- large requests decoded on a worker thread (serve_queue.c) ---------------------------- */
+
+#define TDM_SERVE_QUEUE_ITEMS 64u
+
+enum { TDM__SERVE_ITEM_QUEUED, TDM__SERVE_ITEM_DECODING, TDM__SERVE_ITEM_DONE };
+
+typedef struct tdm__serve_item {
+    zmq_msg_t frames[3];      /* routing id, [empty delimiter,] request */
+    int nframes, nenv, body;  /* frames held; envelope frames; the request's index */
+    tdm__serve_caller who;
+    int state;                /* TDM__SERVE_ITEM_*: the worker decodes QUEUED ones in order */
+    int rc;                   /* tdm__serve_decode's status (or a refusal decided earlier) */
+    tdm__serve_err e;
+    msgpack_unpacked up;
+    size_t bytes;             /* counted in the queue's bytes */
+    struct tdm__serve_item *next;
+} tdm__serve_item;
+
+typedef struct tdm__serve_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int started, stop;
+    tdm__serve_item *head, *tail;  /* FIFO: answered in order from the head */
+    uint32_t count;
+    size_t bytes, max_bytes, peak_bytes;
+    int wake[2];                   /* the worker writes a byte when it has decoded one */
+} tdm__serve_queue;
+
+/* Starts the worker; max_bytes caps the request bytes queued. 0, or -1. */
+int tdm__serve_queue_start(tdm__serve_queue *q, size_t max_bytes);
+/* Joins the worker and frees what is queued (no replies). */
+void tdm__serve_queue_stop(tdm__serve_queue *q);
+/* Whether the client with this routing id has a request queued. */
+int tdm__serve_queue_has(tdm__serve_queue *q, const void *rtid, size_t len);
+/* Queues a request (its n frames are moved out of frames[]); rc != 0: not decoded, answered
+ * with that error (e) in its turn. 0, TDM_E_AGAIN when the queue is full (frames untouched),
+ * or TDM_E_NOMEM. */
+int tdm__serve_queue_push(tdm__serve_queue *q, zmq_msg_t *frames, int n, int nenv,
+                          const tdm__serve_caller *who, int rc, const tdm__serve_err *e);
+/* The head request once decoded (the caller answers it, then frees it), or NULL. */
+tdm__serve_item *tdm__serve_queue_pop(tdm__serve_queue *q);
+void tdm__serve_item_free(tdm__serve_item *it);
 
 /* ---- authentication (serve_auth.c) ----------------------------------------------------------- */
 

@@ -4,8 +4,9 @@
  * the key and what was wrong), token arrays, the conversion of a config value (msgpack map
  * or JSON string) to JSON text and of JSON text back to msgpack, and packing shorthands.
  * Nothing here trusts the input: lengths, types, ranges and nesting depth are all checked.
- * At the end, tdm__serve_handle_as: one message in (size, pre-check, decode, "seq"), one reply
- * out, or a deferred one.
+ * At the end, tdm__serve_handle_as: one message in (early check, pre-check, decode, "seq"), one
+ * reply out, or a deferred one; split in two (decode, then handle) so that the transport can
+ * decode a large message on a worker thread (serve_check.c has the checks).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -412,85 +413,6 @@ void tdm__serve_kv_u8s(msgpack_packer *pk, const char *k, const uint8_t *v, uint
     for (uint32_t i = 0; i < n; i++) msgpack_pack_uint8(pk, v[i]);
 }
 
-/* ---- structural pre-check --------------------------------------------------------------------- */
-
-static uint64_t be(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
-    return v;
-}
-
-int tdm__serve_precheck(const char *msg, size_t len, tdm__serve_err *e)
-{
-    const unsigned char *p = (const unsigned char *)msg, *end = p + len;
-    uint64_t stack[TDM_SERVE_PRECHECK_DEPTH + 1];
-    int depth = 0;
-    stack[0] = 1; /* one top-level object */
-    while (depth >= 0) {
-        if (stack[depth] == 0) { depth--; continue; }
-        stack[depth]--;
-        if (p >= end) return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
-        unsigned b = *p++;
-        uint64_t skip = 0, items = 0;
-        int lenb = 0, container = 0;
-        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
-            /* one byte */
-        } else if (b >= 0x80 && b <= 0x8f) { items = 2u * (b & 0x0f); container = 1; }
-        else if (b >= 0x90 && b <= 0x9f) { items = b & 0x0f; container = 1; }
-        else if (b >= 0xa0 && b <= 0xbf) { skip = b & 0x1f; }
-        else switch (b) {
-        case 0xc4: case 0xd9: lenb = 1; break;            /* bin8, str8 */
-        case 0xc5: case 0xda: lenb = 2; break;            /* bin16, str16 */
-        case 0xc6: case 0xdb: lenb = 4; break;            /* bin32, str32 */
-        case 0xc7: lenb = 1; skip = 1; break;             /* ext8: len, type */
-        case 0xc8: lenb = 2; skip = 1; break;
-        case 0xc9: lenb = 4; skip = 1; break;
-        case 0xca: skip = 4; break;
-        case 0xcb: skip = 8; break;
-        case 0xcc: case 0xd0: skip = 1; break;
-        case 0xcd: case 0xd1: skip = 2; break;
-        case 0xce: case 0xd2: skip = 4; break;
-        case 0xcf: case 0xd3: skip = 8; break;
-        case 0xd4: skip = 2; break;                       /* fixext: type + data */
-        case 0xd5: skip = 3; break;
-        case 0xd6: skip = 5; break;
-        case 0xd7: skip = 9; break;
-        case 0xd8: skip = 17; break;
-        case 0xdc: lenb = 2; container = 1; break;        /* array16 */
-        case 0xdd: lenb = 4; container = 1; break;        /* array32 */
-        case 0xde: lenb = 2; container = 2; break;        /* map16 */
-        case 0xdf: lenb = 4; container = 2; break;        /* map32 */
-        default: return tdm__serve_fail(e, TDM_E_PROTOCOL, "malformed msgpack message (byte 0x%02x)", b);
-        }
-        if (lenb) {
-            if ((size_t)(end - p) < (size_t)lenb)
-                return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
-            uint64_t n = be(p, lenb);
-            p += lenb;
-            if (container) items = container == 2 ? 2 * n : n;
-            else skip += n;
-        }
-        if ((uint64_t)(end - p) < skip)
-            return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
-        p += skip;
-        if (container && items) {
-            /* Every element takes at least one byte: a count beyond what is left is a lie. */
-            if (items > (uint64_t)(end - p))
-                return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message (a container "
-                                       "claims %llu elements)", (unsigned long long)items);
-            if (depth + 1 > TDM_SERVE_PRECHECK_DEPTH)
-                return tdm__serve_fail(e, TDM_E_PROTOCOL, "msgpack nesting deeper than %d",
-                                       TDM_SERVE_PRECHECK_DEPTH);
-            stack[++depth] = items;
-        }
-    }
-    if (p != end)
-        return tdm__serve_fail(e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
-                               (size_t)(end - p));
-    return 0;
-}
-
 /* ---- one request, one reply --------------------------------------------------------------- */
 
 /* The correlation value a client may send as "seq" (an integer, or a string of at most 256
@@ -547,13 +469,44 @@ int tdm__serve_handle(tdm__serve_state *st, const char *msg, size_t len, msgpack
     return tdm__serve_handle_as(st, NULL, msg, len, out, NULL);
 }
 
+int tdm__serve_decode(const char *msg, size_t len, msgpack_unpacked *up, tdm__serve_err *e)
+{
+    if (len == 0) return tdm__serve_fail(e, TDM_E_PROTOCOL, "empty message");
+    int rc = tdm__serve_precheck(msg, len, e);
+    if (rc) return rc;
+    size_t off = 0;
+    msgpack_unpack_return ur = msgpack_unpack_next(up, msg, len, &off);
+    if (ur == MSGPACK_UNPACK_SUCCESS && off == len) return 0;
+    if (ur == MSGPACK_UNPACK_SUCCESS)
+        return tdm__serve_fail(e, TDM_E_PROTOCOL, "%zu trailing bytes after the request", len - off);
+    if (ur == MSGPACK_UNPACK_CONTINUE)
+        return tdm__serve_fail(e, TDM_E_PROTOCOL, "truncated msgpack message");
+    if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
+        return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory decoding the message");
+    return tdm__serve_fail(e, TDM_E_PROTOCOL, "malformed msgpack message");
+}
+
 int tdm__serve_handle_as(tdm__serve_state *st, const tdm__serve_caller *c, const char *msg,
                          size_t len, msgpack_sbuffer *out, uint64_t *deferred)
 {
-    static const tdm__serve_caller local = {"", 1, 1};
-    tdm__serve_reply r;
     tdm__serve_err e;
     memset(&e, 0, sizeof e);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    int rc = tdm__serve_early_check(st, msg, len, &e);
+    if (!rc) rc = tdm__serve_decode(msg, len, &up, &e);
+    int r = tdm__serve_handle_decoded(st, c, rc, &e, &up, out, deferred);
+    msgpack_unpacked_destroy(&up);
+    return r;
+}
+
+int tdm__serve_handle_decoded(tdm__serve_state *st, const tdm__serve_caller *c, int rc,
+                              const tdm__serve_err *derr, const msgpack_unpacked *up,
+                              msgpack_sbuffer *out, uint64_t *deferred)
+{
+    static const tdm__serve_caller local = {"", 1, 1};
+    tdm__serve_reply r;
+    tdm__serve_err e = *derr;
     msgpack_sbuffer_init(&r.body);
     msgpack_packer_init(&r.pk, &r.body, msgpack_sbuffer_write);
     r.pairs = 0;
@@ -563,48 +516,24 @@ int tdm__serve_handle_as(tdm__serve_state *st, const tdm__serve_caller *c, const
     st->deferred = 0;
     st->seq_len = 0;
     if (deferred) *deferred = 0;
-
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
-    int rc;
-    if (len > st->max_msg_bytes) {
-        rc = tdm__serve_fail(&e, TDM_E_RANGE, "message of %zu bytes exceeds the limit of %zu",
-                             len, st->max_msg_bytes);
-    } else if (len == 0) {
-        rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "empty message");
-    } else if ((rc = tdm__serve_precheck(msg, len, &e)) != 0) {
-        /* rc and e are set */
-    } else {
-        size_t off = 0;
-        msgpack_unpack_return ur = msgpack_unpack_next(&up, msg, len, &off);
-        if (ur == MSGPACK_UNPACK_SUCCESS && off == len) {
-            int bad_seq;
-            const msgpack_object *seq = seq_of(&up.data, &bad_seq);
-            if (seq) { /* packed once: echoed now or in a deferred reply */
-                msgpack_sbuffer sb;
-                msgpack_packer sp;
-                msgpack_sbuffer_init(&sb);
-                msgpack_packer_init(&sp, &sb, msgpack_sbuffer_write);
-                msgpack_pack_object(&sp, *seq);
-                if (sb.data && sb.size <= sizeof st->seq) {
-                    memcpy(st->seq, sb.data, sb.size);
-                    st->seq_len = sb.size;
-                }
-                msgpack_sbuffer_destroy(&sb);
+    if (!rc) {
+        int bad_seq;
+        const msgpack_object *seq = seq_of(&up->data, &bad_seq);
+        if (seq) { /* packed once: echoed now or in a deferred reply */
+            msgpack_sbuffer sb;
+            msgpack_packer sp;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer_init(&sp, &sb, msgpack_sbuffer_write);
+            msgpack_pack_object(&sp, *seq);
+            if (sb.data && sb.size <= sizeof st->seq) {
+                memcpy(st->seq, sb.data, sb.size);
+                st->seq_len = sb.size;
             }
-            rc = bad_seq ? tdm__serve_fail(&e, TDM_E_INVAL, "\"seq\" must be an integer or a string "
-                                           "of at most 256 bytes; the op was not run")
-                         : tdm__serve_dispatch(st, &up.data, &r, &e);
-        } else if (ur == MSGPACK_UNPACK_SUCCESS) {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "%zu trailing bytes after the request",
-                                 len - off);
-        } else if (ur == MSGPACK_UNPACK_CONTINUE) {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "truncated msgpack message");
-        } else if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
-            rc = tdm__serve_fail(&e, TDM_E_NOMEM, "out of memory decoding the message");
-        } else {
-            rc = tdm__serve_fail(&e, TDM_E_PROTOCOL, "malformed msgpack message");
+            msgpack_sbuffer_destroy(&sb);
         }
+        rc = bad_seq ? tdm__serve_fail(&e, TDM_E_INVAL, "\"seq\" must be an integer or a string "
+                                       "of at most 256 bytes; the op was not run")
+                     : tdm__serve_dispatch(st, &up->data, &r, &e);
     }
 
     if (rc == TDM_SERVE_DEFERRED && deferred && st->deferred) {
@@ -615,7 +544,6 @@ int tdm__serve_handle_as(tdm__serve_state *st, const tdm__serve_caller *c, const
         tdm__serve_pack_reply(out, rc, st->seq, st->seq_len, &r.body, r.pairs, e.msg);
     }
     st->caller = &local;
-    msgpack_unpacked_destroy(&up);
     msgpack_sbuffer_destroy(&r.body);
     return (deferred && *deferred) || out->data ? 0 : -1;
 }

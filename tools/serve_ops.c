@@ -59,6 +59,11 @@ void tdm__serve_init(tdm__serve_state *st)
     st->lim.max_queued_tokens = TDM_SERVE_DEFAULT_MAX_QUEUED_TOKENS;
     st->lim.max_prompt_tokens = TDM_SERVE_DEFAULT_MAX_PROMPT_TOKENS;
     st->lim.max_connections = TDM_SERVE_DEFAULT_MAX_CONNECTIONS;
+    st->lim.max_pending = TDM_SERVE_DEFAULT_MAX_PENDING;
+    st->lim.max_pending_per_source = TDM_SERVE_DEFAULT_MAX_PENDING_PER_SOURCE;
+    st->lim.handshake_ms = TDM_SERVE_DEFAULT_HANDSHAKE_MS;
+    st->lim.idle_ms = TDM_SERVE_DEFAULT_IDLE_MS;
+    /* max_connections_per_source / _per_key: 0 = half of max_connections (cmd_serve.c) */
     st->wake_fd[0] = st->wake_fd[1] = -1;
 }
 

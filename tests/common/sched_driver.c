@@ -332,6 +332,12 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
 static int send_output(tdm_sched *s, uint32_t m, const uint64_t *ids, const uint32_t *offs,
                        const tdm_token *toks, double now, tdm_update_result *r)
 {
+    return tsd_report_step(s, 0, m, ids, offs, toks, now, r);
+}
+
+int tsd_report_step(tdm_sched *s, uint64_t step, uint32_t m, const uint64_t *ids, const uint32_t *offs,
+                    const tdm_token *toks, double now, tdm_update_result *r)
+{
     tdm_step_output o;
     memset(&o, 0, sizeof(o));
     assert_int_equal(tdm_step_output_init(&o), TDM_OK);
@@ -345,7 +351,7 @@ static int send_output(tdm_sched *s, uint32_t m, const uint64_t *ids, const uint
         memset(r, 0, sizeof(*r));
         assert_int_equal(tdm_update_result_init(r), TDM_OK);
     }
-    return tdm_sched_update(s, &o, r);
+    return step ? tdm_sched_update_step(s, step, &o, r) : tdm_sched_update(s, &o, r);
 }
 
 void tsd_update(tdm_sched *s, const tdm_batch *b, tdm_token tok, double now,

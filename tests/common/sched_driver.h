@@ -96,6 +96,12 @@ int tsd_find_id(const uint64_t *ids, uint32_t n, uint64_t id);
 void tsd_update(tdm_sched *s, const tdm_batch *b, tdm_token tok, double now,
                 tdm_update_result *r);
 
+/* Report m requests (ids, token offsets, tokens) as the batch of `step` with
+ * tdm_sched_update_step, or per request with tdm_sched_update when step is 0. r may be NULL.
+ * Returns the update status. */
+int tsd_report_step(tdm_sched *s, uint64_t step, uint32_t m, const uint64_t *ids, const uint32_t *offs,
+                    const tdm_token *toks, double now, tdm_update_result *r);
+
 /* Report explicit sampled tokens for one request. Returns the update status. */
 int tsd_update_one(tdm_sched *s, uint64_t id, const tdm_token *toks, uint32_t n, double now,
                    tdm_update_result *r);

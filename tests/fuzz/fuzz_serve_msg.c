@@ -4,7 +4,8 @@
  * pool and one running request). Properties: a reply is always produced and is a msgpack map
  * with a boolean "ok"; an error reply leaves the instance's stats and request and the
  * service's counters (blocks, queued tokens, instances) unchanged; the same message from a
- * CURVE client that does not own the instance never changes it nor stops the service.
+ * CURVE client that does not own the instance never changes it nor stops the service; the
+ * peek of serve_check.c never reports more elements than the input has bytes.
  * The service sources are compiled in directly (they live in tools/, not in the library).
  */
 #include <stdint.h>
@@ -15,6 +16,7 @@
 /* The transfer-engine ops bind sockets and start threads: not part of this harness. */
 #define TDM_SERVE_NO_KVX 1
 #include "../../tools/serve_msg.c"
+#include "../../tools/serve_check.c"
 #include "../../tools/serve_limits.c"
 #include "../../tools/serve_ops.c"
 
@@ -130,6 +132,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snapshot(&st, &s0, &i0, &n0);
     uint64_t blocks0 = st.total_blocks, tokens0 = st.queued_tokens, inst0 = st.num_instances;
     int ok = 0;
+    /* the peek reads what it may of any input, and never more than a well-formed map holds */
+    tdm__serve_peek_info pi;
+    if (tdm__serve_peek((const char *)data, size, &pi) == 0) {
+        if (pi.have_op && strlen(pi.op) >= sizeof pi.op) abort();
+        if (pi.max_array > size || (pi.prompt_n >= 0 && (uint64_t)pi.prompt_n > size)) abort();
+    }
     run(&st, (const char *)data, size, &ok);
     if (!ok) {
         snapshot(&st, &s1, &i1, &n1);

@@ -232,6 +232,7 @@ _PROTOS = {
     "tdm_step_output_init": (c_int, [POINTER(StepOutputC)]),
     "tdm_update_result_init": (c_int, [POINTER(UpdateResultC)]),
     "tdm_sched_update": (c_int, [_vp, POINTER(StepOutputC), POINTER(UpdateResultC)]),
+    "tdm_sched_update_step": (c_int, [_vp, c_uint64, POINTER(StepOutputC), POINTER(UpdateResultC)]),
     "tdm_sched_set_draft_tokens": (c_int, [_vp, c_uint64, POINTER(c_token), c_uint32]),
     "tdm_request_info_init": (c_int, [POINTER(RequestInfoC)]),
     "tdm_sched_request_info": (c_int, [_vp, c_uint64, POINTER(RequestInfoC)]),

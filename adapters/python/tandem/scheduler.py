@@ -606,9 +606,16 @@ class Scheduler:
                      recv_ready=_ints(b.recv_ready_ids, b.num_recv_ready))
 
     def update(self, outputs: Union[Mapping[int, Sequence[int]], Iterable[Tuple[int, Sequence[int]]]],
-               now: Optional[float] = None) -> UpdateResult:
-        """Report a step's sampled tokens: {req_id: [tokens]} (an empty list for a prompt chunk
-        that did not finish the prompt). Returns what the scheduler did."""
+               now: Optional[float] = None, step: Optional[int] = None) -> UpdateResult:
+        """Report a step's sampled tokens: {req_id: [tokens]}. Returns what the scheduler did.
+
+        With step (the Batch.step of the batch reported; tdm_sched_update_step) the report
+        covers that whole batch: a request of it left out reports no tokens, as vLLM's
+        update_from_output takes it, so {id: [token]} for the requests that sampled is
+        enough. Batches are then reported once each, oldest first. Without step
+        (tdm_sched_update) each listed request reports its oldest unreported step and a
+        request left out stays owed: list every scheduled request, with [] for a prompt
+        chunk that did not finish the prompt. Use one form for every batch."""
         items = list(outputs.items()) if isinstance(outputs, Mapping) else list(outputs)
         n = len(items)
         ids = (c_uint64 * max(n, 1))()
@@ -627,7 +634,10 @@ class Scheduler:
         o.tokens = ctypes.cast(tarr, POINTER(_lib.c_token))
         o.now = time.monotonic() if now is None else float(now)
         r = self._result
-        self._call("tdm_sched_update", byref(o), byref(r))
+        if step is None:
+            self._call("tdm_sched_update", byref(o), byref(r))
+        else:
+            self._call("tdm_sched_update_step", int(step), byref(o), byref(r))
         m = r.num_reqs
         rids = _ints(r.req_ids, m)
         nnew = _ints(r.num_new_tokens, m)

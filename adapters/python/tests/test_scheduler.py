@@ -209,6 +209,43 @@ def test_update__malformed_report_is_rejected_without_change(sched):
     assert [u.req_id for u in sched.update({1: [5]})] == []
 
 
+def test_update__batch_report_takes_left_out_requests_as_no_tokens(needs_scheduler):
+    """The issue-23 host: report only the requests that sampled a token, naming the batch
+    (update(..., step=batch.step)); a prefill chunk left out reports nothing. Without step
+    the per-request contract refuses the later token, naming the request and the remedy."""
+    with tandem.Scheduler(block_size=16, num_blocks=64, max_num_seqs=4,
+                          max_num_batched_tokens=32) as s:
+        s.add(id=1, prompt=list(range(10, 80)), max_tokens=3)
+        outs, t = [], 0.0
+        for _ in range(20):
+            if s.num_unfinished() == 0:
+                break
+            t += 0.01
+            b = s.step(now=t)
+            sampled = {e.req_id: [42] for e in b
+                       if e.num_computed + e.num_tokens >= 70 + len(outs)}
+            r = s.update(sampled, now=t + 0.005, step=b.step)
+            outs.extend([42] * sum(u.num_new_tokens for u in r))
+        assert s.num_unfinished() == 0 and outs == [42, 42, 42]
+        # a request outside the named batch is refused, naming it
+        s.add(id=2, prompt=[1, 2, 3], max_tokens=2)
+        b = s.step(now=1.0)
+        with pytest.raises(TandemError) as ei:
+            s.update({5: [1]}, now=1.01, step=b.step)
+        assert ei.value.status == Status.STATE
+    with tandem.Scheduler(block_size=16, num_blocks=64, max_num_seqs=4,
+                          max_num_batched_tokens=32) as s:
+        s.add(id=1, prompt=list(range(10, 80)), max_tokens=3)
+        s.step(now=0.0)
+        s.update({}, now=0.01)             # the chunk left out: still owed
+        s.step(now=0.02)
+        s.step(now=0.03)                   # the prompt completes
+        with pytest.raises(TandemError) as ei:
+            s.update({1: [42]}, now=0.04)
+        assert ei.value.status == Status.STATE
+        assert "request 1" in ei.value.message and "tdm_sched_update_step" in ei.value.message
+
+
 def test_draft_tokens__scheduled_and_verified(needs_scheduler):
     with tandem.Scheduler(block_size=4, num_blocks=64, num_lookahead_tokens=2,
                           max_num_seqs=4, max_num_batched_tokens=64) as s:

@@ -149,6 +149,8 @@ extern "C" {
     pub fn tdm_update_result_init(r: *mut tdm_update_result) -> c_int;
     pub fn tdm_sched_update(s: *mut tdm_sched, out: *const tdm_step_output,
                             result: *mut tdm_update_result) -> c_int;
+    pub fn tdm_sched_update_step(s: *mut tdm_sched, step: u64, out: *const tdm_step_output,
+                                 result: *mut tdm_update_result) -> c_int;
     pub fn tdm_sched_set_draft_tokens(s: *mut tdm_sched, id: u64, tokens: *const tdm_token,
                                       n: u32) -> c_int;
     pub fn tdm_request_info_init(i: *mut tdm_request_info) -> c_int;

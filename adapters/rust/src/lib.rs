@@ -426,8 +426,23 @@ impl Scheduler {
         Ok(Batch { raw: &self.batch })
     }
 
-    /// Report a step's sampled tokens: (request id, tokens) pairs.
+    /// Report a step's sampled tokens: (request id, tokens) pairs, each reporting that
+    /// request's oldest unreported step (`tdm_sched_update`). A request left out stays owed:
+    /// list every scheduled request, with no tokens for a prompt chunk that did not finish the
+    /// prompt. A host that lists only the requests that sampled uses `update_step`.
     pub fn update(&mut self, outputs: &[(u64, &[i32])], now: f64) -> Result<UpdateResult<'_>> {
+        self.report(None, outputs, now)
+    }
+
+    /// Report the whole batch of step `step` (`Batch::step`, `tdm_sched_update_step`): a
+    /// request of that batch left out of `outputs` reports no tokens (vLLM's
+    /// update_from_output). Batches are reported once each, oldest first; use this for every
+    /// batch or for none.
+    pub fn update_step(&mut self, step: u64, outputs: &[(u64, &[i32])], now: f64) -> Result<UpdateResult<'_>> {
+        self.report(Some(step), outputs, now)
+    }
+
+    fn report(&mut self, step: Option<u64>, outputs: &[(u64, &[i32])], now: f64) -> Result<UpdateResult<'_>> {
         let ids: Vec<u64> = outputs.iter().map(|o| o.0).collect();
         let mut offs: Vec<u32> = Vec::with_capacity(outputs.len() + 1);
         let mut toks: Vec<i32> = Vec::new();
@@ -443,7 +458,12 @@ impl Scheduler {
         o.token_offsets = offs.as_ptr();
         o.tokens = toks.as_ptr();
         o.now = now;
-        let rc = unsafe { ffi::tdm_sched_update(self.raw.as_ptr(), &o, &mut self.result) };
+        let rc = unsafe {
+            match step {
+                Some(st) => ffi::tdm_sched_update_step(self.raw.as_ptr(), st, &o, &mut self.result),
+                None => ffi::tdm_sched_update(self.raw.as_ptr(), &o, &mut self.result),
+            }
+        };
         self.check(rc)?;
         Ok(UpdateResult { raw: &self.result })
     }

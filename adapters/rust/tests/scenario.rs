@@ -114,3 +114,22 @@ fn request_tokens__prompt_then_outputs() {
     assert_eq!(s.request_tokens(1).unwrap(), vec![4, 5, 6, 9]);
     assert_eq!(s.request_blocks(1).unwrap().len(), 1);
 }
+
+#[test]
+fn update_step__left_out_prefill_chunks_report_no_tokens() {
+    // 40 prompt tokens in 32-token steps: the first chunk samples nothing and is left out.
+    let mut s = small();
+    let p: Vec<i32> = (10..50).collect();
+    s.add(&Request::new(1, &p).max_tokens(2)).unwrap();
+    let step = s.step(0.0).unwrap().step();
+    s.update_step(step, &[], 0.01).unwrap();
+    let step = s.step(0.02).unwrap().step();
+    let r = s.update_step(step, &[(1, &[9][..])], 0.03).unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!(s.request_tokens(1).unwrap().len(), 41);
+    // the same batch again: refused, naming the step
+    match s.update_step(step, &[(1, &[9][..])], 0.04) {
+        Err(e) => assert_eq!(e.status, status::STATE, "{e}"),
+        Ok(_) => panic!("a batch reported twice was accepted"),
+    }
+}

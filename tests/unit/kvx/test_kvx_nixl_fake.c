@@ -14,6 +14,7 @@
 #include <signal.h>
 
 #include "kvx_testutil.h"
+#include "../../../kv_transfer/kvx_internal.h"   /* the JSON-only lim settings */
 
 #define N 16
 #define TP (TDM_KVX_TRANSPORT_ZMQ | TDM_KVX_TRANSPORT_NIXL)
@@ -81,6 +82,8 @@ typedef struct duo {
     char ep[128];
 } duo;
 
+static uint32_t g_nixl_require_curve;   /* the prefill (server) side's nixl_require_curve */
+
 static void duo_open(duo *u, const tdm_kv_layout *dl, uint32_t head_offset, uint32_t xfer_timeout_ms)
 {
     t_ipc(u->ep, sizeof(u->ep), "nxfake");
@@ -90,6 +93,9 @@ static void duo_open(duo *u, const tdm_kv_layout *dl, uint32_t head_offset, uint
     tdm_kv_layout l;
     t_layout(&l, g_kind, T_LAYERS, T_BLOCKS, T_BS, T_HEADS, T_DIM, TDM_DTYPE_FP16);
     t_engine_cfg(&u->p, &c, &l, 1234);
+    pthread_mutex_lock(&u->p.kvx->mu);   /* as "nixl_require_curve" in tdm_kvx_create_json */
+    u->p.kvx->lim.nixl_require_curve = g_nixl_require_curve;
+    pthread_mutex_unlock(&u->p.kvx->mu);
     nixl_config(&c, "fake-decode", TDM_KVX_ROLE_DECODE);
     if (xfer_timeout_ms) c.transfer_timeout_ms = xfer_timeout_ms;
     t_engine_off(&u->d, &c, dl ? dl : &l, 99, head_offset);
@@ -158,8 +164,33 @@ static void nixl_fake__direct_and_staged_reads_are_byte_exact(void **state)
         assert_int_equal(t_wait(&u.p).type, TDM_KVX_EV_DONE);
         assert_int_equal(t_compare(&u.p, src, &u.d, dst, 0, N), 0);
         assert_true(t_stats(&u.d).chunks_read_nixl > 0);
+        /* the sender's chunks went over NIXL: none of them through shared memory */
+        tdm_kvx_stats ps = t_stats(&u.p);
+        assert_true(ps.chunks_sent > 0);
+        assert_int_equal(ps.chunks_sent_shm, 0);
         duo_close(&u);
     }
+}
+
+/* nixl_require_curve on a server without CURVE: its peers are not authenticated, so NIXL
+ * (which lets the peer READ the whole registered region) is not offered; the transfer still
+ * completes over ZeroMQ, byte-exact, with no NIXL READ. */
+static void nixl_fake__require_curve_keeps_unauthenticated_peers_off_nixl(void **state)
+{
+    (void)state;
+    NEED_FAKE();
+    duo u;
+    g_nixl_require_curve = 1;
+    duo_open(&u, NULL, 0, 0);
+    g_nixl_require_curve = 0;
+    uint32_t src[N], dst[N];
+    start_scattered(&u, src, dst);
+    tdm_kvx_event ev = t_wait(&u.d);
+    if (ev.type != TDM_KVX_EV_DONE) fail_msg("%s", ev.reason);
+    assert_int_equal(t_wait(&u.p).type, TDM_KVX_EV_DONE);
+    assert_int_equal(t_compare(&u.p, src, &u.d, dst, 0, N), 0);
+    assert_int_equal(t_stats(&u.d).chunks_read_nixl, 0);
+    duo_close(&u);
 }
 
 static void nixl_fake__head_split_and_block_size_convert(void **state)
@@ -431,6 +462,7 @@ int main(void)
     if (!h || !live_reqs) fake_path[0] = '\0';
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(nixl_fake__direct_and_staged_reads_are_byte_exact, setup),
+        cmocka_unit_test_setup(nixl_fake__require_curve_keeps_unauthenticated_peers_off_nixl, setup),
         cmocka_unit_test_setup(nixl_fake__head_split_and_block_size_convert, setup),
         cmocka_unit_test_setup(nixl_fake__read_error_fails_the_transfer, setup),
         cmocka_unit_test_setup(nixl_fake__post_error_fails_the_transfer, setup),

@@ -570,6 +570,126 @@ static void secure__startup_sweeps_dead_owners_segments_only(void **state)
     for (int i = 0; i < 5; i++) shm_unlink(all[i]);
 }
 
+/* ---- peer slots: no source takes them all (issue 26) --------------------------------------- */
+
+/* n raw peers connecting from source address src (a 127.0.0.x) send a HELLO (zmq transport
+ * only) each; returns how many were accepted, and counts the refusals for lack of a slot. */
+static int flood(eng *e, void *ctx, void **socks, int n, const char *src, int *no_space)
+{
+    char ep[256], conn[300];
+    assert_int_equal(tdm_kvx_get_endpoint(e->kvx, ep, sizeof(ep)), TDM_OK);
+    snprintf(conn, sizeof(conn), "tcp://%s:0;%s", src, ep + 6);   /* source;destination */
+    int zero = 0, timeo = 5000, ok = 0;
+    *no_space = 0;
+    for (int i = 0; i < n; i++) {
+        socks[i] = zmq_socket(ctx, ZMQ_DEALER);
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_setsockopt(socks[i], ZMQ_RCVTIMEO, &timeo, sizeof(timeo));
+        assert_int_equal(zmq_connect(socks[i], conn), 0);
+        tdm__kvx_msg h = hello_for(e, TDM_KVX_ROLE_BOTH, NULL, 0);
+        h.hello.transports = TDM_KVX_TRANSPORT_ZMQ;
+        snprintf(h.hello.engine_id, sizeof(h.hello.engine_id), "flood%d", i);
+        raw r = {ctx, socks[i]};
+        raw_send(&r, &h);
+    }
+    for (int i = 0; i < n; i++) {
+        raw r = {ctx, socks[i]};
+        tdm__kvx_msg a = raw_recv(&r);
+        assert_int_equal(a.type, TDM__KVX_HELLO_ACK);
+        if (a.status == TDM_OK) ok++;
+        else if (a.status == TDM_E_NO_SPACE) (*no_space)++;
+    }
+    return ok;
+}
+
+static void flood_close(void *ctx, void **socks, int n)
+{
+    for (int i = 0; i < n; i++) zmq_close(socks[i]);
+    zmq_ctx_term(ctx);
+}
+
+/* The engine the floods aim at: tcp on loopback, zmq transport only. */
+static void flood_server(eng *p)
+{
+    tdm_kvx_config c;
+    t_config(&c, "server", TDM_KVX_ROLE_BOTH, "tcp://127.0.0.1:*");
+    c.transports = TDM_KVX_TRANSPORT_ZMQ;
+    t_engine_default_cache(p, &c, 7);
+}
+
+/* A legitimate engine d (from 127.0.0.1) connects to p: must succeed. */
+static void other_peer_connects(eng *p, eng *d)
+{
+    char ep[256];
+    uint32_t peer;
+    assert_int_equal(tdm_kvx_get_endpoint(p->kvx, ep, sizeof(ep)), TDM_OK);
+    t_engine(d, "d", TDM_KVX_ROLE_DECODE, NULL, TDM_KVX_TRANSPORT_ZMQ, 8);
+    int rc = tdm_kvx_connect(d->kvx, ep, NULL, &peer);
+    if (rc) fail_msg("connect: %s", tdm_kvx_errmsg(d->kvx));
+}
+
+static void secure__one_source_cannot_take_every_peer_slot(void **state)
+{
+    (void)state;
+    eng p, d;
+    flood_server(&p);
+    void *ctx = zmq_ctx_new(), *socks[256];
+    int no_space;
+    /* 256 peers from 127.0.0.2: the default cap is 64 per source */
+    assert_int_equal(flood(&p, ctx, socks, 256, "127.0.0.2", &no_space), 64);
+    assert_int_equal(no_space, 192);
+    assert_int_equal(p.kvx->peers_refused, 192);
+    other_peer_connects(&p, &d);   /* a peer from another source still gets a slot */
+    flood_close(ctx, socks, 256);
+    t_free(&d);
+    t_free(&p);
+}
+
+static void secure__slot_of_a_peer_that_never_transfers_is_reclaimed(void **state)
+{
+    (void)state;
+    eng p, d;
+    flood_server(&p);
+    pthread_mutex_lock(&p.kvx->mu);   /* as the JSON keys of tdm_kvx_create_json */
+    p.kvx->lim.max_peers_per_source = 256;
+    p.kvx->lim.peer_idle_ms = 100;
+    pthread_mutex_unlock(&p.kvx->mu);
+    void *ctx = zmq_ctx_new(), *socks[256];
+    int no_space;
+    assert_int_equal(flood(&p, ctx, socks, 256, "127.0.0.2", &no_space), 256);   /* every slot */
+    t_sleep_ms(300);   /* past peer_idle_ms, before peer_timeout_ms (2 s) ends them anyway */
+    other_peer_connects(&p, &d);
+    assert_int_equal(p.kvx->peers_reclaimed, 1);
+    assert_int_equal(t_stats(&p).num_peers, 256);   /* one gave its slot to d */
+    flood_close(ctx, socks, 256);
+    t_free(&d);
+    t_free(&p);
+}
+
+static void secure__peer_limits_are_json_settings(void **state)
+{
+    (void)state;
+    tdm_kvx *k = NULL;
+    assert_int_equal(tdm_kvx_create_json("{\"engine_id\": \"j\", \"max_peers_per_source\": 3, "
+                                         "\"max_peers_per_key\": 2, \"peer_idle_ms\": 500, "
+                                         "\"nixl_require_curve\": true}", &k), TDM_OK);
+    assert_int_equal(k->lim.max_peers_per_source, 3);
+    assert_int_equal(k->lim.max_peers_per_key, 2);
+    assert_int_equal(k->lim.peer_idle_ms, 500);
+    assert_int_equal(k->lim.nixl_require_curve, 1);
+    tdm_kvx_destroy(k);
+    assert_int_equal(tdm_kvx_create_json("{\"engine_id\": \"j\"}", &k), TDM_OK);
+    assert_int_equal(k->lim.max_peers_per_source, 64);   /* the defaults */
+    assert_int_equal(k->lim.peer_idle_ms, 10000);
+    assert_int_equal(k->lim.nixl_require_curve, 0);
+    tdm_kvx_destroy(k);
+    k = NULL;
+    assert_int_equal(tdm_kvx_create_json("{\"engine_id\": \"j\", \"nixl_require_curve\": 1}", &k),
+                     TDM_E_CONFIG);
+    assert_null(k);
+    assert_non_null(strstr(tdm_kvx_errmsg(NULL), "nixl_require_curve"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -578,6 +698,9 @@ int main(void)
         cmocka_unit_test(secure__peer_segment_only_read_own_segment_carries_data),
         cmocka_unit_test(secure__ack_naming_a_foreign_segment_fails_connect_victim_intact),
         cmocka_unit_test(secure__startup_sweeps_dead_owners_segments_only),
+        cmocka_unit_test(secure__one_source_cannot_take_every_peer_slot),
+        cmocka_unit_test(secure__slot_of_a_peer_that_never_transfers_is_reclaimed),
+        cmocka_unit_test(secure__peer_limits_are_json_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

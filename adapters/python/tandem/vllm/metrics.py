@@ -3,7 +3,8 @@
 Dynamo's planner and router read one ForwardPassMetrics message per forward pass (the schema
 is Dynamo's: dynamo.common.forward_pass_metrics, ai-dynamo 1.6.1, FPM_VERSION 1). In Dynamo's
 own vLLM worker they come from its InstrumentedScheduler, which binds a ZeroMQ PUB socket in the
-EngineCore process on tcp://*:(DYN_FORWARDPASS_METRIC_PORT + dp_rank) (default port 20380);
+EngineCore process on tcp://*:(DYN_FORWARDPASS_METRIC_PORT + dp_rank) (default port 20380;
+Tandem's publisher binds 127.0.0.1 there unless TANDEM_FPM_BIND_HOST says otherwise);
 the worker's FpmEventRelay subscribes to tcp://127.0.0.1:that port and re-publishes on
 Dynamo's event plane. TandemScheduler publishes the same messages on the same socket, so the
 relay, the planner and the router take them unchanged.
@@ -46,6 +47,8 @@ from vllm.v1.request import RequestStatus
 logger = logging.getLogger(__name__)
 
 ENV_PORT = "DYN_FORWARDPASS_METRIC_PORT"
+ENV_BIND = "TANDEM_FPM_BIND_HOST"   # the address the PUB socket binds (Tandem's own setting)
+DEFAULT_BIND = "127.0.0.1"          # Dynamo's relay subscribes on loopback; "*" for every interface
 ENV_TRACE = "DYN_FPM_TRACE"
 ENV_WORKER_ID = "DYN_FPM_WORKER_ID"
 DEFAULT_PORT = 20380
@@ -75,6 +78,17 @@ def fpm_port(vllm_config, environ=None) -> int:
     if not 0 < base + rank < 65536:
         raise ValueError(f"{ENV_PORT}={base} with dp rank {rank} is not a valid port")
     return base + rank
+
+
+def fpm_endpoint(port: int, environ=None) -> str:
+    """The endpoint the publisher binds: TANDEM_FPM_BIND_HOST (default 127.0.0.1, where
+    Dynamo's FpmEventRelay subscribes; the socket has no CURVE, so binding every interface,
+    "*", publishes the scheduler's metrics to anyone who can reach the port) and the port."""
+    env = os.environ if environ is None else environ
+    host = str(env.get(ENV_BIND, "") or DEFAULT_BIND).strip()
+    if not host or any(c in host for c in "/;") or host.count(":") > 0 and not host.startswith("["):
+        raise ValueError(f"{ENV_BIND} must be an IPv4 address, [IPv6] or '*', got {host!r}")
+    return f"tcp://{host}:{port}"
 
 
 def dp_rank_of(vllm_config) -> int:
@@ -271,7 +285,7 @@ class ForwardPassMetricsPublisher(ForwardPassMetricsRecorder):
     def __init__(self, vllm_config, environ=None):
         env = os.environ if environ is None else environ
         self.port = fpm_port(vllm_config, env)
-        self.endpoint = f"tcp://*:{self.port}"
+        self.endpoint = fpm_endpoint(self.port, env)
         super().__init__(vllm_config, None, str(env.get(ENV_WORKER_ID, "")))
         self._pub = _Publisher(self._fpm, self.endpoint, self.worker_id, self.dp_rank)
         self._emit = self._pub.put

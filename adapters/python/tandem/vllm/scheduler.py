@@ -54,6 +54,7 @@ try:
 except ImportError:   # pragma: no cover - older vLLM
     KV_FETCH_STAGES = ()
 
+from . import tandem_config as _tandem_cli
 from ._outputs import (_K_CONT, _K_NEW, _K_RESUMED, _OUT, _PREEMPTED, _QUEUED, _RID,
                        _SCHEDULED, _STATUS_TO_REASON, OutputsMixin, _kwargs_for, _Slot)
 
@@ -158,10 +159,12 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
                 config=vllm_config, role=KVConnectorRole.SCHEDULER,
                 kv_cache_config=kv_cache_config)
         cfg = tandem_config_from_vllm(vllm_config, kv_cache_config, block_size)
+        # --additional-config '{"tandem": ...}' (tandem_config.py); None: vLLM's behaviour
+        cfg, tandem_opts = _tandem_cli.configure(vllm_config, cfg)
         if tandem_config:
             cfg.update(tandem_config)
         self.tandem_config = cfg
-        self.sched = tandem.Scheduler(cfg)
+        self.sched = _tandem_cli.create_scheduler(cfg, tandem_opts)
         from .kv_events import KVEventRelay
         self._kv_events = KVEventRelay(vllm_config, kv_cache_config, self.sched,
                                        lambda tid: self.requests.get(self._req_of.get(tid)))
@@ -202,6 +205,9 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             from .metrics import ForwardPassMetricsPublisher
             fpm_recorder = ForwardPassMetricsPublisher.from_env(vllm_config)
         self._fpm = fpm_recorder
+        if tandem_opts and tandem_opts.get("steps_csv"):   # per-step CSV (steps_csv.py)
+            from .steps_csv import StepRecorder
+            StepRecorder(tandem_opts["steps_csv"]).install(self)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:

@@ -1,0 +1,177 @@
+"""Hostile clients of `tandem serve` for the denial-of-service load test (test_serve_dos.py),
+run as a separate process so that they do not share the measuring client's interpreter.
+
+    python serve_hostile.py ENDPOINT SECONDS KINDS [SERVER_PUBLIC_KEY]
+
+KINDS is a comma-separated list of:
+  raw     64 TCP connections that never send a byte (each reopened when the service ends it)
+  null    64 connections that complete a NULL-mechanism ZMTP handshake, then stay silent
+  curve   16 CURVE clients with keys the service does not allow, sending pings
+  big     16 MiB requests: a padded "ping" and an "update" of 16 M one-byte elements
+  add7    "add" requests of 10^7 one-byte tokens (over --max-prompt-tokens)
+  add1m   in-limit "add" requests of 2^20 tokens (each aborted after; not in the test's mix:
+          their scheduling is the op's own work, see docs/service.md)
+Loopback only: the endpoint must be tcp://127.0.0.1:PORT. Prints one line of counts at the end.
+"""
+import socket
+import struct
+import sys
+import threading
+import time
+
+import msgpack
+import zmq
+
+from test_serve_dos import null_greeting, padded_request
+
+HOLD = 64
+PAUSE = 0.1  # between two large requests of one hostile client (bounded load for CI)
+
+
+def _hold(port, deadline, greet, counts, key):
+    socks = [None] * HOLD
+    while time.monotonic() < deadline:
+        for i, s in enumerate(socks):
+            if s is not None:
+                try:
+                    if s.recv(65536) == b"":
+                        s.close()
+                        socks[i] = None
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    s.close()
+                    socks[i] = None
+                    continue
+            if socks[i] is None:
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=1)
+                    if greet:
+                        s.sendall(greet)
+                    s.setblocking(False)
+                    socks[i] = s
+                    counts[key] += 1
+                except OSError:
+                    pass
+        time.sleep(0.05)
+    for s in socks:
+        if s is not None:
+            s.close()
+
+
+def _curve(ep, spub, deadline, counts):
+    ctx = zmq.Context.instance()
+    socks = []
+    for _ in range(16):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.curve_serverkey = spub.encode()
+        s.curve_publickey, s.curve_secretkey = zmq.curve_keypair()
+        s.connect(ep)
+        socks.append(s)
+    while time.monotonic() < deadline:
+        for s in socks:
+            try:
+                s.send(msgpack.packb({"op": "ping"}), zmq.NOBLOCK)
+                counts["curve"] += 1
+            except zmq.Again:
+                pass
+            if s.poll(0):
+                counts["curve_answered"] += 1
+                s.recv()
+        time.sleep(0.1)
+    for s in socks:
+        s.close()
+
+
+def _client(ep, spub, keypair):
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    if spub:
+        s.curve_serverkey = spub.encode()
+        s.curve_publickey, s.curve_secretkey = keypair
+    s.connect(ep)
+    return s
+
+
+def _call(s, raw, counts, key):
+    s.send(raw, copy=False)
+    if s.poll(8000):  # a request lost with its connection is counted, not waited for
+        r = msgpack.unpackb(s.recv(), raw=False)
+        counts[key + ("_ok" if r.get("ok") else "_refused")] += 1
+        return r
+    counts[key + "_noreply"] += 1
+    return None
+
+
+def _big(ep, spub, keypair, deadline, counts):
+    s = _client(ep, spub, keypair)
+    ping16 = padded_request("ping", (16 << 20) - 64)
+    n = 4 << 20  # an update of four ~4 M-element arrays: 16 M elements, just under 16 MiB
+    upd = (bytes([0x86]) + msgpack.packb("op") + msgpack.packb("update") + msgpack.packb("name")
+           + msgpack.packb("big"))
+    for k, m in (("a", n), ("b", n), ("c", n), ("d", n - 128)):
+        upd += msgpack.packb(k) + b"\xdd" + struct.pack(">I", m) + b"\x01" * m
+    while time.monotonic() < deadline:
+        for raw, key in ((ping16, "ping16"), (upd, "update16")):
+            _call(s, raw, counts, key)
+            time.sleep(PAUSE)
+    s.close()
+
+
+def _add1m(ep, spub, keypair, deadline, counts):
+    """In-limit adds of 2^20 tokens: decoded by the service's worker, then scheduled (the
+    scheduler's own work, SHA-256 block hashes included, runs on the service's loop)."""
+    s = _client(ep, spub, keypair)
+    prompt = list(range(1000, 1000 + (1 << 20)))
+    _call(s, msgpack.packb({"op": "create", "name": "big1m",
+                            "config": {"num_blocks": 70000, "block_size": 16,
+                                       "max_model_len": 1 << 21,
+                                       "max_num_batched_tokens": 1 << 21}}), counts, "create")
+    rid = 0
+    while time.monotonic() < deadline:
+        rid += 1
+        r = _call(s, msgpack.packb({"op": "add", "name": "big1m", "id": rid, "prompt": prompt}),
+                  counts, "add1m")
+        if r and r.get("ok"):
+            _call(s, msgpack.packb({"op": "abort", "name": "big1m", "id": rid}), counts, "abort")
+        time.sleep(0.05)
+    s.close()
+
+
+def _add7(ep, spub, keypair, deadline, counts):
+    s = _client(ep, spub, keypair)
+    extra = msgpack.packb("name") + msgpack.packb("big") + msgpack.packb("id") + msgpack.packb(7)
+    raw = padded_request("add", 10 ** 7, extra)
+    while time.monotonic() < deadline:
+        _call(s, raw, counts, "add7")
+        time.sleep(PAUSE)
+    s.close()
+
+
+def main(argv):
+    ep, seconds, kinds = argv[1], float(argv[2]), argv[3].split(",")
+    spub = argv[4] if len(argv) > 4 and argv[4] != "-" else None
+    keypair = (argv[5].encode(), argv[6].encode()) if len(argv) > 6 else None
+    if not ep.startswith("tcp://127.0.0.1:"):
+        sys.exit("serve_hostile: loopback endpoints only")
+    port = int(ep.rsplit(":", 1)[1])
+    deadline = time.monotonic() + seconds
+    counts = __import__("collections").Counter()
+    greet, ready = null_greeting()
+    jobs = {"raw": (_hold, (port, deadline, b"", counts, "raw")),
+            "null": (_hold, (port, deadline, greet + ready, counts, "null")),
+            "curve": (_curve, (ep, spub, deadline, counts)),
+            "big": (_big, (ep, spub, keypair, deadline, counts)),
+            "add7": (_add7, (ep, spub, keypair, deadline, counts)),
+            "add1m": (_add1m, (ep, spub, keypair, deadline, counts))}
+    threads = [threading.Thread(target=jobs[k][0], args=jobs[k][1], daemon=True) for k in kinds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 60)
+    print("hostile:", " ".join(f"{k}={v}" for k, v in sorted(counts.items())), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

