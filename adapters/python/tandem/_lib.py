@@ -1,10 +1,15 @@
 """Loading libtandem.so and declaring its C ABI for ctypes.
 
 The library is found, in order, through: the environment variable TANDEM_LIBRARY (a path to
-the shared object), TANDEM_BUILD (a build directory holding libtandem.so), the repository's
-build/ directory relative to this source file (a checkout used in place), then the system
-loader (libtandem.so.<ABI>). At import the loaded library's tdm_abi_version() must equal
-ABI_VERSION, the version these bindings were written for; otherwise ImportError.
+the shared object; when set, nothing else is tried: an explicit override always wins), the
+library bundled in this package (tandem/_native/libtandem.so.1, present in the self-contained
+wheel that `make wheel` builds, `pip install tandem-serving`), TANDEM_BUILD (a build directory
+holding libtandem.so), the repository's build/ directory relative to this source file (a
+checkout used in place), then the system loader (libtandem.so.<ABI>). The bundled library
+comes before TANDEM_BUILD and build/ because it was built from the same sources as these
+bindings; a stray build directory of another version must not shadow it. At import the loaded
+library's tdm_abi_version() must equal ABI_VERSION, the version these bindings were written
+for; otherwise ImportError.
 
 Functions are bound lazily: a symbol the loaded library lacks (an older library) raises
 TandemError(TDM_E_UNSUPPORTED) when it is first used, not at import.
@@ -24,19 +29,34 @@ ABI_VERSION = 1
 c_token = c_int32
 
 
-def _candidates():
-    env = os.environ.get("TANDEM_LIBRARY")
-    if env:
-        yield env, "TANDEM_LIBRARY"
+def search_paths(env_var, native_name, build_name, environ=None, package_dir=None):
+    """(path, how) pairs where a native file is looked for, in order: the variable env_var (a
+    path; when set and non-empty, nothing else), the copy bundled in this package's _native/
+    (the self-contained wheel of `make wheel`: libtandem.so.1, the `tandem` executable,
+    libtandem_cuda.so), TANDEM_BUILD/build_name, the repository's build/build_name (a
+    checkout used in place). environ and package_dir default to os.environ and this package."""
+    environ = os.environ if environ is None else environ
+    here = Path(__file__).resolve().parent if package_dir is None else Path(package_dir)
+    explicit = environ.get(env_var)
+    if explicit:
+        yield explicit, env_var
         return
-    build = os.environ.get("TANDEM_BUILD")
+    yield str(here / "_native" / native_name), "bundled"
+    build = environ.get("TANDEM_BUILD")
     if build:
-        yield str(Path(build) / "libtandem.so"), "TANDEM_BUILD"
-    here = Path(__file__).resolve()
-    # adapters/python/tandem/_lib.py -> repository root is three levels up.
-    for up in (here.parents[3] if len(here.parents) > 3 else None,):
-        if up is not None:
-            yield str(up / "build" / "libtandem.so"), "repository build/"
+        yield str(Path(build) / build_name), "TANDEM_BUILD"
+    # adapters/python/tandem/ -> the repository root is two levels up.
+    if len(here.parents) > 2:
+        yield str(here.parents[2] / "build" / build_name), "repository build/"
+
+
+def _candidates(environ=None, package_dir=None):
+    """(path, how) pairs in the order they are tried; see the module docstring."""
+    environ = os.environ if environ is None else environ
+    yield from search_paths("TANDEM_LIBRARY", f"libtandem.so.{ABI_VERSION}", "libtandem.so",
+                            environ, package_dir)
+    if environ.get("TANDEM_LIBRARY"):
+        return
     yield f"libtandem.so.{ABI_VERSION}", "system loader"
     found = ctypes.util.find_library("tandem")
     if found:
@@ -54,7 +74,8 @@ def _load():
         except OSError as e:
             tried.append(f"{path} ({how}: {e})")
     raise ImportError("tandem: cannot load libtandem.so; tried: " + "; ".join(tried) +
-                      ". Build it with `make` or set TANDEM_LIBRARY=/path/to/libtandem.so")
+                      ". Install the self-contained wheel (pip install tandem-serving), build "
+                      "the library with `make`, or set TANDEM_LIBRARY=/path/to/libtandem.so")
 
 
 lib, path = _load()
