@@ -285,6 +285,13 @@ static int engine_taken(tdm_kvx *k, const char *id, uint32_t except, int *outgoi
     return -1;
 }
 
+/* Whether a live incoming peer was heard from within two heartbeat intervals: a HELLO
+ * in its name then comes from a second connection of a running engine, not a restart. */
+static int peer_heard_lately(const tdm_kvx *k, const kvx_peer *p)
+{
+    return tdm__now() - p->last_rx <= 2.0 * k->cfg.heartbeat_ms / 1000.0;
+}
+
 static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm__kvx_msg *m, int decode_rc,
                      const char *decode_why)
 {
@@ -308,7 +315,11 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
     else if (decode_rc) { st = TDM_E_PROTOCOL; snprintf(why, sizeof(why), "malformed HELLO: %.100s", decode_why); }
     else if (!k->registered) { st = TDM_E_STATE; snprintf(why, sizeof(why), "the server has not registered its KV cache"); }
     else if (check_peer_layout(k, &m->hello, why, sizeof(why))) st = TDM_E_LAYOUT;
-    else if ((other = engine_taken(k, m->hello.engine_id, UINT32_MAX, &other_out)) >= 0 && other_out) {
+    else if ((other = engine_taken(k, m->hello.engine_id, UINT32_MAX, &other_out)) >= 0 &&
+             (other_out || peer_heard_lately(k, &k->peers[other]))) {
+        /* we connected to it, or its live connection still talks: a duplicate HELLO, refused
+         * without touching the live connection; a restarted engine's old connection falls
+         * silent, and its HELLO is taken as a reconnect once it has */
         st = TDM_E_EXISTS;
         snprintf(why, sizeof(why), "already connected to engine '%s'", m->hello.engine_id);
     }
