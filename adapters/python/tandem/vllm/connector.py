@@ -53,7 +53,8 @@ from tandem.kvx import EventType, Side
 from tandem.vllm.layout import describe_kv_caches, facts_from_vllm
 from tandem.vllm.params import make_transfer_params, parse_transfer_params, request_id_u64
 
-logger = logging.getLogger("tandem.vllm.connector")
+# under "vllm": its handlers print these lines in the engine's log
+logger = logging.getLogger("vllm.tandem.connector")
 
 # A pull whose request the prefill engine has not exported fails after this long without
 # progress (kv_connector_extra_config "load_timeout_ms"); the engine's default is 30 s.
