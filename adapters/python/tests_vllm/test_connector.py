@@ -21,7 +21,8 @@ LAYERS, NB, BS, H, D = 3, 32, 16, 2, 8
 
 
 def ktc(engine_id, listen=None):
-    extra = {"kvx": {"heartbeat_ms": 50, "peer_timeout_ms": 1000, "transfer_timeout_ms": 5000}}
+    extra = {"kvx": {"heartbeat_ms": 50, "peer_timeout_ms": 1000, "transfer_timeout_ms": 5000,
+                     "handshake_timeout_ms": 1000}}
     if listen:
         extra["listen"] = listen
     return KVTransferConfig(kv_connector="TandemConnector",
@@ -162,7 +163,6 @@ def test_connector__connect_is_off_the_forward_path(tiny_model, caplog):
         params = {"do_remote_prefill": True, "remote_engine_id": "nobody",
                   "remote_endpoint": "tcp://10.255.255.1:7", "remote_request_id": 5,
                   "remote_block_ids": [1, 2]}
-        d_w.kvx_config["handshake_timeout_ms"] = 1000
         dreq = load(d_s, d_w, params, [3, 4], "slow-1")
         s, r = d_w.get_finished(set())
         assert not r or dreq.request_id not in r        # not failed yet: still connecting

@@ -405,7 +405,8 @@ def main():
     ap.add_argument("--conc", default="1,8,32")
     ap.add_argument("--schedulers", default="vllm,tandem")
     ap.add_argument("--connectors", default="tandem",
-                    help="comma list of tandem (zmq), tandem-nixl, nixl (vLLM's NixlConnector)")
+                    help="comma list of tandem (zmq), tandem-nixl, nixl (vLLM's NixlConnector); "
+                         "CONN:SCHED runs that one with one scheduler only")
     ap.add_argument("--faults", action="store_true")
     ap.add_argument("--fault-sched", default="tandem")
     ap.add_argument("--quick", action="store_true", help="8 prompts (a smoke run)")
@@ -423,8 +424,9 @@ def main():
     ref, col_ttft = colocated(model, logdir, concs, items)
     print(f"colocated: {len(items)} prompts, ttft_p50_ms by concurrency {col_ttft} "
           f"({time.monotonic() - t0:.0f} s)", flush=True)
-    for conn in args.connectors.split(","):
-        for sched in args.schedulers.split(","):
+    for entry in args.connectors.split(","):
+        conn, _, only = entry.partition(":")   # "nixl:vllm": that connector with one scheduler
+        for sched in (only.split("+") if only else args.schedulers.split(",")):
             pd_rounds(args, model, logdir, conn, sched, concs, items, ref, col_ttft, checks)
     npass = sum(1 for ok, _ in checks.items if ok)
     nfail = len(checks.items) - npass

@@ -180,28 +180,12 @@ def test_different_block_sizes_are_reblocked(src_layout, src_bs, dst_layout, dst
     dst = v32(dst_layout, 16, dst_bs, fill=False)
     n_src = 4
     n_dst = (n_src * src_bs + dst_bs - 1) // dst_bs
-    src_blocks = [5, 1, 12, 3]
-    dst_blocks = [9, 2, 14, 0, 7, 11, 4, 6][:n_dst]
-    ds, dd = describe_kv_caches(src.tensors, src.facts), describe_kv_caches(dst.tensors, dst.facts)
-    ep = f"ipc://{tmp_path}/rb.sock"
-    with KVTransfer("P", role="prefill", listen=ep, transports=["zmq"], **CFG) as p, \
-            KVTransfer("D", role="decode", transports=["zmq"], **CFG) as d:
-        p.register(ds.layout, ds.bases)
-        d.register(dd.layout, dd.bases)
-        p.send(request_id=9, block_ids=src_blocks)
-        d.recv(d.connect(ep), request_id=9, block_ids=dst_blocks)
-        for eng in (d, p):
-            evs = eng.poll(timeout_ms=10000)
-            assert evs and evs[0].type == EventType.DONE, evs and evs[0].reason
-    for layer in range(LAYERS):
-        for t in range(n_src * src_bs):
-            a = src.kv(layer, src_blocks[t // src_bs], t % src_bs)
-            b = dst.kv(layer, dst_blocks[t // dst_bs], t % dst_bs)
-            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (layer, t)
+    move(src, dst, [5, 1, 12, 3], [9, 2, 14, 0, 7, 11, 4, 6][:n_dst], tmp_path,
+         f"rb-{src_bs}-{dst_bs}")
 
 
 def test_kernel_blocks_of_a_manager_block_are_one_block_when_tokens_continue():
-    # a block-outermost layout split into kernel blocks: tokens continue across them only
+    # a manager block split into kernel blocks: its tokens continue across them only
     # when each block holds one head slot
     spec = kvi.FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=D, dtype=torch.float16)
     nb = 8

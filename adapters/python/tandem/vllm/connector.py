@@ -59,6 +59,11 @@ logger = logging.getLogger("vllm.tandem.connector")
 # A pull whose request the prefill engine has not exported fails after this long without
 # progress (kv_connector_extra_config "load_timeout_ms"); the engine's default is 30 s.
 _LOAD_TIMEOUT_MS = 10000
+# A connect answered EXISTS without a live peer of the expected engine is retried this long.
+_EXISTS_RETRY_S = 5.0
+# The handshake timeout unless "kvx" sets one: connects run off the forward path, and a
+# loaded host (or NIXL's agent set-up) can take longer than the engine's default of 5 s.
+_HANDSHAKE_TIMEOUT_MS = 10000
 
 __all__ = ["TandemConnector", "TandemConnectorMetadata", "request_id_u64"]
 
@@ -106,6 +111,7 @@ class TandemConnector(KVConnectorBase_V1):
         self.engine_id = str(ktc.engine_id or extra.get("engine_id") or f"tandem-{uuid.uuid4().hex[:12]}")
         self.endpoint: Optional[str] = extra.get("listen")
         self.kvx_config = dict(extra.get("kvx", {}))
+        self.kvx_config.setdefault("handshake_timeout_ms", _HANDSHAKE_TIMEOUT_MS)
         self.load_timeout_ms = int(extra.get("load_timeout_ms", _LOAD_TIMEOUT_MS))
         self.block_size = vllm_config.cache_config.block_size
         pc = getattr(vllm_config, "parallel_config", None)
@@ -200,18 +206,38 @@ class TandemConnector(KVConnectorBase_V1):
         """The connector thread: connects to the endpoints asked for, one at a time, and
         reports each outcome (None or the error); never on the forward path."""
         while True:
-            ep = self._connects.get()
-            if ep is None:
+            job = self._connects.get()
+            if job is None:
                 return
+            ep, engine_id = job
             kvx = self.kvx
             if kvx is None:
                 return
             err = None
-            try:
-                kvx.connect(ep)
-            except TandemError as e:
-                if e.status != Status.EXISTS:   # connected meanwhile: fine
-                    err = str(e)
+            deadline = time.monotonic() + _EXISTS_RETRY_S
+            while True:
+                try:
+                    kvx.connect(ep)
+                    break
+                except TandemError as e:
+                    if e.status != Status.EXISTS:
+                        err = str(e)
+                        break
+                    try:   # connected meanwhile: fine
+                        kvx.find_peer(engine_id)
+                        break
+                    except TandemError:
+                        pass
+                    if "connected to that endpoint" in str(e):
+                        # our live connection to ep is another engine
+                        err = f"the engine at {ep} is not '{engine_id}'"
+                        break
+                    # still connecting, or the engine still holds the connection of a
+                    # handshake we gave up on: it lets go within a few heartbeats
+                    if time.monotonic() > deadline:
+                        err = str(e)
+                        break
+                    time.sleep(0.1)
             self._connected.put((ep, err))
 
     def _start_recv(self, spec: RecvSpec, peer: int):
@@ -241,7 +267,7 @@ class TandemConnector(KVConnectorBase_V1):
                 self._connector_thread = threading.Thread(target=self._connect_loop, daemon=True,
                                                           name="tandem-connect")
                 self._connector_thread.start()
-            self._connects.put(ep)
+            self._connects.put((ep, spec.remote_engine_id))
 
     def _connects_done(self):
         while True:
