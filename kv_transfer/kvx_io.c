@@ -617,6 +617,14 @@ static void send_ping(tdm_kvx *k, kvx_peer *p, double now)
 static void io_timers(tdm_kvx *k, double now)
 {
     double hb = k->cfg.heartbeat_ms / 1000.0, dead = k->cfg.peer_timeout_ms / 1000.0;
+    /* The loop runs its timers at least every 50 ms. A longer gap is a stall of this thread
+     * (descheduled on a loaded host, or the engine's lock held): the peers' messages of that
+     * time may still be queued unread, so their silence during it is not counted. */
+    double stall = k->io_last_timers > 0 ? now - k->io_last_timers : 0;
+    k->io_last_timers = now;
+    if (stall > hb && stall > 0.25)
+        for (uint32_t i = 0; i < k->num_peers; i++)
+            if (k->peers[i].state == PEER_ALIVE) k->peers[i].last_rx = TDM_MIN(now, k->peers[i].last_rx + stall);
     for (uint32_t i = 0; i < k->num_peers; i++) {
         kvx_peer *p = &k->peers[i];
         if (p->state == PEER_HANDSHAKE && p->sock && now > p->hs_deadline)
@@ -705,6 +713,13 @@ void *tdm__kvx_io_main(void *arg)
                 kvx_peer *p = &k->peers[owner[i]];
                 if (p->sock == items[i].socket) drain(k, p->sock, p, 0, 64);
             }
+        }
+        if (k->test_stall_ms) {   /* tests: the thread descheduled before its timers */
+            useconds_t us = (useconds_t)k->test_stall_ms * 1000;
+            k->test_stall_ms = 0;
+            pthread_mutex_unlock(&k->mu);
+            usleep(us);
+            pthread_mutex_lock(&k->mu);
         }
         io_timers(k, tdm__now());
     }

@@ -5,11 +5,13 @@
  * an engine that died without a goodbye and comes back under the same engine id. The live
  * connection must survive the duplicates on both sides (a transfer over it still moves every
  * byte), and the restarted engine must be accepted once its old connection has fallen silent.
+ * And a stall of an engine's own I/O thread (a starved host) must not declare live peers dead.
  */
 #include <signal.h>
 #include <sys/wait.h>
 
 #include "kvx_testutil.h"
+#include "../../../kv_transfer/kvx_internal.h"
 
 #define ZMQ_ONLY TDM_KVX_TRANSPORT_ZMQ
 
@@ -145,6 +147,36 @@ static void peers__restarted_engine_is_accepted_once_its_old_connection_is_silen
     t_free(&p);
 }
 
+static void peers__a_stall_of_our_own_io_thread_does_not_kill_live_peers(void **state)
+{
+    (void)state;
+    eng p, d;
+    tdm_kvx_config pc, dc;
+    t_config(&pc, "prefill-0", TDM_KVX_ROLE_PREFILL, "tcp://127.0.0.1:*");
+    pc.transports = ZMQ_ONLY;
+    pc.peer_timeout_ms = 20000;   /* P is patient: only D's own stall is at stake */
+    t_config(&dc, "decode-0", TDM_KVX_ROLE_DECODE, NULL);
+    dc.transports = ZMQ_ONLY;
+    dc.peer_timeout_ms = 500;
+    t_engine_default_cache(&p, &pc, 11);
+    t_engine_default_cache(&d, &dc, 22);
+    char ep[256];
+    assert_int_equal(tdm_kvx_get_endpoint(p.kvx, ep, sizeof(ep)), TDM_OK);
+    uint32_t peer, again;
+    assert_int_equal(tdm_kvx_connect(d.kvx, ep, NULL, &peer), TDM_OK);
+    /* D's I/O thread is descheduled for three peer timeouts between reading its sockets
+     * and running its timers (as on a starved host); P's pings pile up unread meanwhile */
+    pthread_mutex_lock(&d.kvx->mu);
+    d.kvx->test_stall_ms = 1500;
+    pthread_mutex_unlock(&d.kvx->mu);
+    t_sleep_ms(1800);
+    assert_int_equal(tdm_kvx_find_peer(d.kvx, "prefill-0", &again), TDM_OK);
+    assert_int_equal(again, peer);
+    pull_ok(&p, &d, peer, 5, 10);
+    t_free(&d);
+    t_free(&p);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -152,6 +184,7 @@ int main(void)
         cmocka_unit_test(peers__second_connect_to_the_same_endpoint_keeps_the_live_one),
         cmocka_unit_test(peers__hello_from_a_second_socket_of_a_live_engine_is_refused),
         cmocka_unit_test(peers__restarted_engine_is_accepted_once_its_old_connection_is_silent),
+        cmocka_unit_test(peers__a_stall_of_our_own_io_thread_does_not_kill_live_peers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
