@@ -131,6 +131,8 @@ class TandemConnector(KVConnectorBase_V1):
         self._done_sending: set = set()
         self._done_recving: set = set()
         self._load_errors: set = set()
+        self._failed_now: list = []     # loads failed in this step ...
+        self._failed_prev: list = []    # ... and in the previous one: reported now
         self._tids = itertools.count(1)
 
     # ---- scheduler side ----------------------------------------------------------------------
@@ -197,10 +199,11 @@ class TandemConnector(KVConnectorBase_V1):
         self._kv_tensors = kv_caches   # keep them alive while registered
 
     def _fail_load(self, spec: RecvSpec, peer: str, reason: str):
+        """Log spec's failure; get_finished reports it one step later (a load never ends in
+        the step that starts it, as with every failure the transfer engine reports)."""
         logger.warning("TandemConnector: KV load of request %s from engine %s (%s) failed: %s",
                        spec.req_id, spec.remote_engine_id, peer, reason)
-        self._load_errors.update(spec.local_block_ids[spec.num_skip:])
-        self._done_recving.add(spec.req_id)
+        self._failed_now.append(spec)
 
     def _connect_loop(self):
         """The connector thread: connects to the endpoints asked for, one at a time, and
@@ -338,6 +341,10 @@ class TandemConnector(KVConnectorBase_V1):
                     self._done_sending.add(req_id)
 
     def get_finished(self, finished_req_ids):
+        for spec in self._failed_prev:
+            self._load_errors.update(spec.local_block_ids[spec.num_skip:])
+            self._done_recving.add(spec.req_id)
+        self._failed_prev, self._failed_now = self._failed_now, []
         self._drain()
         s, r = self._done_sending, self._done_recving
         self._done_sending, self._done_recving = set(), set()
