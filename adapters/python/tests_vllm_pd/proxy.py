@@ -31,17 +31,28 @@ def make_app(prefill: str, decode: str) -> web.Application:
         await app_["session"].close()
 
     async def completions(request: web.Request):
+        try:
+            return await forward(request)
+        except aiohttp.ClientError as e:   # an engine unreachable or gone mid-request
+            return web.json_response({"error": f"{type(e).__name__}: {e}"}, status=502)
+
+    async def forward(request: web.Request):
         body = await request.json()
         session = app["session"]
         pre = dict(body, max_tokens=1, stream=False,
                    kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False})
         pre.pop("stream_options", None)
         pre.pop("min_tokens", None)
-        async with session.post(prefill + "/v1/completions", json=pre) as r:
-            text = await r.text()
-            if r.status != 200:
-                return web.json_response({"error": f"prefill engine: HTTP {r.status}: {text[:500]}"},
-                                         status=502)
+        try:
+            async with session.post(prefill + "/v1/completions", json=pre) as r:
+                text = await r.text()
+                status = r.status
+        except aiohttp.ClientError as e:
+            return web.json_response({"error": f"prefill engine: {type(e).__name__}: {e}"},
+                                     status=502)
+        if status != 200:
+            return web.json_response({"error": f"prefill engine: HTTP {status}: {text[:500]}"},
+                                     status=502)
         params = json.loads(text).get("kv_transfer_params")
         if not params:
             return web.json_response({"error": "prefill engine returned no kv_transfer_params "
