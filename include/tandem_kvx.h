@@ -193,8 +193,9 @@ TDM_API int tdm_kvx_set_kv_scales(tdm_kvx *kvx, uint32_t scale_kind, const float
  * *peer receives the peer's id (small integer, stable for the life of kvx).
  * Errors: TDM_E_STATE (not registered), TDM_E_LAYOUT (layouts cannot be converted: the
  * message says which field), TDM_E_VERSION, TDM_E_AUTH (CURVE refused, or no answer within
- * the timeout while CURVE is in use), TDM_E_TIMEOUT, TDM_E_EXISTS (already connected to that
- * engine id), TDM_E_PROTOCOL (the peer's answer is malformed, e.g. invalid KV scales, or it
+ * the timeout while CURVE is in use), TDM_E_TIMEOUT, TDM_E_EXISTS (already connected or
+ * connecting to that endpoint: answered without contacting the peer, the live connection
+ * untouched; or already connected to that engine id), TDM_E_PROTOCOL (the peer's answer is malformed, e.g. invalid KV scales, or it
  * refused our HELLO as malformed), TDM_E_IO. */
 TDM_API int tdm_kvx_connect(tdm_kvx *kvx, const char *endpoint, const char *server_public_key,
                             uint32_t *peer);

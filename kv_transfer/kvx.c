@@ -562,6 +562,18 @@ int tdm_kvx_connect(tdm_kvx *k, const char *endpoint, const char *server_key, ui
         pthread_mutex_unlock(&k->mu);
         return tdm__kvx_fail(TDM_E_IO, "cannot generate a CURVE key pair");
     }
+    /* a second connect to an endpoint we are connected (or connecting) to sends no HELLO:
+     * the server would take it for a reconnect of the live connection */
+    for (uint32_t i = 0; i < k->num_peers; i++) {
+        const kvx_peer *q = &k->peers[i];
+        if (q->outgoing && (q->state == PEER_ALIVE || q->state == PEER_HANDSHAKE) && !strcmp(q->ep, endpoint)) {
+            uint32_t qid = q->id;
+            int alive = q->state == PEER_ALIVE;
+            pthread_mutex_unlock(&k->mu);
+            return tdm__kvx_fail(TDM_E_EXISTS, "connect %s: already %s that endpoint (peer %u)", endpoint,
+                                 alive ? "connected to" : "connecting to", qid);
+        }
+    }
     kvx_peer *p = tdm__kvx_peer_new(k);
     if (!p) {
         pthread_mutex_unlock(&k->mu);

@@ -210,6 +210,7 @@ struct tdm_kvx {
 
     pthread_mutex_t mu;
     pthread_cond_t cond;           /* events queued, handshakes finished */
+    double io_last_timers;         /* when the I/O thread last ran its timers (0: never) */
 
     /* registration */
     int registered;
@@ -247,6 +248,8 @@ struct tdm_kvx {
     tdm__kvx_pool *pool;
     uint32_t shm_seq;
     int test_stop;                 /* TDM_KVX_TEST_STOP_AT, 0 = none */
+    uint32_t test_stall_ms;        /* tests: the I/O thread sleeps this long once, unlocked,
+                                      between reading messages and its timers; then 0 */
     tdm__kvx_nixl *nixl;           /* TDM_KVX_TRANSPORT_NIXL configured: agent, registrations */
     tdm_kvx_stats st;
     tdm__kvx_limits lim;           /* peer slots and NIXL policy (JSON-only settings) */

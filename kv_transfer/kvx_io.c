@@ -331,6 +331,13 @@ static int reclaim_idle_peer(tdm_kvx *k)
     return 1;
 }
 
+/* Whether a live incoming peer was heard from within two heartbeat intervals: a HELLO
+ * in its name then comes from a second connection of a running engine, not a restart. */
+static int peer_heard_lately(const tdm_kvx *k, const kvx_peer *p)
+{
+    return tdm__now() - p->last_rx <= 2.0 * k->cfg.heartbeat_ms / 1000.0;
+}
+
 static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm__kvx_msg *m, int decode_rc,
                      const char *decode_why, const char *src, const char *key)
 {
@@ -354,7 +361,11 @@ static void on_hello(tdm_kvx *k, const uint8_t *rtid, size_t rtid_len, const tdm
     else if (decode_rc) { st = TDM_E_PROTOCOL; snprintf(why, sizeof(why), "malformed HELLO: %.100s", decode_why); }
     else if (!k->registered) { st = TDM_E_STATE; snprintf(why, sizeof(why), "the server has not registered its KV cache"); }
     else if (check_peer_layout(k, &m->hello, why, sizeof(why))) st = TDM_E_LAYOUT;
-    else if ((other = engine_taken(k, m->hello.engine_id, UINT32_MAX, &other_out)) >= 0 && other_out) {
+    else if ((other = engine_taken(k, m->hello.engine_id, UINT32_MAX, &other_out)) >= 0 &&
+             (other_out || peer_heard_lately(k, &k->peers[other]))) {
+        /* we connected to it, or its live connection still talks: a duplicate HELLO, refused
+         * without touching the live connection; a restarted engine's old connection falls
+         * silent, and its HELLO is taken as a reconnect once it has */
         st = TDM_E_EXISTS;
         snprintf(why, sizeof(why), "already connected to engine '%s'", m->hello.engine_id);
     }
@@ -665,6 +676,14 @@ static void send_ping(tdm_kvx *k, kvx_peer *p, double now)
 static void io_timers(tdm_kvx *k, double now)
 {
     double hb = k->cfg.heartbeat_ms / 1000.0, dead = k->cfg.peer_timeout_ms / 1000.0;
+    /* The loop runs its timers at least every 50 ms. A longer gap is a stall of this thread
+     * (descheduled on a loaded host, or the engine's lock held): the peers' messages of that
+     * time may still be queued unread, so their silence during it is not counted. */
+    double stall = k->io_last_timers > 0 ? now - k->io_last_timers : 0;
+    k->io_last_timers = now;
+    if (stall > hb && stall > 0.25)
+        for (uint32_t i = 0; i < k->num_peers; i++)
+            if (k->peers[i].state == PEER_ALIVE) k->peers[i].last_rx = TDM_MIN(now, k->peers[i].last_rx + stall);
     for (uint32_t i = 0; i < k->num_peers; i++) {
         kvx_peer *p = &k->peers[i];
         if (p->state == PEER_HANDSHAKE && p->sock && now > p->hs_deadline)
@@ -753,6 +772,13 @@ void *tdm__kvx_io_main(void *arg)
                 kvx_peer *p = &k->peers[owner[i]];
                 if (p->sock == items[i].socket) drain(k, p->sock, p, 0, 64);
             }
+        }
+        if (k->test_stall_ms) {   /* tests: the thread descheduled before its timers */
+            useconds_t us = (useconds_t)k->test_stall_ms * 1000;
+            k->test_stall_ms = 0;
+            pthread_mutex_unlock(&k->mu);
+            usleep(us);
+            pthread_mutex_lock(&k->mu);
         }
         io_timers(k, tdm__now());
     }

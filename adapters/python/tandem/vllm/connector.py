@@ -17,13 +17,27 @@ prompt as loadable asynchronously, reserves blocks, and its worker pulls them wi
 get_finished(); blocks that did not arrive are reported by get_block_ids_with_load_errors() so
 that the scheduler recomputes them.
 
-Worker side: register_kv_caches() takes vLLM's per-layer tensors in the FlashAttention layout
-[2, num_blocks, block_size, num_kv_heads, head_size] (torch tensors, CPU or CUDA, or numpy
-arrays for host tests); the layout is exchanged and checked once per peer by the engine.
+Worker side: register_kv_caches() takes vLLM's per-layer tensors (torch, CPU or CUDA, or
+numpy arrays for host tests) and describes them exactly from their shape, strides and dtype
+and the layer's KV cache spec (tandem/vllm/layout.py: every arrangement vLLM's attention
+backends use, MLA's latent included); a layout it cannot describe stops the engine with the
+shape and strides in the message. The layout is exchanged and checked once per peer by the
+engine, which converts between different layouts, dtypes and block sizes.
+
+Peers are looked up by engine id for every load, never cached: a dead peer is replaced by a
+fresh connection to the endpoint in the params. Connections are made by one background thread,
+never on the forward path; loads waiting for one start when it completes. Every failed load
+logs one line naming the request, the peer and the reason, and its blocks are reported
+through get_block_ids_with_load_errors() (vLLM then recomputes or fails the request, per its
+kv_load_failure_policy).
 """
 from __future__ import annotations
 
 import itertools
+import logging
+import queue
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -34,8 +48,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 
 import tandem
 from tandem import KVLayout, KVTransfer, TandemError
-from tandem.kvx import MEM_CUDA, MEM_HOST, DType, EventType, LayoutKind, Side
+from tandem.errors import Status
+from tandem.kvx import EventType, Side
+from tandem.vllm.layout import describe_kv_caches, facts_from_vllm
 from tandem.vllm.params import make_transfer_params, parse_transfer_params, request_id_u64
+
+# under "vllm": its handlers print these lines in the engine's log
+logger = logging.getLogger("vllm.tandem.connector")
+
+# A pull whose request the prefill engine has not exported fails after this long without
+# progress (kv_connector_extra_config "load_timeout_ms"); the engine's default is 30 s.
+_LOAD_TIMEOUT_MS = 10000
+# A connect answered EXISTS without a live peer of the expected engine is retried this long.
+_EXISTS_RETRY_S = 5.0
+# The handshake timeout unless "kvx" sets one: connects run off the forward path, and a
+# loaded host (or NIXL's agent set-up) can take longer than the engine's default of 5 s.
+_HANDSHAKE_TIMEOUT_MS = 10000
 
 __all__ = ["TandemConnector", "TandemConnectorMetadata", "request_id_u64"]
 
@@ -75,17 +103,6 @@ def _block_ids(blocks) -> tuple:
     return ids, max(skip, 0)
 
 
-_DTYPES = {"float16": DType.FP16, "bfloat16": DType.BF16, "float32": DType.FP32,
-           "float8_e4m3fn": DType.FP8_E4M3}
-
-
-def _tensor_info(t):
-    """(address, shape, dtype name, is_cuda) of a torch tensor or numpy array."""
-    if hasattr(t, "data_ptr"):
-        return t.data_ptr(), tuple(t.shape), str(t.dtype).replace("torch.", ""), t.device.type != "cpu"
-    return t.ctypes.data, tuple(t.shape), str(t.dtype), False
-
-
 class TandemConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -94,6 +111,8 @@ class TandemConnector(KVConnectorBase_V1):
         self.engine_id = str(ktc.engine_id or extra.get("engine_id") or f"tandem-{uuid.uuid4().hex[:12]}")
         self.endpoint: Optional[str] = extra.get("listen")
         self.kvx_config = dict(extra.get("kvx", {}))
+        self.kvx_config.setdefault("handshake_timeout_ms", _HANDSHAKE_TIMEOUT_MS)
+        self.load_timeout_ms = int(extra.get("load_timeout_ms", _LOAD_TIMEOUT_MS))
         self.block_size = vllm_config.cache_config.block_size
         pc = getattr(vllm_config, "parallel_config", None)
         self.tp_size = int(getattr(pc, "tensor_parallel_size", 1) or 1)
@@ -102,12 +121,18 @@ class TandemConnector(KVConnectorBase_V1):
         self._reqs_need_send: dict = {}
         # worker side
         self.kvx: Optional[KVTransfer] = None
-        self._peers: dict = {}
+        self.layout_desc: Optional[str] = None
         self._recv: dict = {}
+        self._waiting: dict = {}        # endpoint -> [RecvSpec] waiting for a connection
+        self._connects: "queue.Queue" = queue.Queue()
+        self._connected: "queue.Queue" = queue.Queue()   # (endpoint, error or None)
+        self._connector_thread: Optional[threading.Thread] = None
         self._send: dict = {}
         self._done_sending: set = set()
         self._done_recving: set = set()
         self._load_errors: set = set()
+        self._failed_now: list = []     # loads failed in this step ...
+        self._failed_prev: list = []    # ... and in the previous one: reported now
         self._tids = itertools.count(1)
 
     # ---- scheduler side ----------------------------------------------------------------------
@@ -161,55 +186,117 @@ class TandemConnector(KVConnectorBase_V1):
 
     # ---- worker side -------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict):
-        tensors = list(kv_caches.values())
-        if not tensors:
-            raise ValueError("TandemConnector: no KV cache tensors")
-        addr0, shape, dtype, cuda = _tensor_info(tensors[0])
-        if len(shape) != 5 or shape[0] != 2:
-            raise ValueError(f"TandemConnector: expected [2, blocks, block_size, heads, head_dim] "
-                             f"KV tensors, got shape {shape}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"TandemConnector: unsupported KV dtype {dtype}")
-        layout = KVLayout(num_layers=len(tensors), num_blocks=shape[1], block_size=shape[2],
-                          num_kv_heads=shape[3], head_dim=shape[4], dtype=_DTYPES[dtype],
-                          kind=LayoutKind.VLLM_NHD)
-        addrs = []
-        for t in tensors:
-            a, s, d, c = _tensor_info(t)
-            if s != shape or d != dtype or c != cuda:
-                raise ValueError("TandemConnector: every layer's KV tensor must be alike")
-            addrs.append(a)
+        desc = describe_kv_caches(kv_caches, facts_from_vllm(self._vllm_config,
+                                                             self._kv_cache_config))
         self.kvx = KVTransfer(self.engine_id, role="both", listen=self.endpoint,
                               **self.kvx_config)
-        self.kvx.register(layout, addrs, mem_kind=MEM_CUDA if cuda else MEM_HOST)
+        self.kvx.register(desc.layout, desc.bases, mem_kind=desc.mem_kind)
         if self.endpoint:
             self.endpoint = self.kvx.endpoint
-        self._kv_tensors = tensors   # keep them alive while registered
+        self.layout_desc = desc.describe()
+        logger.info("TandemConnector %s: KV cache %s; listening on %s", self.engine_id,
+                    self.layout_desc, self.endpoint)
+        self._kv_tensors = kv_caches   # keep them alive while registered
 
-    def _peer(self, engine_id: str, endpoint: str) -> int:
-        p = self._peers.get(engine_id)
-        if p is None:
+    def _fail_load(self, spec: RecvSpec, peer: str, reason: str):
+        """Log spec's failure; get_finished reports it one step later (a load never ends in
+        the step that starts it, as with every failure the transfer engine reports)."""
+        logger.warning("TandemConnector: KV load of request %s from engine %s (%s) failed: %s",
+                       spec.req_id, spec.remote_engine_id, peer, reason)
+        self._failed_now.append(spec)
+
+    def _connect_loop(self):
+        """The connector thread: connects to the endpoints asked for, one at a time, and
+        reports each outcome (None or the error); never on the forward path."""
+        while True:
+            job = self._connects.get()
+            if job is None:
+                return
+            ep, engine_id = job
+            kvx = self.kvx
+            if kvx is None:
+                return
+            err = None
+            deadline = time.monotonic() + _EXISTS_RETRY_S
+            while True:
+                try:
+                    kvx.connect(ep)
+                    break
+                except TandemError as e:
+                    if e.status != Status.EXISTS:
+                        err = str(e)
+                        break
+                    try:   # connected meanwhile: fine
+                        kvx.find_peer(engine_id)
+                        break
+                    except TandemError:
+                        pass
+                    if "connected to that endpoint" in str(e):
+                        # our live connection to ep is another engine
+                        err = f"the engine at {ep} is not '{engine_id}'"
+                        break
+                    # still connecting, or the engine still holds the connection of a
+                    # handshake we gave up on: it lets go within a few heartbeats
+                    if time.monotonic() > deadline:
+                        err = str(e)
+                        break
+                    time.sleep(0.1)
+            self._connected.put((ep, err))
+
+    def _start_recv(self, spec: RecvSpec, peer: int):
+        try:
+            h = self.kvx.recv(peer, request_id=spec.remote_request_id,
+                              block_ids=spec.local_block_ids, num_skip=spec.num_skip,
+                              transfer_id=next(self._tids), timeout_ms=self.load_timeout_ms)
+        except TandemError as e:
+            self._fail_load(spec, f"peer {peer}", str(e))
+            return
+        self._recv[h] = spec
+
+    def _dispatch(self, spec: RecvSpec):
+        """Start spec's pull now if its engine is connected, else queue it behind a connect."""
+        try:
+            peer = self.kvx.find_peer(spec.remote_engine_id)
+        except TandemError:
+            peer = None
+        if peer is not None:
+            self._start_recv(spec, peer)
+            return
+        ep = spec.remote_endpoint
+        waiting = self._waiting.setdefault(ep, [])
+        waiting.append(spec)
+        if len(waiting) == 1:
+            if self._connector_thread is None:
+                self._connector_thread = threading.Thread(target=self._connect_loop, daemon=True,
+                                                          name="tandem-connect")
+                self._connector_thread.start()
+            self._connects.put((ep, spec.remote_engine_id))
+
+    def _connects_done(self):
+        while True:
             try:
-                p = self.kvx.find_peer(engine_id)
-            except TandemError:
-                p = self.kvx.connect(endpoint)
-            self._peers[engine_id] = p
-        return p
+                ep, err = self._connected.get_nowait()
+            except queue.Empty:
+                return
+            for spec in self._waiting.pop(ep, []):
+                if err is not None:
+                    self._fail_load(spec, ep, err)
+                    continue
+                try:
+                    peer = self.kvx.find_peer(spec.remote_engine_id)
+                except TandemError:
+                    self._fail_load(spec, ep, f"the engine at {ep} is not "
+                                              f"'{spec.remote_engine_id}'")
+                    continue
+                self._start_recv(spec, peer)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         for spec in meta.reqs_to_recv.values():
-            try:
-                if spec.remote_endpoint is None:
-                    raise TandemError(-1, "malformed kv_transfer_params")
-                peer = self._peer(spec.remote_engine_id, spec.remote_endpoint)
-                h = self.kvx.recv(peer, request_id=spec.remote_request_id,
-                                  block_ids=spec.local_block_ids, num_skip=spec.num_skip,
-                                  transfer_id=next(self._tids))
-                self._recv[h] = spec
-            except TandemError:
-                self._load_errors.update(spec.local_block_ids[spec.num_skip:])
-                self._done_recving.add(spec.req_id)
+            if spec.remote_endpoint is None:
+                self._fail_load(spec, "?", "malformed kv_transfer_params")
+                continue
+            self._dispatch(spec)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None
@@ -229,6 +316,7 @@ class TandemConnector(KVConnectorBase_V1):
     def _drain(self):
         if self.kvx is None:
             return
+        self._connects_done()
         for ev in self.kvx.poll(timeout_ms=0):
             if ev.side == Side.RECV:
                 spec = self._recv.pop(ev.handle, None)
@@ -236,14 +324,27 @@ class TandemConnector(KVConnectorBase_V1):
                     continue
                 if ev.type != EventType.DONE:
                     done = max(ev.num_blocks_done, spec.num_skip)
+                    logger.warning("TandemConnector: KV load of request %s from engine %s "
+                                   "(peer %d) failed after %d of %d blocks: %s [%s]",
+                                   spec.req_id, spec.remote_engine_id, ev.peer, done,
+                                   len(spec.local_block_ids), ev.reason or "no reason given",
+                                   _status_name(ev.status))
                     self._load_errors.update(spec.local_block_ids[done:])
                 self._done_recving.add(spec.req_id)
             else:
                 req_id = self._send.pop(ev.handle, None)
                 if req_id is not None:
+                    if ev.type != EventType.DONE:
+                        logger.warning("TandemConnector: KV export of request %s to peer %d "
+                                       "ended without a transfer: %s [%s]", req_id, ev.peer,
+                                       ev.reason or "no reason given", _status_name(ev.status))
                     self._done_sending.add(req_id)
 
     def get_finished(self, finished_req_ids):
+        for spec in self._failed_prev:
+            self._load_errors.update(spec.local_block_ids[spec.num_skip:])
+            self._done_recving.add(spec.req_id)
+        self._failed_prev, self._failed_now = self._failed_now, []
         self._drain()
         s, r = self._done_sending, self._done_recving
         self._done_sending, self._done_recving = set(), set()
@@ -255,6 +356,17 @@ class TandemConnector(KVConnectorBase_V1):
         return e
 
     def shutdown(self):
+        t, self._connector_thread = self._connector_thread, None
+        if t is not None:
+            self._connects.put(None)
+            t.join(timeout=30)
         if self.kvx is not None:
             self.kvx.close()
             self.kvx = None
+
+
+def _status_name(status: int) -> str:
+    try:
+        return Status(status).name
+    except ValueError:
+        return str(status)

