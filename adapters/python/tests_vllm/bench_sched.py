@@ -25,11 +25,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import conftest  # noqa: E402
-from conftest import make_configs, make_requests  # noqa: E402
+from conftest import make_configs, make_mro, make_requests  # noqa: E402
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from tandem.vllm import TandemScheduler  # noqa: E402
@@ -65,8 +64,7 @@ def run(sched, n, steps):
         reqs = sched.requests
         sampled = [[7] if reqs[r].num_computed_tokens >= reqs[r].num_tokens else []
                    for r in ids]
-        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)},
-                                sampled_token_ids=sampled)
+        out = make_mro(ids, sampled_token_ids=sampled)
         sched.update_from_output(so, out)
         if len(ids) == n and all(sampled):
             mro = out
@@ -96,8 +94,7 @@ def run_async(sched, n, steps):
         ids = list(so.num_scheduled_tokens)
         reqs = sched.requests
         sampled = [[7] if not reqs[r].is_prefill_chunk else [] for r in ids]
-        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)},
-                                sampled_token_ids=sampled)
+        out = make_mro(ids, sampled_token_ids=sampled)
         if decode and all(sampled):
             mro = out
         prev = (so, out)

@@ -43,6 +43,14 @@ _REASON_TO_STATUS = {
 }
 
 
+try:    # vLLM 0.34: a request's token lists are int32 arrays (TokenBuffer, array('i'))
+    from vllm.v1.token_buffer import TokenBuffer
+except ImportError:   # pragma: no cover - older vLLM
+    TokenBuffer = None
+# The type of Request._all_token_ids and its extend, used directly on the hot path.
+_ALL_TYPE = TokenBuffer if TokenBuffer is not None else list
+_ALL_EXTEND = _ALL_TYPE.extend
+
 _FIELDS: dict = {}
 
 
@@ -89,7 +97,7 @@ class _Slot:
         self.rep = getattr(sp, "repetition_detection", None) if sp is not None else None
         if self.rep is not None and not (self.rep.max_pattern_size > 0 and self.rep.min_count >= 2):
             self.rep = None
-        self.special = (type(self.out) is not list or type(self.all) is not list or
+        self.special = (type(self.out) is not list or type(self.all) is not _ALL_TYPE or
                         req.client_index != 0 or req.trace_headers is not None or
                         (sp is not None and (sp.logprobs is not None or
                                              sp.prompt_logprobs is not None)) or
@@ -148,8 +156,10 @@ class OutputsMixin:
         sampled = mro.sampled_token_ids
         if sampled and len(sampled) == n and mro.req_ids == rids:
             toks = sampled
-        else:
-            index = mro.req_id_to_index
+        else:   # the worker's order may differ (vLLM 0.34 has no req_id_to_index)
+            index = getattr(mro, "req_id_to_index", None)
+            if index is None:
+                index = dict(zip(mro.req_ids, range(len(mro.req_ids))))
             toks = [sampled[i] if (sampled and i is not None) else []
                     for i in map(index.get, rids)]
         lens = list(map(len, toks))
@@ -169,7 +179,7 @@ class OutputsMixin:
                 nnew == lens and 0 not in lens and res_tids == tid_arr.tolist()):
             # Every request took all its tokens and none finished: the decode hot path.
             list(map(list.extend, map(_OUT, slots), toks))
-            list(map(list.extend, map(_ALL, slots), toks))
+            list(map(_ALL_EXTEND, map(_ALL, slots), toks))
             for slot in slots:
                 if len(slot.all) >= slot.nh:
                     self._rehash(slot)
@@ -241,7 +251,7 @@ class OutputsMixin:
         return done // self.block_size * self.block_size
 
     def _append(self, slot: _Slot, new) -> None:
-        if slot.out is not None and type(slot.out) is list:
+        if type(slot.out) is list and type(slot.all) is _ALL_TYPE:
             slot.out.extend(new)
             slot.all.extend(new)
             if len(slot.all) >= slot.nh:
