@@ -153,12 +153,14 @@ $(VLLM_VENV)/.deps-ok:
 
 # The stamp is per checkout (a venv under VLLM_VENVS may serve several): the package is
 # reinstalled from this tree whenever another tree installed it last.
+# The package is built from a copy per venv, so that installs into two venvs can run at once.
 VLLM_STAMP = $(VLLM_VENV)/.tandem-installed-$(shell printf '%s' '$(abspath $(BUILD))' | cksum | cut -d' ' -f1)
+VLLM_PYSRC = $(BUILD)/py-src-vllm-$(shell printf '%s' '$(abspath $(VLLM_VENV))' | cksum | cut -d' ' -f1)
 $(VLLM_STAMP): $(VLLM_VENV)/.deps-ok $(PY_SRCS)
-	@rm -rf $(BUILD)/py-src-vllm; mkdir -p $(BUILD)/py-src-vllm
-	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(BUILD)/py-src-vllm/
+	@rm -rf $(VLLM_PYSRC); mkdir -p $(VLLM_PYSRC)
+	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(VLLM_PYSRC)/
 	@$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-	  --force-reinstall $(abspath $(BUILD))/py-src-vllm >$(VLLM_VENV)/pip-tandem.log 2>&1 || \
+	  --force-reinstall $(abspath $(VLLM_PYSRC)) >$(VLLM_VENV)/pip-tandem.log 2>&1 || \
 	  { cat $(VLLM_VENV)/pip-tandem.log >&2; exit 1; }
 	@rm -f $(VLLM_VENV)/.tandem-installed-*; touch $@
 
