@@ -80,9 +80,9 @@ def test_tested_vllm_does_not_warn(tiny_model, monkeypatch, caplog):
 
 
 def test_prefix_hit_limit_matches_vllm(tiny_model):
-    """A request allowed to read N prompt tokens from the cache gets the same (whole-block)
-    hit as under vLLM: prompt_logprob_start on 0.34, none at all with prompt logprobs on
-    older releases."""
+    """A request whose prefix-cache reads are bounded gets the same (whole-block) hit as
+    under vLLM: bounded by prompt_logprob_start on 0.34, unbounded with it (and
+    skip_reading_prefix_cache=False) before, none with prompt logprobs alone."""
     kw = dict(prompt_logprobs=1)
     if "prompt_logprob_start" in SamplingParams.__struct_fields__:
         kw.update(prompt_logprob_start=40, skip_reading_prefix_cache=False)
@@ -103,7 +103,12 @@ def test_prefix_hit_limit_matches_vllm(tiny_model):
         so = sched.schedule()
         hits.append({n.req_id: n.num_computed_tokens for n in so.scheduled_new_reqs})
     assert hits[0] == hits[1]
-    expected = 32 if "prompt_logprob_start" in SamplingParams.__struct_fields__ else 0
+    if hasattr(Request, "get_prefix_cache_hit_limit"):
+        expected = 32      # 0.34: hits bounded to whole blocks within 40 tokens
+    elif "prompt_logprob_start" in SamplingParams.__struct_fields__:
+        expected = 64      # a start and skip_reading_prefix_cache=False: unbounded before 0.34
+    else:
+        expected = 0       # prompt logprobs: no reads
     assert hits[0] == {"1": expected}
 
 

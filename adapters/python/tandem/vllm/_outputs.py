@@ -12,8 +12,8 @@ import ctypes
 import time
 from array import array
 from collections import defaultdict
-from itertools import accumulate, chain, compress, repeat
-from operator import add, attrgetter, ge, lt, sub
+from itertools import accumulate, chain
+from operator import attrgetter
 
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
@@ -108,17 +108,6 @@ _RID = attrgetter("rid")
 _OUT = attrgetter("out")
 _ALL = attrgetter("all")
 _TID = attrgetter("tid")
-_REQ = attrgetter("req")
-_NH = attrgetter("nh")
-_PLACEHOLDERS = attrgetter("num_output_placeholders")
-_IN_FLIGHT = attrgetter("num_in_flight_tokens")
-_STALE = attrgetter("num_stale_output_tokens")
-_STATUS = attrgetter("status")
-
-
-def _set_all(objs, name: str, values) -> None:
-    """setattr(o, name, v) for each pair, as one C-level map."""
-    list(map(setattr, objs, repeat(name), values))
 
 
 
@@ -191,9 +180,8 @@ class OutputsMixin:
             # Every request took all its tokens and none finished: the decode hot path.
             list(map(list.extend, map(_OUT, slots), toks))
             list(map(_ALL_EXTEND, map(_ALL, slots), toks))
-            due = list(map(ge, map(len, map(_ALL, slots)), map(_NH, slots)))
-            if True in due:     # a block filled: vLLM's hasher, then the digests to Tandem
-                for slot in compress(slots, due):
+            for slot in slots:
+                if len(slot.all) >= slot.nh:
                     self._rehash(slot)
             outs = list(map(EngineCoreOutput, rids, toks))
             if self._fresh:
@@ -220,15 +208,6 @@ class OutputsMixin:
         resolve its placeholders (the library applies the same rules). ntok: the tokens each
         request was scheduled in that step."""
         running = RequestStatus.RUNNING
-        reqs = list(map(_REQ, slots))
-        if None not in reqs and not any(map(_STALE, reqs)) and \
-                set(map(_STATUS, reqs)) == {running}:
-            # The common case, as C-level maps: every request is running, none has a stale
-            # share; placeholders drop by the tokens returned (not below 0).
-            _set_all(reqs, "num_in_flight_tokens", map(sub, map(_IN_FLIGHT, reqs), ntok))
-            _set_all(reqs, "num_output_placeholders",
-                     map(max, map(sub, map(_PLACEHOLDERS, reqs), lens), repeat(0)))
-            return
         for slot, k, t in zip(slots, lens, ntok):
             request = slot.req
             if request is None:     # finished since it was scheduled: output skipped

@@ -40,8 +40,6 @@ import logging
 import time
 from array import array
 from collections import defaultdict, deque
-from itertools import repeat
-from operator import add, lt
 from typing import Iterable, Optional
 
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
@@ -58,8 +56,7 @@ try:
 except ImportError:   # pragma: no cover - older vLLM
     KV_FETCH_STAGES = ()
 
-from ._outputs import (_ALL, _IN_FLIGHT, _K_CONT, _K_NEW, _K_RESUMED, _OUT, _PLACEHOLDERS,
-                       _PREEMPTED, _QUEUED, _REQ, _RID, _set_all,
+from ._outputs import (_K_CONT, _K_NEW, _K_RESUMED, _OUT, _PREEMPTED, _QUEUED, _RID,
                        _SCHEDULED, _STATUS_TO_REASON, OutputsMixin, _kwargs_for, _Slot)
 
 
@@ -598,10 +595,12 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             new_block_ids = [(blocks[offs[i]:offs[i + 1]],) if offs[i + 1] > offs[i] else None
                              for i in range(k)]
         if self._async:     # AsyncScheduler: the outputs in flight count
-            head = slots[:k]
-            done = (map(len, map(_OUT, head)) if self._num_special == 0
-                    else (s.req.num_output_tokens for s in head))
-            cached_outputs = list(map(add, done, map(_PLACEHOLDERS, map(_REQ, head))))
+            if self._num_special == 0:     # s.out: the Request's output token list
+                cached_outputs = [len(s.out) + s.req.num_output_placeholders
+                                  for s in slots[:k]]
+            else:
+                cached_outputs = [s.req.num_output_tokens + s.req.num_output_placeholders
+                                  for s in slots[:k]]
         elif self._num_special == 0:
             cached_outputs = list(map(len, map(_OUT, slots[:k])))
         else:
@@ -688,16 +687,6 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         """AsyncScheduler._update_after_schedule on the vLLM Requests: a request scheduled to
         sample (not a prefill chunk) holds one output placeholder more (the library holds the
         same count and decides with it)."""
-        reqs = list(map(_REQ, slots))
-        done = list(map(add, ncomp, ntok))
-        phs = list(map(_PLACEHOLDERS, reqs))
-        if True not in map(lt, done, map(add, map(len, map(_ALL, slots)), phs)):
-            # No prefill chunk (every request samples), as C-level maps.
-            _set_all(reqs, "num_computed_tokens", done)
-            _set_all(reqs, "num_in_flight_tokens", map(add, map(_IN_FLIGHT, reqs), ntok))
-            _set_all(reqs, "is_prefill_chunk", repeat(False))
-            _set_all(reqs, "num_output_placeholders", map(add, phs, repeat(1)))
-            return
         for slot, c, t in zip(slots, ncomp, ntok):
             c += t
             request = slot.req
