@@ -28,9 +28,15 @@ schedule() for step N+1 before update_from_output() for step N. The library's as
 (async_scheduling) makes the decisions of vLLM's AsyncScheduler; this class keeps the vLLM
 Request fields that AsyncScheduler keeps (num_output_placeholders, num_in_flight_tokens,
 num_stale_output_tokens, is_prefill_chunk) and reports num_output_tokens with placeholders in
-CachedRequestData as it does. Refused at start-up: pipeline-parallel batch queues
-(pipeline_parallel_size > 1), async scheduling together with speculative decoding, hybrid KV
-cache groups.
+CachedRequestData as it does. Refused at start-up, naming the flag: pipeline-parallel batch
+queues (pipeline_parallel_size > 1), async scheduling together with speculative decoding,
+hybrid KV cache groups, and the scheduler options the library does not reproduce
+(--max-num-inflight-kv-loads, --prefill-schedule-interval, --long-prefill-token-threshold-
+adaptive; see _refuse_unmatched).
+
+vLLM 0.31-0.34 are supported, their differences detected by feature (the _HAS_* /
+_PREFILL_IDS_* probes below, SchedulerConfig fields, Request attributes); a newer vLLM starts
+with one warning naming the tested versions.
 """
 from __future__ import annotations
 
