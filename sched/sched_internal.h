@@ -91,6 +91,7 @@ struct tdm__req {
     uint32_t num_host_hashes;  /* digests in host_hashes (capacity: full prompt blocks) */
     uint32_t host_hash_size;   /* bytes per host digest; 0 = Tandem computes them */
     uint32_t num_cached;       /* prefix hit at the first admission */
+    uint32_t hit_limit;        /* TDM_REQ_PREFIX_HIT_LIMIT: most tokens a prefix hit may cover */
     uint32_t num_remote;       /* REMOTE_PREFILL: tokens whose KV arrives from the peer */
     uint32_t num_preemptions;
     tdm__digest salt;          /* digest of the cache salt (the first block's extra key) */
@@ -141,6 +142,9 @@ typedef struct tdm__params {
     int64_t async_scheduling;
     int64_t slo_ttft_us;       /* SLO_ADAPTIVE targets of requests without their own */
     int64_t slo_tpot_us;
+    int64_t long_prefill_needs_chunking; /* the threshold only with chunked prefill (vLLM 0.34) */
+    int64_t cache_aware_window;          /* waiting requests reordered by cached prefix */
+    int64_t cache_aware_threshold_ppm;   /* ... once KV usage reaches this */
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;
@@ -242,6 +246,7 @@ struct tdm_sched {
     tdm__vec upd_ids;          /* uint64_t */
     tdm__vec upd_new;          /* uint32_t */
     tdm__vec upd_reason;       /* uint8_t */
+    tdm__vec ca_scratch;       /* cache_aware.c: twice the admission window */
     tdm__vec upd_stop;         /* int32_t */
     tdm__vec upd_reqs;         /* tdm__req *: the records found while validating */
 
@@ -285,6 +290,8 @@ int tdm__waiting_push(tdm_sched *s, tdm__req *r);    /* a new request */
 int tdm__waiting_requeue(tdm_sched *s, tdm__req *r); /* preempted: front */
 int tdm__waiting_requeue_received(tdm_sched *s, tdm__req *r); /* back from a remote receive */
 void tdm__waiting_remove(tdm_sched *s, tdm__req *r);
+/* Cache-aware admission: reorder the head of the FCFS waiting list (cache_aware.c). */
+void tdm__cache_aware_reorder(tdm_sched *s);
 int tdm__waiting_reserve(tdm_sched *s, uint32_t n);  /* heap room when the policy uses one */
 int tdm__heap_reserve(tdm_sched *s, uint32_t n);     /* heap room, whatever the policy */
 

@@ -135,10 +135,13 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
  * always recomputed; the hit block ids are written at r->blocks[0..) (not yet taken). */
 static uint32_t prefix_lookup(tdm_sched *s, tdm__req *r)
 {
-    if (!s->prm.enable_prefix_caching || (r->flags & TDM_REQ_SKIP_PREFIX_CACHE) || r->num_blocks)
+    if (!s->prm.enable_prefix_caching || (r->flags & TDM_REQ_SKIP_PREFIX_CACHE) || r->num_blocks ||
+        ((r->flags & TDM_REQ_PREFIX_HIT_LIMIT) && r->hit_limit == 0))
         return 0;
     tdm__req_hash_blocks(s, r);
-    uint32_t max_blocks = (r->num_tokens - 1) / (uint32_t)s->prm.block_size;
+    uint32_t max_tokens = r->num_tokens - 1;
+    if ((r->flags & TDM_REQ_PREFIX_HIT_LIMIT) && r->hit_limit < max_tokens) max_tokens = r->hit_limit;
+    uint32_t max_blocks = max_tokens / (uint32_t)s->prm.block_size;
     uint32_t h = 0;
     for (; h < max_blocks && h < r->num_hashes; h++) {
         uint32_t b = tdm__pool_lookup(&s->pool, r->hashes[h]);
@@ -317,6 +320,7 @@ static void run_waiting(step_ctx *c)
     tdm_sched *s = c->s;
     uint32_t bs = (uint32_t)s->prm.block_size;
     tdm__list skipped = { NULL, NULL, 0 };
+    if (s->prm.cache_aware_window) tdm__cache_aware_reorder(s);
     while (tdm__waiting_len(s) && c->budget > 0) {
         if (c->adaptive) tdm__ad_demote(s, c->now);
         if (s->num_running >= (uint64_t)s->prm.max_num_seqs) break;
@@ -525,7 +529,8 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     c.caching = s->prm.enable_prefix_caching != 0;
     /* The threshold keeps a long prefill from starving the others: with one eligible request
      * (running, waiting or receiving its KV) there is nobody to starve (vLLM 0.33). */
-    if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) > 1)
+    if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) > 1 &&
+        (s->prm.enable_chunked_prefill || !s->prm.long_prefill_needs_chunking)) /* vLLM 0.34: only chunked */
         c.threshold = (uint32_t)s->prm.long_prefill_token_threshold;
     s->num_entries = 0;
     s->out_preempted.len = 0;

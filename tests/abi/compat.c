@@ -15,9 +15,11 @@
 #include "tandem.h"
 
 int old_request_desc_init(tdm_request_desc *d);
+int v1_1_request_desc_init(tdm_request_desc *d);
 int old_sched_stats_init(tdm_sched_stats *st);
 int old_kvx_stats_init(tdm_kvx_stats *s);
 __asm__(".symver old_request_desc_init,tdm_request_desc_init@TANDEM_1");
+__asm__(".symver v1_1_request_desc_init,tdm_request_desc_init@TANDEM_1.1");
 __asm__(".symver old_sched_stats_init,tdm_sched_stats_init@TANDEM_1");
 __asm__(".symver old_kvx_stats_init,tdm_kvx_stats_init@TANDEM_1");
 
@@ -57,6 +59,16 @@ int main(void)
           "tdm_request_desc_init@TANDEM_1 fills the first layout's defaults");
     check(untouched(&du, desc_v1, sizeof(du)), "tdm_request_desc_init@TANDEM_1 leaves the bytes past it");
 
+    /* The TANDEM_1.1 initialiser stops before prefix_hit_limit (appended in TANDEM_1.2). */
+    const size_t desc_v1_1 = offsetof(tdm_request_desc, prefix_hit_limit);
+    memset(&du, CANARY, sizeof(du));
+    check(v1_1_request_desc_init(&du.d) == TDM_OK && du.d.struct_size == desc_v1_1 &&
+          du.d.block_hash_size == 0 && du.d.max_tokens == 16,
+          "tdm_request_desc_init@TANDEM_1.1 fills the 1.1 layout");
+    check(untouched(&du, desc_v1_1, sizeof(du)), "tdm_request_desc_init@TANDEM_1.1 leaves the bytes past it");
+    memset(&du, CANARY, sizeof(du));
+    (void)old_request_desc_init(&du.d);
+
     union { tdm_sched_stats s; unsigned char b[sizeof(tdm_sched_stats) + 16]; } su;
     memset(&su, CANARY, sizeof(su));
     check(old_sched_stats_init(&su.s) == TDM_OK && su.s.struct_size == stats_v1,
@@ -92,8 +104,8 @@ int main(void)
     /* The default versions (what this binary binds by name) fill the current structs. */
     memset(&du, CANARY, sizeof(du));
     check(tdm_request_desc_init(&du.d) == TDM_OK && du.d.struct_size == sizeof(tdm_request_desc) &&
-          du.d.block_hashes == NULL && du.d.block_hash_size == 0,
-          "tdm_request_desc_init@@TANDEM_1.1 fills the current struct");
+          du.d.block_hashes == NULL && du.d.block_hash_size == 0 &&
+          du.d.prefix_hit_limit == 0, "tdm_request_desc_init@@TANDEM_1.2 fills the current struct");
     check(untouched(&du, sizeof(tdm_request_desc), sizeof(du)), "tdm_request_desc_init writes nothing past it");
     check(tdm_sched_stats_init(&su.s) == TDM_OK && su.s.struct_size == sizeof(tdm_sched_stats) &&
           su.s.kv_events_dropped == 0, "tdm_sched_stats_init@@TANDEM_1.1 fills the current struct");

@@ -109,6 +109,7 @@ class RequestDesc(Structure):
         ("tpot_slo", c_double), ("cache_salt", c_void_p), ("cache_salt_len", c_uint32),
         ("num_remote_tokens", c_uint32), ("tenant", c_uint32),
         ("block_hashes", c_void_p), ("num_block_hashes", c_uint32), ("block_hash_size", c_uint32),
+        ("prefix_hit_limit", c_uint32),
     ]
 
 

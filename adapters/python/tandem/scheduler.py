@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import time
+from array import array
 from ctypes import POINTER, byref, c_char_p, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -46,6 +47,9 @@ class Param(IntEnum):
     ASYNC_SCHEDULING = 24
     SLO_TTFT_US = 25
     SLO_TPOT_US = 26
+    LONG_PREFILL_NEEDS_CHUNKING = 27
+    CACHE_AWARE_WINDOW = 28
+    CACHE_AWARE_THRESHOLD_PPM = 29
 
 
 class PrefixHash(IntEnum):
@@ -110,6 +114,7 @@ FLAG_REMOTE_PREFILL = 1 << 1
 FLAG_REMOTE_DECODE = 1 << 2
 FLAG_SKIP_PREFIX_CACHE = 1 << 3
 FLAG_SLO_DEPRIORITIZE = 1 << 4
+FLAG_PREFIX_HIT_LIMIT = 1 << 5
 
 
 def _enum_value(enum, v):
@@ -149,6 +154,8 @@ class Request:
     # digest (16..32); 0 = the length of the first digest.
     block_hashes: Optional[Sequence[bytes]] = None
     block_hash_size: int = 0
+    # The most tokens a prefix-cache hit may cover (None: no limit; 0: no reads).
+    prefix_hit_limit: Optional[int] = None
 
     @property
     def flags(self) -> int:
@@ -156,7 +163,8 @@ class Request:
                 | (FLAG_REMOTE_PREFILL if self.remote_prefill else 0)
                 | (FLAG_REMOTE_DECODE if self.remote_decode else 0)
                 | (FLAG_SKIP_PREFIX_CACHE if self.skip_prefix_cache else 0)
-                | (FLAG_SLO_DEPRIORITIZE if self.slo_deprioritize else 0))
+                | (FLAG_SLO_DEPRIORITIZE if self.slo_deprioritize else 0)
+                | (FLAG_PREFIX_HIT_LIMIT if self.prefix_hit_limit is not None else 0))
 
 
 @dataclass
@@ -516,8 +524,15 @@ class Scheduler:
         r = request if request is not None else Request(**kw)
         d = _lib.RequestDesc()
         self._call("tdm_request_desc_init", byref(d), handle=False)
-        prompt = list(r.prompt)
-        parr = (_lib.c_token * max(len(prompt), 1))(*prompt)
+        prompt = r.prompt
+        if isinstance(prompt, array) and prompt.typecode == "i" and prompt.itemsize == 4 and \
+                len(prompt):
+            # An int32 array (vLLM 0.34's TokenBuffer): handed over as it is, no copy here
+            # (the library copies it during the call).
+            parr = (_lib.c_token * len(prompt)).from_buffer(prompt)
+        else:
+            prompt = list(prompt)
+            parr = (_lib.c_token * max(len(prompt), 1))(*prompt)
         stops = list(r.stop_token_ids)
         sarr = (_lib.c_token * max(len(stops), 1))(*stops)
         salt = r.cache_salt.encode() if isinstance(r.cache_salt, str) else r.cache_salt
@@ -549,8 +564,10 @@ class Scheduler:
             d.block_hashes = ctypes.cast(hbuf, c_void_p) if len(r.block_hashes) else None
             d.num_block_hashes = len(r.block_hashes)
             d.block_hash_size = size
+        if r.prefix_hit_limit is not None:
+            d.prefix_hit_limit = int(r.prefix_hit_limit)
         self._call("tdm_sched_add", byref(d))
-        del hbuf
+        del hbuf, parr
         return int(r.id)
 
     def append_block_hashes(self, req_id: int, hashes: Sequence[bytes], hash_size: int = 0):

@@ -397,3 +397,32 @@ def test_kv_events__stored_removed_cleared_and_overflow(needs_scheduler):
         b = s.kv_events()
         assert b.overflowed and b.num_dropped == 1 and len(b.events[0].block_hashes) == 1
         assert s.stats().kv_events_dropped == 1
+
+
+class _NoIterArray(__import__("array").array):
+    """An int32 array that refuses per-token reads: the binding must hand its buffer over."""
+
+    def __iter__(self):
+        raise AssertionError("the prompt was read token by token")
+
+    def __getitem__(self, i):
+        raise AssertionError("the prompt was read token by token")
+
+
+def test_scheduler__int32_array_prompt_is_passed_as_a_buffer(sched):
+    prompt = _NoIterArray("i", range(100, 110))
+    sched.add(Request(id=1, prompt=prompt, max_tokens=2))
+    assert sched.request_tokens(1) == list(range(100, 110))
+    assert sched.step(now=1.0).entries[0].num_tokens == 10
+
+
+def test_scheduler__prefix_hit_limit_bounds_the_hit(sched):
+    p = list(range(200, 213))              # 3 full blocks of 4 and one token
+    sched.add(Request(id=1, prompt=p, max_tokens=1))
+    run_to_completion(sched)
+    for rid, limit, hit in ((2, 9, 8), (3, 0, 0), (4, None, 12)):
+        sched.add(Request(id=rid, prompt=p, max_tokens=1, prefix_hit_limit=limit))
+        b = sched.step(now=10.0 + rid)
+        assert b.entries[0].num_computed == hit, (limit, b.entries[0].num_computed)
+        sched.update({rid: [5]}, now=10.5 + rid)
+        run_to_completion(sched, now0=11.0 + rid)

@@ -12,7 +12,8 @@ schedule() for step N+1, then update_from_output() for step N, the pair timed):
 
     vllm_bench_async ratio256=R ratio1024=R ratio4096=R
 
-(VLLM_BENCH_ASYNC=0 skips it). Never fails on speed.
+(VLLM_BENCH_ASYNC=0 skips it). Never fails on speed. Times are the process's CPU time
+(VLLM_BENCH_CLOCK=wall: wall time), medians over the steps.
 
     make bench-vllm        (or: build/venv-vllm/bin/python adapters/python/tests_vllm/bench_sched.py)
 """
@@ -25,16 +26,20 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import conftest  # noqa: E402
-from conftest import make_configs, make_requests  # noqa: E402
+from conftest import make_configs, make_mro, make_requests  # noqa: E402
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from tandem.vllm import TandemScheduler  # noqa: E402
 
 PROMPT = 64
+# The clock: the process's CPU time by default, which other jobs on a loaded machine do not
+# stretch (wall time stretches a long step, which the OS preempts more often, more than a
+# short one, and so flatters the faster scheduler); VLLM_BENCH_CLOCK=wall for wall time.
+CLOCK_NAME = os.environ.get("VLLM_BENCH_CLOCK", "cpu")
+CLOCK = time.perf_counter if CLOCK_NAME == "wall" else time.process_time
 
 
 def build(cls, model, n, steps, async_scheduling=False):
@@ -55,18 +60,17 @@ def run(sched, n, steps):
     ids = None
     mro = None
     while len(times) < steps:
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         so = sched.schedule()
         if so.total_num_scheduled_tokens == n and mro is not None:   # decode steady state
             sched.update_from_output(so, mro)
-            times.append(time.perf_counter() - t0)
+            times.append(CLOCK() - t0)
             continue
         ids = list(so.num_scheduled_tokens)
         reqs = sched.requests
         sampled = [[7] if reqs[r].num_computed_tokens >= reqs[r].num_tokens else []
                    for r in ids]
-        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)},
-                                sampled_token_ids=sampled)
+        out = make_mro(ids, sampled_token_ids=sampled)
         sched.update_from_output(so, out)
         if len(ids) == n and all(sampled):
             mro = out
@@ -83,11 +87,11 @@ def run_async(sched, n, steps):
     prev = None
     mro = None
     while len(times) < steps:
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         so = sched.schedule()
         if prev is not None:
             sched.update_from_output(*prev)
-        dt = time.perf_counter() - t0
+        dt = CLOCK() - t0
         decode = so.total_num_scheduled_tokens == n
         if decode and mro is not None and prev[0].total_num_scheduled_tokens == n:
             times.append(dt)
@@ -96,8 +100,7 @@ def run_async(sched, n, steps):
         ids = list(so.num_scheduled_tokens)
         reqs = sched.requests
         sampled = [[7] if not reqs[r].is_prefill_chunk else [] for r in ids]
-        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)},
-                                sampled_token_ids=sampled)
+        out = make_mro(ids, sampled_token_ids=sampled)
         if decode and all(sampled):
             mro = out
         prev = (so, out)
@@ -110,6 +113,8 @@ def main():
     with open(os.path.join(model, "config.json"), "w") as f:
         json.dump(conftest.TINY, f)
     sizes = [int(x) for x in os.environ.get("VLLM_BENCH_SIZES", "256,1024,4096").split(",")]
+    import vllm
+    print(f"vllm {vllm.__version__}, {CLOCK_NAME} time (VLLM_BENCH_CLOCK=cpu|wall)")
     print(f"{'running':>8} {'vLLM Scheduler us/step':>24} {'TandemScheduler us/step':>25} {'ratio':>6}")
     ratios = {}
     for n in sizes:

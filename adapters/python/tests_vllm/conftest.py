@@ -43,7 +43,7 @@ def tiny_model(tmp_path_factory):
 def make_configs(model, max_num_seqs=16, max_num_batched_tokens=8192, num_blocks=10000,
                  block_size=16, enable_prefix_caching=True, long_prefill_token_threshold=0,
                  max_model_len=None, policy="fcfs", kv_transfer_config=None, sched_extra=None,
-                 async_scheduling=False):
+                 async_scheduling=False, enable_chunked_prefill=True):
     """sched_extra: more SchedulerConfig fields, those this vLLM version has."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
@@ -52,7 +52,7 @@ def make_configs(model, max_num_seqs=16, max_num_batched_tokens=8192, num_blocks
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                          max_model_len=max_model_len,
                          long_prefill_token_threshold=long_prefill_token_threshold,
-                         enable_chunked_prefill=True, is_encoder_decoder=False,
+                         enable_chunked_prefill=enable_chunked_prefill, is_encoder_decoder=False,
                          async_scheduling=async_scheduling, policy=policy, **extra)
     mc = ModelConfig(model=model, dtype="float16", seed=42, skip_tokenizer_init=True,
                      max_model_len=max_model_len)
@@ -80,6 +80,25 @@ def make_pair(model, **kw):
                            block_size=block_size,
                            structured_output_manager=StructuredOutputManager(vc2))
     return ref, ours
+
+
+def make_mro(req_ids, sampled_token_ids, **kw):
+    """A ModelRunnerOutput for the scheduled ids in order: vLLM <= 0.33 also wants
+    req_id_to_index (0.34 dropped it; the scheduler looks the ids up itself)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+    fields = getattr(ModelRunnerOutput, "__dataclass_fields__", {})
+    if "req_id_to_index" in fields:
+        kw["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+    return ModelRunnerOutput(req_ids=list(req_ids), sampled_token_ids=sampled_token_ids, **kw)
+
+
+def resumed_ids(so, seen) -> list:
+    """The requests the output resumes: vLLM <= 0.33 lists them in
+    CachedRequestData.resumed_req_ids; 0.34 sends them as new requests (ids seen before)."""
+    c = so.scheduled_cached_reqs
+    if hasattr(c, "resumed_req_ids"):
+        return sorted(c.resumed_req_ids)
+    return sorted(n.req_id for n in so.scheduled_new_reqs if n.req_id in seen)
 
 
 _none_hash = False

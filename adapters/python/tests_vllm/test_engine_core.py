@@ -11,12 +11,11 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from conftest import make_configs, make_requests
+from conftest import make_configs, make_mro, make_requests
 
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.outputs import ModelRunnerOutput
 
 BLOCK = 16
 NUM_BLOCKS = 256
@@ -67,8 +66,7 @@ class FakeExecutor(Executor):
             done = r is not None and not r.is_prefill_chunk
             k = r.num_output_tokens + max(0, r.num_output_placeholders - 1) if done else 0
             sampled.append([1000 + int(rid) * 10 + k] if done else [])
-        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled)
+        out = make_mro(ids, sampled_token_ids=sampled)
         if non_block:
             f = Future()
             f.set_result(out)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import make_configs, make_requests
+from conftest import make_configs, make_mro, make_requests
 
 torch = pytest.importorskip("torch")
 from vllm.config import KVTransferConfig  # noqa: E402
@@ -77,8 +77,7 @@ class Engine:
         s, rcv = w.get_finished(set())
         kvo = KVConnectorOutput(finished_sending=s, finished_recving=rcv,
                                 invalid_block_ids=w.get_block_ids_with_load_errors())
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled, kv_connector_output=kvo)
+        mro = make_mro(ids, sampled_token_ids=sampled, kv_connector_output=kvo)
         return so, self.sched.update_from_output(so, mro)
 
 

@@ -5,10 +5,9 @@ resumed, preempted and finished ids) and each EngineCoreOutputs (new tokens, fin
 must be identical."""
 import pytest
 
-from conftest import make_pair, make_requests
+from conftest import make_mro, make_pair, make_requests
 
 from vllm.v1.core.sched.interface import SchedulerInterface
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 
@@ -22,7 +21,7 @@ def norm_so(so, exact_blocks=True):
                     for n in so.scheduled_new_reqs},
             "cached": {rid: (None if b is None else len(b[0]), nc)
                        for rid, b, nc in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens)},
-            "resumed": sorted(c.resumed_req_ids),
+            "resumed": sorted(getattr(c, "resumed_req_ids", ())),
             "preempted": sorted(so.preempted_req_ids or ()),
             "finished": sorted(so.finished_req_ids),
         }
@@ -33,7 +32,7 @@ def norm_so(so, exact_blocks=True):
                 for n in so.scheduled_new_reqs},
         "cached": {rid: (None if b is None else list(b[0]), nc)
                    for rid, b, nc in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens)},
-        "resumed": sorted(c.resumed_req_ids),
+        "resumed": sorted(getattr(c, "resumed_req_ids", ())),
         "preempted": sorted(so.preempted_req_ids or ()),
         "finished": sorted(so.finished_req_ids),
     }
@@ -60,8 +59,7 @@ def fake_output(sched, so, token_fn):
         r = sched.requests[rid]
         sampled.append([token_fn(rid, r.num_output_tokens)]
                        if r.num_computed_tokens >= r.num_tokens else [])
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled)
+    return make_mro(req_ids, sampled_token_ids=sampled)
 
 
 def drive(sched, reqs, token_fn=default_token, aborts=None, max_steps=400, exact_blocks=True,

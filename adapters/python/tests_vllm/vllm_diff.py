@@ -39,15 +39,15 @@ import argparse
 import collections
 import random
 import sys
+from typing import Optional
 
-from conftest import EOS_TOKEN_ID, make_configs
+from conftest import EOS_TOKEN_ID, make_configs, make_mro
 
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -111,7 +111,22 @@ def draw(seed: int) -> dict:
     wrng = random.Random(seed * 7919 + 1)   # its own stream: the draws above stay as they were
     if wrng.random() < 0.2:   # vLLM's admission watermark (a fraction of the blocks)
         cfg["sched_extra"]["watermark"] = wrng.choice((0.01, 0.05, 0.1))
-    return dict(seed=seed, cfg=cfg, reqs=reqs)
+    # The options of vLLM 0.34 (older versions drop the config keys they lack), from a stream
+    # of their own again: cache-aware admission, chunked prefill off (the long-prefill
+    # threshold then ignored), per-request prefix-hit limits (prompt logprobs), and the
+    # worker's outputs in another order than the scheduled one.
+    xrng = random.Random(seed * 104729 + 3)
+    if xrng.random() < 0.3:
+        cfg["sched_extra"]["cache_aware_admission_window"] = xrng.choice((2, 4, 16, 64))
+        cfg["sched_extra"]["cache_aware_admission_threshold"] = xrng.choice((0.0, 0.3, 0.5, 0.9))
+    if xrng.random() < 0.15:
+        cfg["enable_chunked_prefill"] = False
+        cfg["max_num_batched_tokens"] = MAX_MODEL_LEN   # vLLM: >= max_model_len without it
+    for r in reqs:
+        if xrng.random() < 0.1:
+            start = xrng.choice((None, 0, 16, 40, 200))
+            r["prompt_logprobs"] = (1, start)
+    return dict(seed=seed, cfg=cfg, reqs=reqs, shuffle=xrng.random() < 0.5)
 
 
 def make_request(spec: dict, block_size: int) -> Request:
@@ -119,8 +134,14 @@ def make_request(spec: dict, block_size: int) -> Request:
     if not _hash_ready:
         init_none_hash(sha256)
         _hash_ready = True
+    kw = {}
+    plp = spec.get("prompt_logprobs")
+    if plp is not None:   # vLLM skips prefix-cache reads (0.34: up to prompt_logprob_start)
+        kw["prompt_logprobs"] = plp[0]
+        if plp[1] is not None and "prompt_logprob_start" in SamplingParams.__struct_fields__:
+            kw.update(prompt_logprob_start=plp[1], skip_reading_prefix_cache=False)
     sp = SamplingParams(max_tokens=spec["max_tokens"], min_tokens=spec["min_tokens"],
-                        stop_token_ids=spec["stop"], ignore_eos=spec["ignore_eos"])
+                        stop_token_ids=spec["stop"], ignore_eos=spec["ignore_eos"], **kw)
     sp.update_from_generation_config({}, EOS_TOKEN_ID)
     return Request(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]),
                    sampling_params=sp, pooling_params=None,
@@ -133,8 +154,12 @@ def make_request(spec: dict, block_size: int) -> Request:
 class Runner:
     """A model runner that keeps only fingerprints: see the module doc."""
 
-    def __init__(self, num_blocks: int, block_size: int, specs: dict, own_tokens: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, specs: dict, own_tokens: bool = False,
+                 shuffle_seed: Optional[int] = None):
         self.bs = block_size
+        # shuffle_seed: outputs in a shuffled order, when the model runner output has no
+        # req_id_to_index (vLLM 0.34: the scheduler looks ids up itself)
+        self.shuffle = random.Random(shuffle_seed) if shuffle_seed is not None else None
         # own_tokens (async): the runner's token list per request (prompt + every token it
         # sampled), not the scheduler's, which lags a step behind.
         self.own = {} if own_tokens else None
@@ -164,7 +189,8 @@ class Runner:
         for n in so.scheduled_new_reqs:
             self.tables[n.req_id] = list(n.block_ids[0])
             first[n.req_id] = n.num_computed_tokens
-        resumed = set(c.resumed_req_ids)
+            self._check_prefill_ids(sched, n)
+        resumed = set(getattr(c, "resumed_req_ids", ()))
         for rid, nb, nc in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens):
             if rid in resumed:
                 self.tables[rid] = list(nb[0]) if nb is not None else []
@@ -210,9 +236,28 @@ class Runner:
                     toks.append(tok)
             else:
                 sampled.append([])
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
+        if self.shuffle is not None and len(req_ids) > 1:
+            # vLLM 0.34: the worker's output order may differ from the scheduled order
+            order = list(range(len(req_ids)))
+            self.shuffle.shuffle(order)
+            req_ids = [req_ids[i] for i in order]
+            sampled = [sampled[i] for i in order]
+        return make_mro(req_ids, sampled)
+
+    def _check_prefill_ids(self, sched, n) -> None:
+        """NewRequestData.prefill_token_ids (vLLM 0.34; the V2 runner's before): the tokens
+        the worker prefills from, which must be the request's own (prompt, then outputs)."""
+        ids = getattr(n, "prefill_token_ids", None)
+        if ids is None:
+            return
+        toks = (self.own.get(n.req_id) if self.own is not None else None)
+        if toks is None:
+            toks = (list(self.specs[n.req_id]["prompt"]) if self.own is not None
+                    else list(sched.requests[n.req_id].all_token_ids))
+        ids = list(ids)
+        if len(ids) < n.num_computed_tokens or ids != list(toks[:len(ids)]):
+            raise KVError(f"request {n.req_id}: prefill_token_ids ({len(ids)}) are not its "
+                          f"tokens ({len(toks)}, computed {n.num_computed_tokens})")
 
     def _sample(self, rid: str, k: int, fp: int) -> int:
         spec = self.specs[rid]
@@ -240,16 +285,17 @@ def norm_outputs(eco) -> dict:
 
 def norm_step(so, eco) -> dict:
     c = so.scheduled_cached_reqs
+    all_ids = getattr(c, "all_token_ids", None) or {}
     outs = norm_outputs(eco) if eco is not None else {}
     return {
         "preempted": sorted(so.preempted_req_ids or ()),
         "new": {n.req_id: (len(n.block_ids[0]), n.num_computed_tokens)
                 for n in so.scheduled_new_reqs},
         "scheduled": dict(sorted(so.num_scheduled_tokens.items())),
-        "cached": {rid: (None if b is None else len(b[0]), nc, no, rid in c.all_token_ids)
+        "cached": {rid: (None if b is None else len(b[0]), nc, no, rid in all_ids)
                    for rid, b, nc, no in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens,
                                              c.num_output_tokens)},
-        "resumed": sorted(c.resumed_req_ids),
+        "resumed": sorted(getattr(c, "resumed_req_ids", ())),
         "finished": sorted(so.finished_req_ids),
         "outputs": outs,
     }
@@ -292,7 +338,8 @@ def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool
     cfg = work["cfg"]
     sched = make_sched(kind, model, cfg)
     specs = {r["id"]: r for r in work["reqs"]}
-    runner = Runner(cfg["num_blocks"], cfg["block_size"], specs)
+    runner = Runner(cfg["num_blocks"], cfg["block_size"], specs,
+                    shuffle_seed=work["seed"] if work.get("shuffle") else None)
     pending = collections.deque(sorted(work["reqs"], key=lambda r: (r["arrive"], int(r["id"]))))
     aborts = collections.defaultdict(list)
     for r in work["reqs"]:
@@ -335,7 +382,8 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
     cfg = dict(work["cfg"], async_scheduling=True)
     sched = make_sched(kind, model, cfg)
     specs = {r["id"]: r for r in work["reqs"]}
-    runner = Runner(cfg["num_blocks"], cfg["block_size"], specs, own_tokens=True)
+    runner = Runner(cfg["num_blocks"], cfg["block_size"], specs, own_tokens=True,
+                    shuffle_seed=work["seed"] if work.get("shuffle") else None)
     pending = collections.deque(sorted(work["reqs"], key=lambda r: (r["arrive"], int(r["id"]))))
     aborts = collections.defaultdict(list)
     for r in work["reqs"]:

@@ -35,6 +35,7 @@ pub struct tdm_request_desc {
     pub block_hashes: *const c_void,
     pub num_block_hashes: u32,
     pub block_hash_size: u32,
+    pub prefix_hit_limit: u32,
 }
 
 #[repr(C)]

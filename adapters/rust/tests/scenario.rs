@@ -15,7 +15,7 @@ fn small() -> Scheduler {
 fn abi__matches_and_structs_have_header_sizes() {
     tandem::check_abi().unwrap();
     assert_eq!(tandem::version().split('.').count(), 3);
-    assert_eq!(std::mem::size_of::<ffi::tdm_request_desc>(), 120);
+    assert_eq!(std::mem::size_of::<ffi::tdm_request_desc>(), 128);
     assert_eq!(std::mem::size_of::<ffi::tdm_batch>(), 128);
     assert_eq!(std::mem::size_of::<ffi::tdm_step_output>(), 40);
     assert_eq!(std::mem::size_of::<ffi::tdm_update_result>(), 40);

@@ -43,6 +43,14 @@ _REASON_TO_STATUS = {
 }
 
 
+try:    # vLLM 0.34: a request's token lists are int32 arrays (TokenBuffer, array('i'))
+    from vllm.v1.token_buffer import TokenBuffer
+except ImportError:   # pragma: no cover - older vLLM
+    TokenBuffer = None
+# The type of Request._all_token_ids and its extend, used directly on the hot path.
+_ALL_TYPE = TokenBuffer if TokenBuffer is not None else list
+_ALL_EXTEND = _ALL_TYPE.extend
+
 _FIELDS: dict = {}
 
 
@@ -89,7 +97,7 @@ class _Slot:
         self.rep = getattr(sp, "repetition_detection", None) if sp is not None else None
         if self.rep is not None and not (self.rep.max_pattern_size > 0 and self.rep.min_count >= 2):
             self.rep = None
-        self.special = (type(self.out) is not list or type(self.all) is not list or
+        self.special = (type(self.out) is not list or type(self.all) is not _ALL_TYPE or
                         req.client_index != 0 or req.trace_headers is not None or
                         (sp is not None and (sp.logprobs is not None or
                                              sp.prompt_logprobs is not None)) or
@@ -143,18 +151,20 @@ class OutputsMixin:
         return eco
 
     def _apply_outputs(self, ent, so, mro, outputs) -> None:
-        _, slots, rids, tid_arr = ent
+        _, slots, rids, tid_arr, ntok = ent
         n = len(slots)
         sampled = mro.sampled_token_ids
         if sampled and len(sampled) == n and mro.req_ids == rids:
             toks = sampled
-        else:
-            index = mro.req_id_to_index
+        else:   # the worker's order may differ (vLLM 0.34 has no req_id_to_index)
+            index = getattr(mro, "req_id_to_index", None)
+            if index is None:
+                index = dict(zip(mro.req_ids, range(len(mro.req_ids))))
             toks = [sampled[i] if (sampled and i is not None) else []
                     for i in map(index.get, rids)]
         lens = list(map(len, toks))
         if self._async:
-            self._resolve_placeholders(slots, rids, lens, so)
+            self._resolve_placeholders(slots, lens, ntok)
         offs = array("I", [0])
         offs.extend(accumulate(lens))
         flat = array("i", chain.from_iterable(toks))
@@ -169,7 +179,7 @@ class OutputsMixin:
                 nnew == lens and 0 not in lens and res_tids == tid_arr.tolist()):
             # Every request took all its tokens and none finished: the decode hot path.
             list(map(list.extend, map(_OUT, slots), toks))
-            list(map(list.extend, map(_ALL, slots), toks))
+            list(map(_ALL_EXTEND, map(_ALL, slots), toks))
             for slot in slots:
                 if len(slot.all) >= slot.nh:
                     self._rehash(slot)
@@ -192,22 +202,24 @@ class OutputsMixin:
                             stops[j] if stops is not None else -1, so, mro, i, outputs)
 
     @staticmethod
-    def _resolve_placeholders(slots, rids, lens, so) -> None:
+    def _resolve_placeholders(slots, lens, ntok) -> None:
         """AsyncScheduler's bookkeeping as a step's output arrives: the step is no longer in
         flight; a preempted request's stale share drains; a running request's returned tokens
-        resolve its placeholders (the library applies the same rules)."""
-        scheduled = so.num_scheduled_tokens
-        for slot, rid, k in zip(slots, rids, lens):
+        resolve its placeholders (the library applies the same rules). ntok: the tokens each
+        request was scheduled in that step."""
+        running = RequestStatus.RUNNING
+        for slot, k, t in zip(slots, lens, ntok):
             request = slot.req
             if request is None:     # finished since it was scheduled: output skipped
                 continue
-            t = scheduled.get(rid, 0)
             request.num_in_flight_tokens -= t
             if request.num_stale_output_tokens > 0:
                 request.num_stale_output_tokens -= t
                 continue
-            if k and request.status == RequestStatus.RUNNING and request.num_output_placeholders:
-                request.num_output_placeholders = max(0, request.num_output_placeholders - k)
+            if k:
+                ph = request.num_output_placeholders
+                if ph and request.status == running:
+                    request.num_output_placeholders = ph - k if ph > k else 0
 
     def _rehash(self, slot: _Slot) -> None:
         request = slot.req
@@ -241,7 +253,7 @@ class OutputsMixin:
         return done // self.block_size * self.block_size
 
     def _append(self, slot: _Slot, new) -> None:
-        if slot.out is not None and type(slot.out) is list:
+        if type(slot.out) is list and type(slot.all) is _ALL_TYPE:
             slot.out.extend(new)
             slot.all.extend(new)
             if len(slot.all) >= slot.nh:

@@ -135,6 +135,28 @@ class TandemConnector(KVConnectorBase_V1):
         self._failed_prev: list = []    # ... and in the previous one: reported now
         self._tids = itertools.count(1)
 
+    # ---- capabilities (vLLM 0.34 asks the connector class; older versions never call these)
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config):
+        """How the workers reach the device KV cache: the Tandem engine registers it with
+        NIXL (UCX: one physical allocation per segment) and, between processes on one host,
+        shares it with legacy CUDA IPC handles, so vLLM's extensible KV cache (several
+        physical allocations behind one segment) must not back it."""
+        from vllm.config.kv_transfer import KVCacheAccess
+        return KVCacheAccess.REGISTERS | KVCacheAccess.LEGACY_IPC
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config) -> bool:
+        """No: a transfer names whole prompt blocks, and the decode side's prefix hit is
+        taken from its own cache, so vLLM keeps block hashes without drafter lookahead."""
+        return False
+
+    def may_load_async(self, request) -> bool:
+        """Whether get_num_new_matched_tokens may report an asynchronous load: exactly the
+        requests whose prompt KV comes from a remote prefill."""
+        params = request.kv_transfer_params or {}
+        return bool(params.get("do_remote_prefill"))
+
     # ---- scheduler side ----------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         params = request.kv_transfer_params or {}

@@ -28,13 +28,21 @@ schedule() for step N+1 before update_from_output() for step N. The library's as
 (async_scheduling) makes the decisions of vLLM's AsyncScheduler; this class keeps the vLLM
 Request fields that AsyncScheduler keeps (num_output_placeholders, num_in_flight_tokens,
 num_stale_output_tokens, is_prefill_chunk) and reports num_output_tokens with placeholders in
-CachedRequestData as it does. Refused at start-up: pipeline-parallel batch queues
-(pipeline_parallel_size > 1), async scheduling together with speculative decoding, hybrid KV
-cache groups.
+CachedRequestData as it does. Refused at start-up, naming the flag: pipeline-parallel batch
+queues (pipeline_parallel_size > 1), async scheduling together with speculative decoding,
+hybrid KV cache groups, and the scheduler options the library does not reproduce
+(--max-num-inflight-kv-loads, --prefill-schedule-interval, --long-prefill-token-threshold-
+adaptive; see _refuse_unmatched).
+
+vLLM 0.31-0.34 are supported, their differences detected by feature (the _HAS_* /
+_PREFILL_IDS_* probes below, SchedulerConfig fields, Request attributes); a newer vLLM starts
+with one warning naming the tested versions.
 """
 from __future__ import annotations
 
 import ctypes
+import inspect
+import logging
 import time
 from array import array
 from collections import defaultdict, deque
@@ -67,15 +75,80 @@ def _vllm_version() -> tuple:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
+# The vLLM releases this adapter is tested against (make test-vllm, VLLM_VERSION=...).
+TESTED_VLLM = ((0, 31), (0, 32), (0, 33), (0, 34))
+_logger = logging.getLogger("tandem.vllm")
+_warned_newer = False
+
+
+def _warn_if_untested() -> None:
+    """One warning per process for a vLLM newer than the tested range (its interfaces are
+    detected by feature, so it may well work; a mismatch shows as a clear error)."""
+    global _warned_newer
+    v = _vllm_version()
+    if v > TESTED_VLLM[-1] and not _warned_newer:
+        _warned_newer = True
+        import vllm
+        _logger.warning("TandemScheduler is tested with vLLM %s; this is vLLM %s",
+                        ", ".join(f"{a}.{b}" for a, b in TESTED_VLLM), vllm.__version__)
+
+
+def _fields(cls) -> frozenset:
+    f = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "__struct_fields__", None)
+    return frozenset(f or ())
+
+
+# Interface differences between vLLM releases, detected by feature (attributes, signatures):
+# 0.34 removed Model Runner V1: a resumed request is sent as NewRequestData with all its
+# tokens (prefill_token_ids, now required), and CachedRequestData lost resumed_req_ids and
+# all_token_ids.
+_CRD_FIELDS = _fields(CachedRequestData)
+_HAS_RESUMED_IDS = "resumed_req_ids" in _CRD_FIELDS
+_HAS_ALL_TOKEN_IDS = "all_token_ids" in _CRD_FIELDS
+_FROM_REQUEST = inspect.signature(NewRequestData.from_request).parameters
+_PREFILL_IDS_ARG = "prefill_token_ids" in _FROM_REQUEST
+_PREFILL_IDS_REQUIRED = (_PREFILL_IDS_ARG and _FROM_REQUEST["prefill_token_ids"].default
+                         is inspect.Parameter.empty)
+
+
+def _prefill_token_ids(request):
+    """The tokens a (re)started request prefills: vLLM 0.34's Request.prefill_token_ids (the
+    prompt object itself while no output exists, so it is sent once), else all tokens."""
+    ids = getattr(request, "prefill_token_ids", None)
+    return ids if ids is not None else list(request.all_token_ids)
+
+
+def _prefix_hit_limit(request) -> Optional[int]:
+    """The most prompt tokens a request may read from the prefix cache: vLLM 0.34's
+    Request.prefix_cache_hit_limit (0 = no reads, None = unbounded), 0 for vLLM <= 0.33's
+    skip_reading_prefix_cache."""
+    if hasattr(request, "prefix_cache_hit_limit"):
+        lim = request.prefix_cache_hit_limit
+        return None if lim is None else int(lim)
+    return 0 if getattr(request, "skip_reading_prefix_cache", False) else None
+
+
+def _skips_external_kv(request) -> bool:
+    """vLLM does not consult the KV connector for such requests (0.34:
+    skip_reading_external_kv, any hit limit; older: skip_reading_prefix_cache)."""
+    v = getattr(request, "skip_reading_external_kv", None)
+    if v is not None:
+        return bool(v)
+    return bool(getattr(request, "skip_reading_prefix_cache", False))
+
+
 def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> dict:
     """The Tandem configuration equivalent to a vLLM engine's scheduler and cache config."""
     sc = vllm_config.scheduler_config
     cc = vllm_config.cache_config
     budget = getattr(sc, "max_num_scheduled_tokens", None) or sc.max_num_batched_tokens
     policy = str(getattr(sc, "policy", "fcfs") or "fcfs").lower()
+    # max_num_active_seqs (vLLM 0.33+) bounds admission into RUNNING only, as Tandem's
+    # max_num_seqs does
+    active = getattr(sc, "max_num_active_seqs", None) or sc.max_num_seqs
     cfg = {
         "max_num_batched_tokens": int(budget),
-        "max_num_seqs": int(sc.max_num_seqs),
+        "max_num_seqs": int(min(active, sc.max_num_seqs)),
         "max_model_len": int(vllm_config.model_config.max_model_len),
         "long_prefill_token_threshold": int(sc.long_prefill_token_threshold or 0),
         "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
@@ -94,7 +167,46 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
         # EngineCore schedules step N+1 before it reports step N (vLLM's AsyncScheduler)
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
     }
+    # vLLM 0.34: the long-prefill threshold applies only with chunked prefill, and
+    # cache-aware admission (a window of the waiting queue reordered by cached-prefix depth
+    # once the KV cache is that full). Both are detected by the config fields 0.34 added.
+    fields = _fields(type(sc))
+    if "cache_aware_admission_window" in fields:
+        cfg["long_prefill_needs_chunking"] = True
+        window = int(getattr(sc, "cache_aware_admission_window", 0) or 0)
+        if window:
+            cfg["cache_aware_window"] = window
+            cfg["cache_aware_threshold"] = float(sc.cache_aware_admission_threshold)
     return cfg
+
+
+def _refuse_unmatched(vllm_config) -> None:
+    """Refuse, at start-up, the vLLM options whose behaviour TandemScheduler does not
+    reproduce (rather than silently schedule otherwise than vLLM would)."""
+    sc = vllm_config.scheduler_config
+    pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
+    if pp > 1:
+        raise ValueError(f"TandemScheduler does not fill pipeline-parallel batch queues "
+                         f"(pipeline_parallel_size={pp}): run with "
+                         f"--pipeline-parallel-size 1")
+    if bool(getattr(sc, "async_scheduling", False)) and (
+            getattr(vllm_config, "speculative_config", None) is not None or
+            int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0) > 0):
+        raise ValueError("TandemScheduler does not combine async scheduling with "
+                         "speculative decoding: run with --no-async-scheduling, or "
+                         "without --speculative-config")
+    unmatched = (
+        ("max_num_inflight_kv_loads", None, "--max-num-inflight-kv-loads",
+         "leave it unset (loads start when a running slot is free)"),
+        ("long_prefill_token_threshold_adaptive", False,
+         "--long-prefill-token-threshold-adaptive", "leave it off"),
+        ("prefill_schedule_interval", 1, "--prefill-schedule-interval", "leave it at 1"),
+    )
+    for attr, default, flag, what in unmatched:
+        value = getattr(sc, attr, default)
+        if value != default and not (default is False and not value):
+            raise ValueError(f"TandemScheduler does not implement {flag} ({attr}={value!r}): "
+                             f"{what}, or run vLLM's own scheduler")
 
 
 def _hash_algo(cache_config) -> str:
@@ -129,23 +241,19 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         self.num_hash_lookahead_tokens = int(getattr(vllm_config, "num_hash_lookahead_tokens",
                                                      0) or 0)
         self.max_model_len = vllm_config.model_config.max_model_len
+        _warn_if_untested()
+        # Resumed requests go out as NewRequestData with all their tokens when the model
+        # runner wants that: always on vLLM 0.34 (Model Runner V1 removed), with the V2
+        # runner on 0.31-0.33.
         self.use_v2_model_runner = bool(getattr(vllm_config, "use_v2_model_runner", False))
-        import inspect
+        self._resumed_as_new = self.use_v2_model_runner or not _HAS_RESUMED_IDS
+        # MRV1 (vLLM <= 0.33): all_token_ids of requests not scheduled in the previous step
+        self._send_all_tokens = _HAS_ALL_TOKEN_IDS and not self._resumed_as_new
         self._mrope_kw = ({"uses_mrope": bool(getattr(vllm_config.model_config, "uses_mrope",
                                                       False))}
-                          if "uses_mrope" in inspect.signature(NewRequestData.from_request).parameters
-                          else {})
+                          if "uses_mrope" in _FROM_REQUEST else {})
         self._async = bool(getattr(self.scheduler_config, "async_scheduling", False))
-        pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
-        if pp > 1:
-            raise ValueError(f"TandemScheduler does not fill pipeline-parallel batch queues "
-                             f"(pipeline_parallel_size={pp}): run with "
-                             f"--pipeline-parallel-size 1")
-        if self._async and (getattr(vllm_config, "speculative_config", None) is not None or
-                            int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0) > 0):
-            raise ValueError("TandemScheduler does not combine async scheduling with "
-                             "speculative decoding: run with --no-async-scheduling, or "
-                             "without --speculative-config")
+        _refuse_unmatched(vllm_config)
         if len(kv_cache_config.kv_cache_groups) > 1:
             raise ValueError("TandemScheduler supports one KV cache group (no hybrid models)")
         lc = getattr(vllm_config, "lora_config", None)
@@ -218,6 +326,11 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         if reason is not None:
             self._errors[request.request_id] = (request, reason)
             return
+        if self.connector is not None:
+            # before the request is queued (vLLM 0.34: may_load_async may use what it records)
+            on_new = getattr(self.connector, "on_new_request", None)
+            if on_new is not None:
+                on_new(request)
         if self._pause != PauseState.UNPAUSED:
             self._held_new.append(request)
             return
@@ -270,6 +383,7 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         hashes = list(request.block_hashes) if self._hash_size else None
         if hashes is not None:
             salt = ""   # vLLM's digests already cover cache_salt and the LoRA
+        limit = _prefix_hit_limit(request)
         r = tandem.Request(
             id=rid, prompt=request.prompt_token_ids, max_tokens=request.max_tokens,
             min_tokens=int(getattr(sp, "min_tokens", 0) or 0),
@@ -278,7 +392,8 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             priority=int(request.priority), arrival_time=float(request.arrival_time),
             cache_salt=salt or None, ignore_eos=bool(getattr(sp, "ignore_eos", False)),
             block_hashes=hashes, block_hash_size=self._hash_size,
-            skip_prefix_cache=bool(getattr(request, "skip_reading_prefix_cache", False)))
+            skip_prefix_cache=limit == 0,
+            prefix_hit_limit=limit if limit else None)
         if self.connector is not None:
             self._connector_prepare(request, r)
         self.sched.add(r)
@@ -314,7 +429,7 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         request into a Tandem REMOTE_PREFILL request; one that will send it (P side) into a
         REMOTE_DECODE request."""
         params = request.kv_transfer_params or {}
-        if params.get("do_remote_prefill"):
+        if params.get("do_remote_prefill") and not _skips_external_kv(request):
             r.remote_prefill = True
         if params.get("do_remote_decode"):
             r.remote_decode = True
@@ -492,14 +607,18 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             new_block_ids = [(blocks[offs[i]:offs[i + 1]],) if offs[i + 1] > offs[i] else None
                              for i in range(k)]
         if self._async:     # AsyncScheduler: the outputs in flight count
-            cached_outputs = [s.req.num_output_tokens + s.req.num_output_placeholders
-                              for s in slots[:k]]
+            if self._num_special == 0:     # s.out: the Request's output token list
+                cached_outputs = [len(s.out) + s.req.num_output_placeholders
+                                  for s in slots[:k]]
+            else:
+                cached_outputs = [s.req.num_output_tokens + s.req.num_output_placeholders
+                                  for s in slots[:k]]
         elif self._num_special == 0:
             cached_outputs = list(map(len, map(_OUT, slots[:k])))
         else:
             cached_outputs = [s.req.num_output_tokens for s in slots[:k]]
         all_token_ids: dict = {}
-        if not self.use_v2_model_runner and k:
+        if self._send_all_tokens and k:
             for req_id in set(cached_ids).difference(self.prev_step_scheduled_req_ids):
                 all_token_ids[req_id] = list(self.requests[req_id].all_token_ids)
         new_reqs: list = []
@@ -513,14 +632,15 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             request.num_computed_tokens = ncomp[i]
             if kind != _K_CONT:
                 self._admitted(slot, ncomp[i], ts)
-            if kind == _K_NEW or (self.use_v2_model_runner and kind == _K_RESUMED):
-                # The v2 model runner takes resumed requests as new ones, with their tokens.
+            if kind == _K_NEW or (self._resumed_as_new and kind == _K_RESUMED):
+                # The model runner (vLLM 0.34; the V2 runner before) takes resumed requests
+                # as new ones, with their tokens.
                 if request.status == RequestStatus.WAITING:
                     request.num_cached_tokens = ncomp[i]
                 request.status = RequestStatus.RUNNING
-                if self.use_v2_model_runner:
+                if self._resumed_as_new or _PREFILL_IDS_REQUIRED:
                     new_reqs.append(NewRequestData.from_request(
-                        request, (bl,), list(request.all_token_ids), **self._mrope_kw))
+                        request, (bl,), _prefill_token_ids(request), **self._mrope_kw))
                 else:
                     new_reqs.append(NewRequestData.from_request(request, (bl,),
                                                                 **self._mrope_kw))
@@ -529,8 +649,7 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             if kind == _K_RESUMED:
                 resumed.add(req_id)
                 request.status = RequestStatus.RUNNING
-            if (not self.use_v2_model_runner and
-                    req_id not in self.prev_step_scheduled_req_ids):
+            if self._send_all_tokens and req_id not in self.prev_step_scheduled_req_ids:
                 all_token_ids[req_id] = list(request.all_token_ids)
             new_block_ids.append((bl,) if bl or kind == _K_RESUMED else None)
             cached_computed.append(ncomp[i])
@@ -541,10 +660,10 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             for i, ns in enumerate(nspec):
                 if ns:
                     spec[rids[i]] = list(slots[i].req.spec_token_ids[:ns])
-        cached = CachedRequestData(
-            req_ids=cached_ids, resumed_req_ids=resumed, new_token_ids=[],
+        cached = CachedRequestData(**_kwargs_for(
+            CachedRequestData, req_ids=cached_ids, resumed_req_ids=resumed, new_token_ids=[],
             all_token_ids=all_token_ids, new_block_ids=new_block_ids,
-            num_computed_tokens=cached_computed, num_output_tokens=cached_outputs)
+            num_computed_tokens=cached_computed, num_output_tokens=cached_outputs))
         so = SchedulerOutput(**_kwargs_for(
             SchedulerOutput, scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled, total_num_scheduled_tokens=total,
@@ -566,10 +685,11 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
                                                 else request.num_tokens)
         for req_id in spec:
             self.requests[req_id].spec_token_ids = []
-        self.prev_step_scheduled_req_ids = set(num_scheduled)
+        if self._send_all_tokens:
+            self.prev_step_scheduled_req_ids = set(num_scheduled)
         self.finished_req_ids = set()
         if n:
-            self._pending.append((so, slots, rids, array("Q", tids)))
+            self._pending.append((so, slots, rids, array("Q", tids), ntok))
         if self._fpm is not None:
             self._fpm.scheduled(so)
         return so
@@ -584,10 +704,12 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             request = slot.req
             request.num_computed_tokens = c
             request.num_in_flight_tokens += t
-            chunk = c < request.num_tokens + request.num_output_placeholders
-            request.is_prefill_chunk = chunk
-            if not chunk:
-                request.num_output_placeholders += 1
+            ph = request.num_output_placeholders
+            if c < len(slot.all) + ph:   # slot.all: the request's token list (num_tokens)
+                request.is_prefill_chunk = True
+            else:
+                request.is_prefill_chunk = False
+                request.num_output_placeholders = ph + 1
 
     def _admitted(self, slot: _Slot, num_computed: int, ts: float) -> None:
         """A waiting request was admitted with num_computed tokens already there (its prefix
@@ -602,8 +724,7 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
                 ps.set(num_prompt_tokens=request.num_prompt_tokens, num_local_cached_tokens=0,
                        num_external_cached_tokens=min(num_computed, request.num_prompt_tokens))
             return
-        if (self._pcs is not None and self._caching and
-                not getattr(request, "skip_reading_prefix_cache", False)):
+        if self._pcs is not None and self._caching and _prefix_hit_limit(request) != 0:
             self._pcs.record(num_tokens=request.num_tokens, num_hits=num_computed,
                              preempted=request.num_preemptions > 0)
         ps = getattr(request, "prefill_stats", None)
