@@ -23,6 +23,11 @@
 #include "commands.h"
 #include "serve.h"
 
+/* 5575: clear of vLLM's KV-events publisher (5557, every interface), its NIXL and P2P side
+ * channels (5600, 5710), Mooncake's bootstrap (8998) and Dynamo's forward-pass metrics (20380);
+ * 5557 until library 0.3.0. */
+#define SERVE_DEFAULT_BIND "tcp://127.0.0.1:5575"
+
 static volatile sig_atomic_t stop_flag;
 
 static double mono_s(void)
@@ -46,7 +51,7 @@ static void usage(FILE *o)
             "                    [--curve-allow KEY|@FILE]... [--admin-key KEY|@FILE]...]\n"
             "                    [--insecure] [--create NAME [--config JSON|@FILE]]\n"
             "  --bind        tcp://127.0.0.1:PORT (PORT may be *) or ipc:///path;\n"
-            "                default tcp://127.0.0.1:5557. Beyond loopback only with CURVE\n"
+            "                default " SERVE_DEFAULT_BIND ". Beyond loopback only with CURVE\n"
             "                (or --insecure)\n"
             "  --curve-secret  the service's CURVE secret key (Z85); clients must then use\n"
             "                CURVE with an allowed key; instances belong to their creator\n"
@@ -303,7 +308,7 @@ static void answer_queued(tdm__serve_state *st, void *sock, tdm__serve_queue *q)
 
 int tdm_cmd_serve(int argc, char **argv)
 {
-    const char *bind = "tcp://127.0.0.1:5557", *create = NULL, *config_arg = NULL;
+    const char *bind = SERVE_DEFAULT_BIND, *create = NULL, *config_arg = NULL;
     int insecure = 0;
     tdm__serve_state st;
     tdm__serve_init(&st);
