@@ -340,8 +340,16 @@ void tdm__params_default(tdm__params *p);
 int tdm__sched_apply_shape(tdm_sched *s, const tdm__params *np);
 int tdm__sched_grow(tdm_sched *s, uint32_t max_num_seqs);
 
-/* step: offer r's full blocks of its first upto_tokens tokens to the prefix cache */
-void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens);
+/* step: offer r's full blocks of its first upto_tokens tokens to the prefix cache. Most
+ * steps complete no block: that is decided inline, without a call or a division; the rest
+ * goes to tdm__cache_new_blocks. */
+void tdm__cache_new_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens);
+static inline void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
+{
+    if (!s->prm.enable_prefix_caching) return;
+    if (upto_tokens < (uint64_t)(r->num_cached_blocks + 1) * (uint64_t)s->prm.block_size) return;
+    tdm__cache_new_blocks(s, r, upto_tokens);
+}
 
 /* update: the batches awaiting a named report. Before a step: room to keep the latest
  * batch (TDM_E_NOMEM), then keep it; once a named update has taken a batch: drop it. */

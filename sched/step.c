@@ -74,12 +74,11 @@ static uint32_t tbt_fit(const tdm_sched *s, const tdm_step_shape *sh, uint32_t c
 
 /* ---- block allocation (vLLM's allocate_slots) ---- */
 
-void tdm__cache_full_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
+/* tdm__cache_full_blocks's slow path (sched_internal.h): upto_tokens reaches past r's
+ * cached blocks (r's tokens may not). */
+void tdm__cache_new_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
 {
-    if (!s->prm.enable_prefix_caching) return;
     upto_tokens = TDM_MIN(upto_tokens, r->num_tokens);
-    /* Most steps complete no block: decide that without a division. */
-    if (upto_tokens < (uint64_t)(r->num_cached_blocks + 1) * (uint32_t)s->prm.block_size) return;
     uint32_t full = upto_tokens / (uint32_t)s->prm.block_size;
     if (full <= r->num_cached_blocks) return;
     tdm__req_hash_blocks(s, r);
@@ -168,7 +167,6 @@ typedef struct step_ctx {
     uint32_t threshold;        /* long_prefill_token_threshold, 0 when one request is eligible */
     uint32_t bs, look;         /* block_size, num_lookahead_tokens */
     uint64_t max_len;          /* max_model_len */
-    bool caching;              /* enable_prefix_caching */
     bool stop_running;         /* a request preempted itself: the running pass ends (vLLM <= 0.32) */
 } step_ctx;
 
@@ -280,8 +278,7 @@ static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, 
         /* The common decode step: r's blocks already hold the new tokens (and the lookahead),
          * so the batch lists no new block of r; the blocks completed join the cache
          * (allocate()'s first case, without its call). */
-        if (c->caching && upto >= (uint64_t)(r->num_cached_blocks + 1) * c->bs)
-            tdm__cache_full_blocks(s, r, (uint32_t)upto);
+        tdm__cache_full_blocks(s, r, (uint32_t)upto);
     } else {
         if (!reserve_blocks_for(c, r)) {
             c->budget = 0;
@@ -526,7 +523,6 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     c.bs = (uint32_t)s->prm.block_size;
     c.look = (uint32_t)s->prm.num_lookahead_tokens;
     c.max_len = (uint64_t)s->prm.max_model_len;
-    c.caching = s->prm.enable_prefix_caching != 0;
     /* The threshold keeps a long prefill from starving the others: with one eligible request
      * (running, waiting or receiving its KV) there is nobody to starve (vLLM 0.33). */
     if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) > 1 &&
