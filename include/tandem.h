@@ -50,7 +50,11 @@ extern "C" {
 #define TDM_VERSION_MINOR 3
 #define TDM_VERSION_PATCH 0
 #define TDM_VERSION_NUMBER (TDM_VERSION_MAJOR * 10000 + TDM_VERSION_MINOR * 100 + TDM_VERSION_PATCH)
-#define TDM_VERSION_STRING "0.2.0"
+/* The string is built from the three numbers above, so the two cannot disagree. */
+#define TDM__STR_(x) #x
+#define TDM__STR(x) TDM__STR_(x)
+#define TDM_VERSION_STRING \
+    TDM__STR(TDM_VERSION_MAJOR) "." TDM__STR(TDM_VERSION_MINOR) "." TDM__STR(TDM_VERSION_PATCH)
 
 /* The ABI version: bumped only on an incompatible change; it is the SONAME's number
  * (libtandem.so.<TDM_ABI_VERSION>). Bindings compare tdm_abi_version() with the value

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,16 @@ static void version__matches_header(void **state)
     assert_int_equal(tdm_version_number(), TDM_VERSION_NUMBER);
     assert_string_equal(tdm_version_string(), TDM_VERSION_STRING);
     assert_int_equal(tdm_abi_version(), TDM_ABI_VERSION);
+}
+
+/* The string and the number name the same release (they once drifted: 0.2.0 vs 30000). */
+static void version__string_agrees_with_number(void **state)
+{
+    (void)state;
+    unsigned maj = 0, min = 0, pat = 0;
+    char tail = 0;
+    assert_int_equal(sscanf(tdm_version_string(), "%u.%u.%u%c", &maj, &min, &pat, &tail), 3);
+    assert_int_equal(maj * 10000 + min * 100 + pat, tdm_version_number());
 }
 
 static void strerror__every_code_has_a_distinct_name(void **state)
@@ -140,6 +151,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(version__matches_header),
+        cmocka_unit_test(version__string_agrees_with_number),
         cmocka_unit_test(strerror__every_code_has_a_distinct_name),
         cmocka_unit_test(set_allocator__used_then_refused_while_a_handle_lives),
         cmocka_unit_test(set_allocator__rejects_null_functions),
