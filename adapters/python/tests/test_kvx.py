@@ -1,6 +1,7 @@
 """KVTransfer through the real transfer engine: two engines in one process over ipc, every
 byte of the moved blocks checked; errors carry the library's message."""
 import os
+import sys
 import time
 
 import pytest
@@ -141,3 +142,35 @@ def test_kvx__set_kv_scales_rescales_fp8_into_fp16(needs_kvx, tmp_path):
     finally:
         d.close()
         p.close()
+
+
+def test_nixl_transport_finds_the_wheel_on_sys_path(tmp_path, monkeypatch):
+    """A host asking for the NIXL transport outside an activated venv gets TANDEM_NIXL_DIR
+    pointed at the NIXL wheel of its own environment; an explicit setting is never replaced,
+    and nothing is set when NIXL is not asked for or no wheel is installed."""
+    from tandem import kvx as kvx_mod
+    libs = tmp_path / ".nixl_cu13.mesonpy.libs"
+    libs.mkdir()
+    (libs / "libnixl_capi.so").write_bytes(b"")
+    monkeypatch.delenv("TANDEM_NIXL_LIB", raising=False)
+    monkeypatch.delenv("TANDEM_NIXL_DIR", raising=False)
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "absent"), str(tmp_path)])
+
+    kvx_mod._point_at_nixl_wheel({"transports": ["zmq"]})
+    assert "TANDEM_NIXL_DIR" not in os.environ
+    kvx_mod._point_at_nixl_wheel({"transports": ["zmq", "nixl"]})
+    assert os.environ["TANDEM_NIXL_DIR"] == str(tmp_path)
+
+    monkeypatch.setenv("TANDEM_NIXL_DIR", "/elsewhere")
+    kvx_mod._point_at_nixl_wheel({"transports": ["nixl"]})
+    assert os.environ["TANDEM_NIXL_DIR"] == "/elsewhere"
+
+    monkeypatch.delenv("TANDEM_NIXL_DIR")
+    monkeypatch.setenv("TANDEM_NIXL_LIB", "/x/libnixl_capi.so")
+    kvx_mod._point_at_nixl_wheel({"transports": ["nixl"]})
+    assert "TANDEM_NIXL_DIR" not in os.environ
+
+    monkeypatch.delenv("TANDEM_NIXL_LIB")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "absent")])
+    kvx_mod._point_at_nixl_wheel({"transports": ["nixl"]})
+    assert "TANDEM_NIXL_DIR" not in os.environ
