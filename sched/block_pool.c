@@ -63,15 +63,15 @@ int tdm__pool_init(tdm__pool *p, uint32_t num_blocks)
     p->next = tdm__malloc(((size_t)num_blocks + 1) * sizeof(uint32_t));
     p->hash = tdm__calloc(num_blocks, sizeof(tdm__digest));
     p->hashed = tdm__calloc(num_blocks, 1);
-    p->slots = tdm__malloc((size_t)cap * sizeof(uint32_t));
-    p->tags = tdm__malloc((size_t)cap * sizeof(uint32_t));
-    if (!p->refcnt || !p->prev || !p->next || !p->hash || !p->hashed || !p->slots || !p->tags) {
+    p->slots = tdm__malloc((size_t)cap * sizeof(tdm__pool_slot));
+    p->key = tdm__malloc((size_t)num_blocks * sizeof(uint32_t));
+    if (!p->refcnt || !p->prev || !p->next || !p->hash || !p->hashed || !p->slots || !p->key) {
         tdm__pool_free(p);
         return TDM_E_NOMEM;
     }
     p->slot_mask = cap - 1;
     p->seed = slot_seed(p);
-    memset(p->slots, 0xff, (size_t)cap * sizeof(uint32_t));
+    memset(p->slots, 0xff, (size_t)cap * sizeof(tdm__pool_slot));
     uint32_t s = sentinel(p);
     p->next[s] = p->prev[s] = s;
     p->refcnt[0] = 1; /* the null block is never free and never handed out */
@@ -87,60 +87,54 @@ void tdm__pool_free(tdm__pool *p)
     tdm__free(p->hash);
     tdm__free(p->hashed);
     tdm__free(p->slots);
-    tdm__free(p->tags);
+    tdm__free(p->key);
     memset(p, 0, sizeof(*p));
 }
 
-/* The keyed slot hash of a digest: its low bits pick the home slot, its high 32 bits are the
- * tag. Keyed, so that digests an attacker can compute (they may choose prompts) do not let
- * them pick slots. */
-static inline uint64_t slot_hash(const tdm__pool *p, const tdm__digest *h)
+/* The slot key of a digest: the low 32 bits of a keyed hash of all its bytes; its low bits
+ * pick the home slot. Keyed, so that digests an attacker can compute (they may choose
+ * prompts) do not let them pick slots. */
+static inline uint32_t slot_key(const tdm__pool *p, const tdm__digest *h)
 {
-    return XXH3_64bits_withSeed(h, sizeof(*h), p->seed);
-}
-
-static inline uint32_t slot_of(const tdm__pool *p, const tdm__digest *h)
-{
-    return (uint32_t)slot_hash(p, h) & p->slot_mask;
+    return (uint32_t)XXH3_64bits_withSeed(h, sizeof(*h), p->seed);
 }
 
 uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__digest h)
 {
-    uint64_t k = slot_hash(p, &h);
-    uint32_t tag = (uint32_t)(k >> 32);
-    for (uint32_t i = (uint32_t)k & p->slot_mask;; i = (i + 1) & p->slot_mask) {
-        uint32_t b = p->slots[i];
-        if (b == TDM__NO_BLOCK) return TDM__NO_BLOCK;
-        if (p->tags[i] == tag && tdm__digest_eq(&p->hash[b], &h)) return b;
+    uint32_t key = slot_key(p, &h);
+    for (uint32_t i = key & p->slot_mask;; i = (i + 1) & p->slot_mask) {
+        tdm__pool_slot e = p->slots[i];
+        if (e.block == TDM__NO_BLOCK) return TDM__NO_BLOCK;
+        if (e.key == key && tdm__digest_eq(&p->hash[e.block], &h)) return e.block;
     }
 }
 
 int tdm__pool_indexed(const tdm__pool *p, uint32_t b)
 {
-    for (uint32_t i = slot_of(p, &p->hash[b]);; i = (i + 1) & p->slot_mask) {
-        if (p->slots[i] == b) return 1;
-        if (p->slots[i] == TDM__NO_BLOCK) return 0;
+    uint32_t key = slot_key(p, &p->hash[b]);
+    for (uint32_t i = key & p->slot_mask;; i = (i + 1) & p->slot_mask) {
+        if (p->slots[i].block == b) return p->slots[i].key == key && p->key[b] == key;
+        if (p->slots[i].block == TDM__NO_BLOCK) return 0;
     }
 }
 
 /* Remove block b's entry from the index (backward-shift deletion keeps probes short and
- * needs no tombstones). */
+ * needs no tombstones). The homes come from the slot keys: no digest is read or hashed. */
 static void index_remove(tdm__pool *p, uint32_t b)
 {
-    uint32_t i = slot_of(p, &p->hash[b]);
-    while (p->slots[i] != b) i = (i + 1) & p->slot_mask;
+    uint32_t i = p->key[b] & p->slot_mask;
+    while (p->slots[i].block != b) i = (i + 1) & p->slot_mask;
     for (;;) {
-        p->slots[i] = TDM__NO_BLOCK;
+        p->slots[i].block = TDM__NO_BLOCK;
         uint32_t j = i;
         for (;;) {
             j = (j + 1) & p->slot_mask;
-            uint32_t c = p->slots[j];
-            if (c == TDM__NO_BLOCK) return;
-            uint32_t home = slot_of(p, &p->hash[c]);
+            tdm__pool_slot c = p->slots[j];
+            if (c.block == TDM__NO_BLOCK) return;
+            uint32_t home = c.key & p->slot_mask;
             /* c may move to i if its home is not in the cyclic range (i, j]. */
             if (((j - home) & p->slot_mask) >= ((j - i) & p->slot_mask)) {
                 p->slots[i] = c;
-                p->tags[i] = p->tags[j];
                 i = j;
                 break;
             }
@@ -170,11 +164,12 @@ static void evict(tdm__pool *p, uint32_t b)
 int tdm__pool_cache(tdm__pool *p, uint32_t b, tdm__digest h)
 {
     if (p->hashed[b]) return 0;
-    uint64_t k = slot_hash(p, &h);
-    uint32_t i = (uint32_t)k & p->slot_mask, tag = (uint32_t)(k >> 32);
-    while (p->slots[i] != TDM__NO_BLOCK) i = (i + 1) & p->slot_mask;
-    p->slots[i] = b;
-    p->tags[i] = tag;
+    uint32_t key = slot_key(p, &h);
+    uint32_t i = key & p->slot_mask;
+    while (p->slots[i].block != TDM__NO_BLOCK) i = (i + 1) & p->slot_mask;
+    p->slots[i].block = b;
+    p->slots[i].key = key;
+    p->key[b] = key;
     p->hash[b] = h;
     p->hashed[b] = 1;
     p->num_hashed++;

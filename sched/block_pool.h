@@ -17,6 +17,11 @@
 
 #define TDM__NO_BLOCK UINT32_MAX
 
+typedef struct tdm__pool_slot {
+    uint32_t block;        /* block id or TDM__NO_BLOCK */
+    uint32_t key;          /* low 32 bits of the keyed slot hash of the block's digest */
+} tdm__pool_slot;
+
 typedef struct tdm__pool {
     uint32_t num_blocks;   /* including the null block */
     uint32_t num_free;     /* blocks in the free queue */
@@ -25,9 +30,12 @@ typedef struct tdm__pool {
     uint32_t *prev, *next; /* free queue links; index num_blocks is the sentinel */
     tdm__digest *hash;
     uint8_t *hashed;
-    /* hash index: open addressing, linear probing, backward-shift deletion */
-    uint32_t *slots;       /* block id or TDM__NO_BLOCK */
-    uint32_t *tags;        /* 32 bits of the keyed slot hash: most probes never touch `hash` */
+    /* hash index: open addressing, linear probing, backward-shift deletion. A slot holds the
+     * block and the low 32 bits of its digest's keyed hash (`key`): the key's low bits are
+     * the home slot and the whole key filters probes, so that probing, insertion and the
+     * backward shift of a deletion never read a digest nor hash one again. */
+    tdm__pool_slot *slots;
+    uint32_t *key;         /* per block: its slot key while hashed (found again at eviction) */
     uint32_t slot_mask;
     uint64_t seed;         /* key of the slot hash, random per pool */
     uint64_t evictions;

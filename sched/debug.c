@@ -153,10 +153,10 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
     /* The hash index maps only to hashed blocks, and every hashed block is indexed. */
     uint32_t indexed = 0;
     for (uint32_t i = 0; i <= p->slot_mask; i++) {
-        uint32_t b = p->slots[i];
+        uint32_t b = p->slots[i].block;
         if (b == TDM__NO_BLOCK) continue;
         CHECK(b > 0 && b < nb && p->hashed[b], "index slot %u names unhashed block %u", i, b);
-        CHECK(tdm__pool_indexed(p, b), "block %u is not found by its own hash", b);
+        CHECK(tdm__pool_indexed(p, b), "block %u is not found by its own hash (or its slot key is stale)", b);
         indexed++;
     }
     uint32_t hashed = 0;
