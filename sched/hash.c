@@ -32,8 +32,8 @@
 
 /* The memo of block digests: memo_n entries (a power of two) of memo_stride bytes, each
  *     u32 algorithm + 1 (0: empty), u32 message length, the digest (32 bytes), the message
- * (the serialized block, up to the buffer's capacity). A message goes to the entry its keyed
- * hash picks (direct-mapped: a newer message replaces an older one). About 1 MiB in all. */
+ * (the serialized block, up to the buffer's capacity). A message goes to the pair of entries
+ * (a two-way set) its keyed hash picks; the older of the two makes room. About 1 MiB. */
 #define MEMO_BYTES ((size_t)1 << 20)
 #define MEMO_HDR (8 + sizeof(tdm__digest))
 /* The filter of blocks seen: 2^18 bits (32 KiB), reset once an eighth of them is set, so
@@ -71,7 +71,7 @@ int tdm__hasher_reserve(tdm__hasher *h, uint32_t block_size)
     if (need <= h->cap && h->memo) return TDM_OK;
     size_t cap = need > h->cap ? need : h->cap;
     size_t stride = (MEMO_HDR + cap + 7) & ~(size_t)7;
-    uint32_t n = 1;
+    uint32_t n = 2; /* one two-way set at least */
     while ((size_t)n * 2 * stride <= MEMO_BYTES) n *= 2;
     unsigned char *b = cap > h->cap ? tdm__malloc(cap) : NULL;
     unsigned char *m = tdm__calloc(n, stride);
@@ -182,18 +182,31 @@ int tdm__hash_block_memo(tdm__hasher *h, int algo, const tdm__digest *parent, co
         }
         return digest(h, algo, h->buf, len, out);
     }
-    unsigned char *e = h->memo + (size_t)(k & (h->memo_n - 1)) * h->memo_stride;
+    /* Two ways per set: the newer entry first. A hit in the second way swaps it to the front;
+     * a new entry pushes the first way's entry to the second (whose entry is dropped). */
+    unsigned char *e = h->memo + (size_t)(k & (h->memo_n - 2)) * h->memo_stride, *e2 = e + h->memo_stride;
     uint32_t tag = (uint32_t)algo + 1, elen = (uint32_t)len;
-    if (!memcmp(e, &tag, 4) && !memcmp(e + 4, &elen, 4) && !memcmp(e + MEMO_HDR, h->buf, len)) {
-        memcpy(out, e + 8, sizeof(*out));
+    unsigned char hdr[8];
+    memcpy(hdr, &tag, 4);
+    memcpy(hdr + 4, &elen, 4);
+    for (int way = 0; way < 2; way++) {
+        unsigned char *w = way ? e2 : e;
+        if (memcmp(w, hdr, 8) || memcmp(w + MEMO_HDR, h->buf, len)) continue;
+        memcpy(out, w + 8, sizeof(*out));
+        if (way) { /* to the front: the first way's entry goes second */
+            memcpy(e2, e, MEMO_HDR + h->cap);
+            memcpy(e, hdr, 8);
+            memcpy(e + 8, out, sizeof(*out));
+            memcpy(e + MEMO_HDR, h->buf, len);
+        }
         h->memo_hits++;
         return TDM_OK;
     }
     h->memo_misses++;
     int rc = digest(h, algo, h->buf, len, out);
     if (rc) return rc;
-    memcpy(e, &tag, 4);
-    memcpy(e + 4, &elen, 4);
+    memcpy(e2, e, MEMO_HDR + h->cap);
+    memcpy(e, hdr, 8);
     memcpy(e + 8, out, sizeof(*out));
     memcpy(e + MEMO_HDR, h->buf, len);
     return TDM_OK;
