@@ -22,6 +22,7 @@
 #define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_Init & co. (see above) */
 #include <openssl/evp.h>
 #include <openssl/sha.h>
+#include <stdbool.h>
 #include <sys/random.h>
 #include <time.h>
 #include <xxhash.h>
@@ -33,7 +34,8 @@
 /* The memo of block digests: memo_n entries (a power of two) of memo_stride bytes, each
  *     u32 algorithm + 1 (0: empty), u32 message length, the digest (32 bytes), the message
  * (the serialized block, up to the buffer's capacity). A message goes to the pair of entries
- * (a two-way set) its keyed hash picks; the older of the two makes room. About 1 MiB. */
+ * (a two-way set) its keyed hash picks; the older of the two makes room. About 1 MiB,
+ * allocated at the first memoized digest. */
 #define MEMO_BYTES ((size_t)1 << 20)
 #define MEMO_HDR (8 + sizeof(tdm__digest))
 /* The filter of blocks seen: 2^18 bits (32 KiB), reset once an eighth of them is set, so
@@ -68,31 +70,38 @@ void tdm__hasher_free(tdm__hasher *h)
 int tdm__hasher_reserve(tdm__hasher *h, uint32_t block_size)
 {
     size_t need = TDM__DIGEST_MAX + 4 + (size_t)block_size * 4 + 4 + TDM__DIGEST_MAX;
-    if (need <= h->cap && h->memo) return TDM_OK;
-    size_t cap = need > h->cap ? need : h->cap;
-    size_t stride = (MEMO_HDR + cap + 7) & ~(size_t)7;
+    if (need <= h->cap) return TDM_OK;
+    unsigned char *b = tdm__malloc(need);
+    if (!b) return TDM_E_NOMEM;
+    tdm__free(h->buf);
+    h->buf = b;
+    h->cap = need;
+    /* The memo's entries are sized for the buffer: a new one is made at its next use. */
+    tdm__free(h->memo);
+    h->memo = NULL;
+    h->memo_n = 0;
+    return TDM_OK;
+}
+
+/* Allocate the memo (entries sized for the buffer) and the filter at their first use, so that
+ * a scheduler that never hashes prompts (host digests, no prefix caching, XXH3-128) holds
+ * neither. False when out of memory: the caller hashes without the memo. */
+static bool memo_ready(tdm__hasher *h)
+{
+    if (h->memo) return true;
+    size_t stride = (MEMO_HDR + h->cap + 7) & ~(size_t)7;
     uint32_t n = 2; /* one two-way set at least */
     while ((size_t)n * 2 * stride <= MEMO_BYTES) n *= 2;
-    unsigned char *b = cap > h->cap ? tdm__malloc(cap) : NULL;
-    unsigned char *m = tdm__calloc(n, stride);
-    uint64_t *seen = h->seen ? h->seen : tdm__calloc(SEEN_BITS / 64, sizeof(uint64_t));
-    if ((cap > h->cap && !b) || !m || !seen) {
-        tdm__free(b);
-        tdm__free(m);
-        if (seen != h->seen) tdm__free(seen);
-        return TDM_E_NOMEM;
+    if (!h->seen) {
+        h->seen = tdm__calloc(SEEN_BITS / 64, sizeof(uint64_t));
+        h->seen_n = 0;
+        if (!h->seen) return false;
     }
-    h->seen = seen;
-    if (b) {
-        tdm__free(h->buf);
-        h->buf = b;
-        h->cap = cap;
-    }
-    tdm__free(h->memo);
-    h->memo = m;
+    h->memo = tdm__calloc(n, stride);
+    if (!h->memo) return false;
     h->memo_n = n;
     h->memo_stride = stride;
-    return TDM_OK;
+    return true;
 }
 
 uint32_t tdm__hash_len(int algo) { return algo == TDM_PREFIX_HASH_XXH3_128 ? 16u : 32u; }
@@ -170,7 +179,7 @@ int tdm__hash_block_memo(tdm__hasher *h, int algo, const tdm__digest *parent, co
         memset(out, 0, sizeof(*out));
         return TDM_E_INTERNAL;
     }
-    if (!h->memo || algo != TDM_PREFIX_HASH_SHA256) return digest(h, algo, h->buf, len, out);
+    if (algo != TDM_PREFIX_HASH_SHA256 || !memo_ready(h)) return digest(h, algo, h->buf, len, out);
     uint64_t k = XXH3_64bits_withSeed(h->buf, len, h->memo_seed);
     uint32_t bit = (uint32_t)(k >> 40) & (SEEN_BITS - 1);
     uint64_t mask = 1ull << (bit & 63);

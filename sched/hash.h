@@ -36,7 +36,8 @@ static inline int tdm__digest_eq(const tdm__digest *a, const tdm__digest *b)
 typedef struct tdm__hasher {
     unsigned char *buf;     /* parent | n | tokens | extra_len | extra */
     size_t cap;             /* bytes of buf */
-    unsigned char *memo;    /* memo_n entries of memo_stride bytes (see hash.c), or NULL */
+    unsigned char *memo;    /* memo_n entries of memo_stride bytes (see hash.c), or NULL
+                               until the first memoized digest */
     uint32_t memo_n;        /* a power of two */
     size_t memo_stride;
     uint64_t memo_seed;     /* key of the memo's slot hash, random per hasher */
@@ -50,8 +51,9 @@ typedef struct tdm__hasher {
 int tdm__hasher_init(tdm__hasher *h);
 void tdm__hasher_free(tdm__hasher *h);
 
-/* Size the serialization buffer and the memo for blocks of block_size tokens (the memo is
- * emptied when its size changes). TDM_OK or TDM_E_NOMEM (then the hasher is unchanged). */
+/* Size the serialization buffer for blocks of block_size tokens (a memo sized for a smaller
+ * one is dropped, to be made again at its next use). TDM_OK or TDM_E_NOMEM (then the hasher
+ * is unchanged). */
 int tdm__hasher_reserve(tdm__hasher *h, uint32_t block_size);
 
 /* Digest length of an algorithm (a tdm_prefix_hash value): 32 or 16. */
@@ -67,9 +69,10 @@ int tdm__hash_block(const tdm__hasher *h, int algo, const tdm__digest *parent,
  * whose serialized bytes (parent digest, token ids, extra key: everything the digest covers)
  * equal those of a block digested before, and still remembered, takes that digest instead of
  * hashing again. Requests sharing a prefix (a system prompt, a few-shot header) thus hash
- * each shared block about once, not once per request. The memo is a fixed table (allocated
- * by tdm__hasher_reserve) whose slot is a keyed hash of the bytes; entries are compared in
- * full, so a memo hit returns exactly the digest hashing would. Only blocks seen before (a
+ * each shared block about once, not once per request. The memo is a fixed table of about
+ * 1 MiB, allocated at the first call (out of memory: the digest is computed without it),
+ * whose slot is a keyed hash of the bytes; entries are compared in full, so a memo hit
+ * returns exactly the digest hashing would. Only blocks seen before (a
  * bit filter, reset as it fills) are stored, so that prompts sharing nothing pay the keyed
  * hash and a bit test, not a memo entry each. XXH3-128 digests are not memoized (the memo's
  * key costs about as much as the digest). */
