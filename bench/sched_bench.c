@@ -287,6 +287,27 @@ static double bench_hash(int algo, const char *name)
     printf("hash_%-8s %6.1f ns/block     (16 tokens, chained; median of %d runs of %d blocks [%.1f .. %.1f]%s)\n",
            name, ns, CHUNKS, N / CHUNKS, per[0], per[CHUNKS - 1],
            algo == TDM_PREFIX_HASH_SHA256 ? "; libcrypto SHA256_*" : "; libxxhash");
+    /* The same through the memo of prompt digests (tdm_sched_add's path): every block new (a
+     * miss: the memo's cost on prompts that share nothing), then 64 blocks over and over (hits). */
+    double miss[CHUNKS], hit[CHUNKS];
+    for (int c = 0; c < CHUNKS && algo == TDM_PREFIX_HASH_SHA256; c++) { /* XXH3: no memo */
+        double t0 = now_s();
+        for (uint32_t i = 0; i < N / CHUNKS; i++) {
+            toks[(i % 64) * BS] = (tdm_token)(c * N + i); /* a new block every time */
+            if (tdm__hash_block_memo(&hs, algo, i ? &d[(i - 1) & 1] : NULL, toks + (i % 64) * BS, BS, NULL, &d[i & 1]))
+                die("tdm__hash_block_memo", -1, NULL);
+        }
+        double t1 = now_s();
+        for (uint32_t i = 0; i < N / CHUNKS; i++)
+            if (tdm__hash_block_memo(&hs, algo, i % 64 ? &d[(i - 1) & 1] : NULL, toks + (i % 64) * BS, BS, NULL, &d[i & 1]))
+                die("tdm__hash_block_memo", -1, NULL);
+        double t2 = now_s();
+        miss[c] = (t1 - t0) * 1e9 / (N / CHUNKS);
+        hit[c] = (t2 - t1) * 1e9 / (N / CHUNKS);
+    }
+    if (algo == TDM_PREFIX_HASH_SHA256)
+        printf("hash_%-8s memo: new block %6.1f ns, remembered block %6.1f ns (tdm_sched_add's memo of prompt"
+               " digests; medians of %d runs)\n", name, median(miss, CHUNKS), median(hit, CHUNKS), CHUNKS);
     tdm__hasher_free(&hs);
     return ns;
 }

@@ -17,22 +17,40 @@
 
 #define TDM__NO_BLOCK UINT32_MAX
 
+typedef struct tdm__pool_slot {
+    uint32_t block;        /* block id or TDM__NO_BLOCK */
+    uint32_t key;          /* low 32 bits of the keyed slot hash of the block's digest */
+} tdm__pool_slot;
+
+/* Everything the pool keeps about one block, in one 64-byte cache line: an allocation, a
+ * release, caching or evicting a block reads and writes this line and an index slot. */
+typedef struct tdm__pool_block {
+    tdm__digest hash;      /* its digest while hashed */
+    uint32_t refcnt;
+    uint32_t prev, next;   /* free queue links; block num_blocks is the sentinel */
+    uint32_t key;          /* its slot key while hashed (found again at eviction) */
+    uint8_t hashed;
+    uint8_t pad_[64 - sizeof(tdm__digest) - 4 * sizeof(uint32_t) - 1];
+} tdm__pool_block;
+
 typedef struct tdm__pool {
     uint32_t num_blocks;   /* including the null block */
     uint32_t num_free;     /* blocks in the free queue */
     uint32_t num_hashed;   /* blocks carrying a hash (in use or free) */
-    uint32_t *refcnt;
-    uint32_t *prev, *next; /* free queue links; index num_blocks is the sentinel */
-    tdm__digest *hash;
-    uint8_t *hashed;
-    /* hash index: open addressing, linear probing, backward-shift deletion */
-    uint32_t *slots;       /* block id or TDM__NO_BLOCK */
-    uint32_t *tags;        /* 32 bits of the keyed slot hash: most probes never touch `hash` */
+    tdm__pool_block *blk;  /* num_blocks + 1 (the sentinel), 64-byte aligned */
+    void *blk_mem;         /* the allocation holding blk */
+    /* hash index: open addressing, linear probing, backward-shift deletion. A slot holds the
+     * block and the low 32 bits of its digest's keyed hash (`key`): the key's low bits are
+     * the home slot and the whole key filters probes, so that probing, insertion and the
+     * backward shift of a deletion never read a digest nor hash one again. */
+    tdm__pool_slot *slots;
     uint32_t slot_mask;
     uint64_t seed;         /* key of the slot hash, random per pool */
     uint64_t evictions;
     tdm__kv_events *ev;    /* KV event queue when events are enabled, else NULL */
 } tdm__pool;
+
+_Static_assert(sizeof(tdm__pool_block) == 64, "a block's record is one cache line");
 
 /* Allocate a pool of num_blocks blocks (>= 2). Returns TDM_OK or TDM_E_NOMEM. */
 int tdm__pool_init(tdm__pool *p, uint32_t num_blocks);

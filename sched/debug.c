@@ -21,7 +21,7 @@
 uint32_t tdm__sched_blocks_in_use(const tdm_sched *s)
 {
     uint32_t n = 0;
-    for (uint32_t b = 1; b < s->pool.num_blocks; b++) n += s->pool.refcnt[b] != 0;
+    for (uint32_t b = 1; b < s->pool.num_blocks; b++) n += s->pool.blk[b].refcnt != 0;
     return n;
 }
 
@@ -62,7 +62,7 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
             CHECK(b > 0 && b < nb, "request %llu holds invalid block %u", (unsigned long long)r->id, b);
             refs[b]++;
             if (refs[b] > 1)
-                CHECK(p->hashed[b], "block %u is held by two requests but is not a cached (hashed) block", b);
+                CHECK(p->blk[b].hashed, "block %u is held by two requests but is not a cached (hashed) block", b);
         }
         switch (r->state) {
         case TDM_STATE_WAITING:
@@ -134,33 +134,33 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
     CHECK(n_remote == s->remote.len && n_held == s->held.len, "remote/held list lengths disagree");
 
     /* Blocks: refcounts equal holders; the free queue is exactly the unreferenced blocks. */
-    CHECK(p->refcnt[0] == 1, "the null block's refcount is %u", p->refcnt[0]);
+    CHECK(p->blk[0].refcnt == 1, "the null block's refcount is %u", p->blk[0].refcnt);
     for (uint32_t b = 1; b < nb; b++)
-        CHECK(p->refcnt[b] == refs[b], "block %u: refcount %u but %u holders", b, p->refcnt[b], refs[b]);
+        CHECK(p->blk[b].refcnt == refs[b], "block %u: refcount %u but %u holders", b, p->blk[b].refcnt, refs[b]);
     uint32_t nfree = 0;
-    for (uint32_t b = p->next[nb]; b != nb; b = p->next[b]) {
+    for (uint32_t b = p->blk[nb].next; b != nb; b = p->blk[b].next) {
         CHECK(b > 0 && b < nb && !seen[b], "free queue is corrupt at block %u", b);
         seen[b] = 1;
-        CHECK(p->refcnt[b] == 0, "free block %u has refcount %u", b, p->refcnt[b]);
-        CHECK(p->next[p->prev[b]] == b, "free queue links broken at %u", b);
+        CHECK(p->blk[b].refcnt == 0, "free block %u has refcount %u", b, p->blk[b].refcnt);
+        CHECK(p->blk[p->blk[b].prev].next == b, "free queue links broken at %u", b);
         nfree++;
     }
     CHECK(nfree == p->num_free, "free queue holds %u blocks, counter says %u", nfree, p->num_free);
     uint32_t in_use = 0;
-    for (uint32_t b = 1; b < nb; b++) in_use += p->refcnt[b] != 0;
+    for (uint32_t b = 1; b < nb; b++) in_use += p->blk[b].refcnt != 0;
     CHECK(nfree + in_use == nb - 1, "free %u + in use %u != total %u", nfree, in_use, nb - 1);
 
     /* The hash index maps only to hashed blocks, and every hashed block is indexed. */
     uint32_t indexed = 0;
     for (uint32_t i = 0; i <= p->slot_mask; i++) {
-        uint32_t b = p->slots[i];
+        uint32_t b = p->slots[i].block;
         if (b == TDM__NO_BLOCK) continue;
-        CHECK(b > 0 && b < nb && p->hashed[b], "index slot %u names unhashed block %u", i, b);
-        CHECK(tdm__pool_indexed(p, b), "block %u is not found by its own hash", b);
+        CHECK(b > 0 && b < nb && p->blk[b].hashed, "index slot %u names unhashed block %u", i, b);
+        CHECK(tdm__pool_indexed(p, b), "block %u is not found by its own hash (or its slot key is stale)", b);
         indexed++;
     }
     uint32_t hashed = 0;
-    for (uint32_t b = 1; b < nb; b++) hashed += p->hashed[b];
+    for (uint32_t b = 1; b < nb; b++) hashed += p->blk[b].hashed;
     CHECK(indexed == hashed && hashed == p->num_hashed, "%u indexed, %u hashed, counter %u", indexed, hashed,
           p->num_hashed);
 out:

@@ -22,11 +22,25 @@
 #define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_Init & co. (see above) */
 #include <openssl/evp.h>
 #include <openssl/sha.h>
+#include <stdbool.h>
+#include <sys/random.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "hash.h"
 #include "internal.h"
 #include "tandem.h"
+
+/* The memo of block digests: memo_n entries (a power of two) of memo_stride bytes, each
+ *     u32 algorithm + 1 (0: empty), u32 message length, the digest (32 bytes), the message
+ * (the serialized block, up to the buffer's capacity). A message goes to the pair of entries
+ * (a two-way set) its keyed hash picks; the older of the two makes room. About 1 MiB,
+ * allocated at the first memoized digest. */
+#define MEMO_BYTES ((size_t)1 << 20)
+#define MEMO_HDR (8 + sizeof(tdm__digest))
+/* The filter of blocks seen: 2^18 bits (32 KiB), reset once an eighth of them is set, so
+ * that a new block finds its bit already set (and pays a memo probe) at most 1 time in 8. */
+#define SEEN_BITS ((uint32_t)1 << 18)
 
 int tdm__hasher_init(tdm__hasher *h)
 {
@@ -34,12 +48,22 @@ int tdm__hasher_init(tdm__hasher *h)
     EVP_MD *md = EVP_MD_fetch(NULL, "SHA256", NULL);
     if (!md) return TDM_E_INTERNAL;
     EVP_MD_free(md);
+    /* The memo's key: only the memo's hit rate depends on it, never a digest. */
+    uint64_t seed;
+    if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != (ssize_t)sizeof(seed)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        seed = tdm__mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)(uintptr_t)h);
+    }
+    h->memo_seed = seed;
     return TDM_OK;
 }
 
 void tdm__hasher_free(tdm__hasher *h)
 {
     tdm__free(h->buf);
+    tdm__free(h->memo);
+    tdm__free(h->seen);
     memset(h, 0, sizeof(*h));
 }
 
@@ -52,7 +76,32 @@ int tdm__hasher_reserve(tdm__hasher *h, uint32_t block_size)
     tdm__free(h->buf);
     h->buf = b;
     h->cap = need;
+    /* The memo's entries are sized for the buffer: a new one is made at its next use. */
+    tdm__free(h->memo);
+    h->memo = NULL;
+    h->memo_n = 0;
     return TDM_OK;
+}
+
+/* Allocate the memo (entries sized for the buffer) and the filter at their first use, so that
+ * a scheduler that never hashes prompts (host digests, no prefix caching, XXH3-128) holds
+ * neither. False when out of memory: the caller hashes without the memo. */
+static bool memo_ready(tdm__hasher *h)
+{
+    if (h->memo) return true;
+    size_t stride = (MEMO_HDR + h->cap + 7) & ~(size_t)7;
+    uint32_t n = 2; /* one two-way set at least */
+    while ((size_t)n * 2 * stride <= MEMO_BYTES) n *= 2;
+    if (!h->seen) {
+        h->seen = tdm__calloc(SEEN_BITS / 64, sizeof(uint64_t));
+        h->seen_n = 0;
+        if (!h->seen) return false;
+    }
+    h->memo = tdm__calloc(n, stride);
+    if (!h->memo) return false;
+    h->memo_n = n;
+    h->memo_stride = stride;
+    return true;
 }
 
 uint32_t tdm__hash_len(int algo) { return algo == TDM_PREFIX_HASH_XXH3_128 ? 16u : 32u; }
@@ -85,15 +134,14 @@ static int digest(const tdm__hasher *h, int algo, const void *data, size_t len, 
     return TDM_OK;
 }
 
-int tdm__hash_block(const tdm__hasher *h, int algo, const tdm__digest *parent,
-                    const int32_t *tokens, uint32_t n, const tdm__digest *extra, tdm__digest *out)
+/* Serialize a block into h->buf (the bytes its digest covers); their length, or 0 when the
+ * buffer is too small (not reserved for this block size). */
+static size_t serialize(const tdm__hasher *h, int algo, const tdm__digest *parent, const int32_t *tokens,
+                        uint32_t n, const tdm__digest *extra)
 {
     uint32_t L = tdm__hash_len(algo);
     size_t need = 2u * L + 8u + (size_t)n * 4u;
-    if (!h->buf || need > h->cap) {
-        memset(out, 0, sizeof(*out));
-        return TDM_E_INTERNAL;
-    }
+    if (!h->buf || need > h->cap) return 0;
     unsigned char *p = h->buf;
     if (parent) memcpy(p, parent, L);
     else memset(p, 0, L);
@@ -109,7 +157,68 @@ int tdm__hash_block(const tdm__hasher *h, int algo, const tdm__digest *parent,
         memcpy(p, extra, L);
         p += L;
     }
-    return digest(h, algo, h->buf, (size_t)(p - h->buf), out);
+    return (size_t)(p - h->buf);
+}
+
+int tdm__hash_block(const tdm__hasher *h, int algo, const tdm__digest *parent,
+                    const int32_t *tokens, uint32_t n, const tdm__digest *extra, tdm__digest *out)
+{
+    size_t len = serialize(h, algo, parent, tokens, n, extra);
+    if (!len) {
+        memset(out, 0, sizeof(*out));
+        return TDM_E_INTERNAL;
+    }
+    return digest(h, algo, h->buf, len, out);
+}
+
+int tdm__hash_block_memo(tdm__hasher *h, int algo, const tdm__digest *parent, const int32_t *tokens,
+                         uint32_t n, const tdm__digest *extra, tdm__digest *out)
+{
+    size_t len = serialize(h, algo, parent, tokens, n, extra);
+    if (!len) {
+        memset(out, 0, sizeof(*out));
+        return TDM_E_INTERNAL;
+    }
+    if (algo != TDM_PREFIX_HASH_SHA256 || !memo_ready(h)) return digest(h, algo, h->buf, len, out);
+    uint64_t k = XXH3_64bits_withSeed(h->buf, len, h->memo_seed);
+    uint32_t bit = (uint32_t)(k >> 40) & (SEEN_BITS - 1);
+    uint64_t mask = 1ull << (bit & 63);
+    if (!(h->seen[bit / 64] & mask)) { /* first sight (since the reset): hash, store nothing */
+        h->seen[bit / 64] |= mask;
+        if (++h->seen_n >= SEEN_BITS / 8) {
+            memset(h->seen, 0, SEEN_BITS / 8);
+            h->seen_n = 0;
+        }
+        return digest(h, algo, h->buf, len, out);
+    }
+    /* Two ways per set: the newer entry first. A hit in the second way swaps it to the front;
+     * a new entry pushes the first way's entry to the second (whose entry is dropped). */
+    unsigned char *e = h->memo + (size_t)(k & (h->memo_n - 2)) * h->memo_stride, *e2 = e + h->memo_stride;
+    uint32_t tag = (uint32_t)algo + 1, elen = (uint32_t)len;
+    unsigned char hdr[8];
+    memcpy(hdr, &tag, 4);
+    memcpy(hdr + 4, &elen, 4);
+    for (int way = 0; way < 2; way++) {
+        unsigned char *w = way ? e2 : e;
+        if (memcmp(w, hdr, 8) || memcmp(w + MEMO_HDR, h->buf, len)) continue;
+        memcpy(out, w + 8, sizeof(*out));
+        if (way) { /* to the front: the first way's entry goes second */
+            memcpy(e2, e, MEMO_HDR + h->cap);
+            memcpy(e, hdr, 8);
+            memcpy(e + 8, out, sizeof(*out));
+            memcpy(e + MEMO_HDR, h->buf, len);
+        }
+        h->memo_hits++;
+        return TDM_OK;
+    }
+    h->memo_misses++;
+    int rc = digest(h, algo, h->buf, len, out);
+    if (rc) return rc;
+    memcpy(e2, e, MEMO_HDR + h->cap);
+    memcpy(e, hdr, 8);
+    memcpy(e + 8, out, sizeof(*out));
+    memcpy(e + MEMO_HDR, h->buf, len);
+    return TDM_OK;
 }
 
 int tdm__hash_bytes(const tdm__hasher *h, int algo, const void *data, size_t len, tdm__digest *out)

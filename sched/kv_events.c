@@ -139,7 +139,7 @@ void tdm__kv_removed(tdm__kv_events *ev, uint32_t block, const tdm__digest *h)
 bool tdm__kv_reset_is_clear(const tdm__pool *p)
 {
     for (uint32_t b = 1; b < p->num_blocks; b++)
-        if (p->hashed[b] && p->refcnt[b] != 0) return false;
+        if (p->blk[b].hashed && p->blk[b].refcnt != 0) return false;
     return true;
 }
 

@@ -342,12 +342,13 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
     }
     if (!d->block_hash_size && nhost) {
         /* The prompt's block digests are computed here, as vLLM computes Request.block_hashes
-         * when the request is made, so that steps never hash prompts. A failure stops the
+         * when the request is made, so that steps never hash prompts; blocks that earlier
+         * prompts shared (same parent and tokens) come from the hasher's memo. A failure stops the
          * chain: those blocks are hashed again at admission (and, failing that, not cached). */
         r->host_hashes = host;
         while (r->num_host_hashes < nhost) {
             uint32_t i = r->num_host_hashes;
-            if (tdm__hash_block(&s->hasher, (int)s->prm.prefix_hash, i ? &host[i - 1] : NULL,
+            if (tdm__hash_block_memo(&s->hasher, (int)s->prm.prefix_hash, i ? &host[i - 1] : NULL,
                                 prompt + (size_t)i * (uint32_t)s->prm.block_size, (uint32_t)s->prm.block_size,
                                 (i == 0 && r->has_salt) ? &r->salt : NULL, &host[i]))
                 break;

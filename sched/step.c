@@ -106,7 +106,7 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     uint32_t have = r->num_blocks + nhit;
     uint32_t fresh = need > have ? need - have : 0;
     uint32_t free_hits = 0;
-    for (uint32_t k = 0; k < nhit; k++) free_hits += s->pool.refcnt[r->blocks[r->num_blocks + k]] == 0;
+    for (uint32_t k = 0; k < nhit; k++) free_hits += s->pool.blk[r->blocks[r->num_blocks + k]].refcnt == 0;
     uint64_t take = (uint64_t)fresh + free_hits;
     if (take > s->pool.num_free) return false;
     if (need > r->cap_blocks) return false; /* cannot happen: capacity covers max_model_len */

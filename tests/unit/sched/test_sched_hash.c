@@ -117,6 +117,80 @@ static void hash__known_answers_for_each_algorithm(void **state)
     tdm__hasher_free(&h);
 }
 
+/* The memo of prompt digests (tdm_sched_add's path) returns exactly the digests of
+ * tdm__hash_block: known answers on first sight, on the sight that stores them and on memo
+ * hits; a block that differs from a remembered one in one token, in its parent or in its
+ * extra key gets its own digest; unique blocks past a filter reset still hash right; blocks
+ * of another size after a re-reserve too. */
+static void hash__memo_returns_the_digests_of_hashing(void **state)
+{
+    (void)state;
+    tdm__hasher h;
+    assert_int_equal(tdm__hasher_init(&h), TDM_OK);
+    assert_int_equal(tdm__hasher_reserve(&h, 16), TDM_OK);
+    tdm_token b0[16], b1[16];
+    known_tokens(b0, b1);
+    for (size_t k = 0; k < sizeof(KNOWN) / sizeof(KNOWN[0]); k++) {
+        const known *e = &KNOWN[k];
+        tdm__digest salt;
+        assert_int_equal(tdm__hash_bytes(&h, e->key, "tenant-a", 8, &salt), TDM_OK);
+        for (int round = 0; round < 4; round++) { /* first sight, stored, then hits */
+            tdm__digest d0, d1, s0, s1;
+            assert_int_equal(tdm__hash_block_memo(&h, e->key, NULL, b0, 16, NULL, &d0), TDM_OK);
+            assert_digest(&d0, e->d0, e->len);
+            assert_int_equal(tdm__hash_block_memo(&h, e->key, &d0, b1, 16, NULL, &d1), TDM_OK);
+            assert_digest(&d1, e->d1, e->len);
+            assert_int_equal(tdm__hash_block_memo(&h, e->key, NULL, b0, 16, &salt, &s0), TDM_OK);
+            assert_digest(&s0, e->s0, e->len);
+            assert_int_equal(tdm__hash_block_memo(&h, e->key, &s0, b1, 16, NULL, &s1), TDM_OK);
+            assert_digest(&s1, e->s1, e->len);
+        }
+    }
+    assert_true(h.memo_hits > 0); /* the SHA-256 rounds after the second came from the memo */
+    /* Near misses of a remembered block: one token, the parent, the extra key. */
+    tdm__digest d0, want, got, other_parent;
+    memset(&other_parent, 0x5a, sizeof(other_parent));
+    for (int round = 0; round < 3; round++)
+        assert_int_equal(tdm__hash_block_memo(&h, TDM_PREFIX_HASH_SHA256, NULL, b0, 16, NULL, &d0), TDM_OK);
+    tdm_token t[16];
+    memcpy(t, b0, sizeof(t));
+    t[15]++;
+    assert_int_equal(tdm__hash_block(&h, TDM_PREFIX_HASH_SHA256, NULL, t, 16, NULL, &want), TDM_OK);
+    for (int round = 0; round < 3; round++) {
+        assert_int_equal(tdm__hash_block_memo(&h, TDM_PREFIX_HASH_SHA256, NULL, t, 16, NULL, &got), TDM_OK);
+        assert_memory_equal(&got, &want, sizeof(want));
+    }
+    assert_int_equal(tdm__hash_block(&h, TDM_PREFIX_HASH_SHA256, &other_parent, b0, 16, NULL, &want), TDM_OK);
+    assert_int_equal(tdm__hash_block_memo(&h, TDM_PREFIX_HASH_SHA256, &other_parent, b0, 16, NULL, &got), TDM_OK);
+    assert_memory_equal(&got, &want, sizeof(want));
+    assert_int_equal(tdm__hash_block(&h, TDM_PREFIX_HASH_SHA256, NULL, b0, 16, &other_parent, &want), TDM_OK);
+    assert_int_equal(tdm__hash_block_memo(&h, TDM_PREFIX_HASH_SHA256, NULL, b0, 16, &other_parent, &got), TDM_OK);
+    assert_memory_equal(&got, &want, sizeof(want));
+    /* Many unique blocks (the filter resets several times), each twice: memo and plain agree. */
+    for (uint32_t i = 0; i < 200000; i++) {
+        t[0] = (tdm_token)i;
+        t[1] = (tdm_token)(i % 7);
+        assert_int_equal(tdm__hash_block_memo(&h, TDM_PREFIX_HASH_SHA256, &d0, t, 16, NULL, &got), TDM_OK);
+        if (i % 997 == 0) {
+            assert_int_equal(tdm__hash_block(&h, TDM_PREFIX_HASH_SHA256, &d0, t, 16, NULL, &want), TDM_OK);
+            assert_memory_equal(&got, &want, sizeof(want));
+            assert_int_equal(tdm__hash_block_memo(&h, TDM_PREFIX_HASH_SHA256, &d0, t, 16, NULL, &got), TDM_OK);
+            assert_memory_equal(&got, &want, sizeof(want));
+        }
+    }
+    /* Another block size: the memo is sized again and a block of 8 tokens hashes as plain. */
+    assert_int_equal(tdm__hasher_reserve(&h, 32), TDM_OK);
+    for (int round = 0; round < 3; round++) {
+        assert_int_equal(tdm__hash_block_memo(&h, TDM_PREFIX_HASH_SHA256, NULL, b0, 8, NULL, &got), TDM_OK);
+        assert_int_equal(tdm__hash_block(&h, TDM_PREFIX_HASH_SHA256, NULL, b0, 8, NULL, &want), TDM_OK);
+        assert_memory_equal(&got, &want, sizeof(want));
+    }
+    /* A block larger than the reserved buffer is refused, not overrun. */
+    tdm_token big[33] = { 0 };
+    assert_int_equal(tdm__hash_block_memo(&h, TDM_PREFIX_HASH_SHA256, NULL, big, 33, NULL, &got), TDM_E_INTERNAL);
+    tdm__hasher_free(&h);
+}
+
 static tdm_sched *sched_with_hash(const char *algo)
 {
     char json[160];
@@ -450,6 +524,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         TSD_TEST(hash__known_answers_for_each_algorithm),
+        TSD_TEST(hash__memo_returns_the_digests_of_hashing),
         TSD_TEST(hash__tandem_digests_equal_the_documented_format),
         TSD_TEST(hash__digests_differing_past_64_bits_never_share),
         TSD_TEST(pool__digests_equal_on_64_bits_are_distinct_entries),
