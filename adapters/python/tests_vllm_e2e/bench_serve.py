@@ -267,6 +267,26 @@ class Server:
         self.log.close()
 
 
+ENGINE_TTFT_METRICS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
+
+
+def engine_ttft_sums(url):
+    """{metric: (sum, count)} of vLLM's per-request queue time (queued to first scheduled) and
+    prefill time (first scheduled to first token), both taken in the engine core, summed over
+    label sets: their sum is the part of a TTFT the engine spends; the rest of the client's
+    TTFT is the serving path (HTTP, input processing, the hops to and from the engine core,
+    streaming)."""
+    import urllib.request
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out = {m: [0.0, 0.0] for m in ENGINE_TTFT_METRICS}
+    for ln in text.splitlines():
+        for m in ENGINE_TTFT_METRICS:
+            for suffix, i in (("_sum", 0), ("_count", 1)):
+                if ln.startswith(m + suffix + "{") or ln.startswith(m + suffix + " "):
+                    out[m][i] += float(ln.rsplit(" ", 1)[1])
+    return out
+
+
 def start_up(srv, name, reqs, deadline):
     up = srv.wait_up()
     if up is None:
@@ -278,8 +298,10 @@ def start_up(srv, name, reqs, deadline):
     wait_idle(srv.url)
 
 
-def measure(srv, name, reqs, sc, slo, deadline):
-    """One point: the workload replayed at scale sc; the server idle again afterwards."""
+def measure(srv, name, reqs, sc, slo, deadline, serving_path=False):
+    """One point: the workload replayed at scale sc; the server idle again afterwards. With
+    serving_path, also the mean client TTFT and the mean engine part of it (vLLM's metrics)."""
+    before = engine_ttft_sums(srv.url) if serving_path else None
     t0 = time.monotonic()
     res = asyncio.run(replay(srv.url, reqs, sc, deadline))
     s = summarize(res, *slo)
@@ -290,6 +312,13 @@ def measure(srv, name, reqs, sc, slo, deadline):
           f"{1e3 * s['ttft_p50']:.1f} ms, TPOT p50 {1e3 * s['tpot_p50']:.1f} ms, "
           f"failed {s['failed']}, {s['wall_s']:.0f} s, load average {s['loadavg_1m']:.1f}", flush=True)
     wait_idle(srv.url)
+    if serving_path:
+        after = engine_ttft_sums(srv.url)
+        n = after[ENGINE_TTFT_METRICS[0]][1] - before[ENGINE_TTFT_METRICS[0]][1]
+        ok = [r["ttft"] for r in res if r["ok"]]
+        if n > 0 and ok:
+            eng = sum(after[m][0] - before[m][0] for m in ENGINE_TTFT_METRICS) / n
+            s["client_ttft_mean"], s["engine_ttft_mean"] = sum(ok) / len(ok), eng
     return s
 
 
@@ -300,7 +329,7 @@ def run_arm(model, name, out_dir, reqs, scales, slo, deadline, **server_kw):
     try:
         start_up(srv, name, reqs, deadline)
         for sc in scales:
-            points.append(measure(srv, name, reqs, sc, slo, deadline))
+            points.append(measure(srv, name, reqs, sc, slo, deadline, serving_path=True))
             if points[-1]["attainment"] < GOODPUT_TARGET:
                 break
     finally:
@@ -340,6 +369,28 @@ def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, **pin):
     return points, failed
 
 
+SERVING_PATH_POINTS = 3
+
+
+def serving_path_ms(record):
+    """The serving path the simulator adds before the scheduler (--frontend-ms), measured in the
+    recording run: mean client TTFT minus the mean time the engine spent on it (queued to first
+    token, vLLM's metrics), over the first SERVING_PATH_POINTS rates of the ladder, where
+    requests rarely overlap and the serving path is not itself a queue. Measured in the
+    recording run, never in the arms it predicts."""
+    pts = [p for p in record[:SERVING_PATH_POINTS] if "engine_ttft_mean" in p]
+    if not pts:
+        print("fit  serving path: not measured (no vLLM TTFT metrics): --frontend-ms 0", flush=True)
+        return 0.0
+    d = [1e3 * (p["client_ttft_mean"] - p["engine_ttft_mean"]) for p in pts]
+    ms = max(0.0, sum(d) / len(d))
+    at = ",".join(f"{p['scale']:.3g}" for p in pts)
+    print(f"fit  serving path: mean client TTFT minus the engine's time to the first token, "
+          f"scales {at} of the recording run: "
+          f"{', '.join(f'{x:.1f}' for x in d)} ms -> --frontend-ms {ms:.1f}", flush=True)
+    return ms
+
+
 def goodput(points, base_rate):
     """The rate where attainment crosses GOODPUT_TARGET (log-rate interpolation between the
     last point above and the first below); 0 if the first point is below; the highest rate
@@ -359,7 +410,7 @@ def goodput(points, base_rate):
 
 # ---- the simulator -----------------------------------------------------------------------------
 
-def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, name):
+def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, name, frontend_ms=0.0):
     cfg_path = os.path.join(out_dir, f"sim-{name}.json")
     with open(cfg_path, "w") as f:
         json.dump(sched_json, f)
@@ -368,7 +419,8 @@ def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, nam
         jp = os.path.join(out_dir, f"sim-{name}-{sc:.4g}.json")
         subprocess.run([tool, "sim", cfg_path, "--trace", trace, "--hw", hw, "--model", model_cfg,
                         "--rate-scale", f"{sc}", "--slo-ttft-ms", f"{1e3 * slo[0]}",
-                        "--slo-tpot-ms", f"{1e3 * slo[1]}", "--quiet", "--json", jp],
+                        "--slo-tpot-ms", f"{1e3 * slo[1]}", "--frontend-ms", f"{frontend_ms}",
+                        "--quiet", "--json", jp],
                        check=True, stdout=subprocess.DEVNULL)
         d = json.load(open(jp))
         pts.append({"scale": sc, "attainment": d["slo"]["attainment"],
@@ -449,6 +501,7 @@ def main():
     if fit.returncode:
         raise SystemExit("bench: tandem fit failed")
     cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
+    frontend_ms = serving_path_ms(record)
     # 2. the arms
     sim_cfg = {"vllm": dict(sched_base), "parity": dict(sched_base)}
     arm_kw = {}
@@ -473,6 +526,7 @@ def main():
                  str(a.slo_tpot_ms), "--space", f"max_num_batched_tokens=64,128,{ENGINE['max_num_batched_tokens']}",
                  "--space", f"max_num_seqs=4,8,{ENGINE['max_num_seqs']}", "--space", "long_prefill_token_threshold=0,64,128",
                  "--space", "tbt_target_ms=0,15,20,30,50,100", "--budget", "30", "--jobs", "1",
+                 "--frontend-ms", f"{frontend_ms}",
                  "--out", best], capture_output=True, text=True)
             print("\n".join(ln for ln in tune.stdout.splitlines() if ln.startswith("tune")),
                   flush=True)
@@ -499,14 +553,15 @@ def main():
         print(f"serve_ab arm={arm} goodput_req_s={gp:.3f}{(' (' + note + ')') if note else ''} "
               f"ratio_to_vllm={ratio:.2f} points={len(res[arm])}", flush=True)
     json.dump({"real": res, "record": record, "goodput": g, "base_rate": base_rate, "slo": slo,
-               "scales": scales, "sim_cfg": sim_cfg}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+               "scales": scales, "sim_cfg": sim_cfg, "frontend_ms": frontend_ms}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     if not os.path.exists(os.path.join(fit_dir, "hw.json")):
         return 0
     # ---- the simulator on the fitted model, at the same rate points ----
     hw = os.path.join(fit_dir, "hw.json")
     pred = {}
     for arm in res:
-        pts = sim_points(a.tool, sim_cfg[arm], trace, hw, mcfg, scales, slo, a.out, arm)
+        pts = sim_points(a.tool, sim_cfg[arm], trace, hw, mcfg, scales, slo, a.out, arm,
+                         frontend_ms)
         pred[arm] = pts
     cmp_rows = []
     for arm in res:
@@ -550,7 +605,7 @@ def main():
     rank_sim = sorted(res, key=lambda k: -gs[k])
     print(f"sim_vs_real ranking measured={','.join(rank_real)} predicted={','.join(rank_sim)} "
           f"same={'yes' if agree else 'no'} (pairs within 5% are ties)", flush=True)
-    json.dump({"real": res, "record": record, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
+    json.dump({"real": res, "record": record, "frontend_ms": frontend_ms, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
                "slo": slo, "scales": scales, "sim_cfg": sim_cfg},
               open(os.path.join(a.out, "results.json"), "w"), indent=1)
     return 0
