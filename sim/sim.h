@@ -269,8 +269,8 @@ typedef struct tdm_sim_cost {
  * client's exponential jitter between a slot freeing and the next send (not counted), both
  * with the desynchronized start. Chosen on the fitting half of aiconfigurator's silicon rows
  * only (sim/calib_silicon.c, docs/cost_model.md); the held-out half is scored with them. */
-#define TDM_SIM_FRONTEND_S 0.0
-#define TDM_SIM_CLIENT_JITTER_S 0.0
+#define TDM_SIM_FRONTEND_S 0.020
+#define TDM_SIM_CLIENT_JITTER_S 1.0
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);

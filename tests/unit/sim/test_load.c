@@ -1,7 +1,7 @@
 /*
  * test_load.c -- the load the simulator offers and what it records: closed-loop load (never
  * more than `concurrency` requests in flight, each later request sent at the finish of an
- * earlier one), the warm-up rule (the first requests sent are left out of every metric), SLO
+ * earlier one, or a client's delay after it; the desynchronized start), the warm-up rule (the first requests sent are left out of every metric), SLO
  * classes reaching the scheduler (the slo policy serves by deadline and so differs from FCFS),
  * the per-step CSV and Chrome trace (one track per instance, KV transfers as slices), and the
  * prefill-first baseline mode run end to end.
