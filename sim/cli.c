@@ -42,6 +42,10 @@ const char tdm_sim_cli_common_usage[] =
     "                        keeps it under fp8 weights)\n"
     "  --frontend-ms X       serving path before the scheduler (HTTP, tokenization), per\n"
     "                        request uniform over [X/2, 3X/2] (default 0)\n"
+    "  --client-jitter-ms Z  closed loop: an exponential delay of mean Z between a slot\n"
+    "                        freeing and the next send, not counted in TTFT (default 0)\n"
+    "  --desync              closed loop: the first wave's slots are refilled at random\n"
+    "                        times over its lifetime (an out-of-phase start)\n"
     "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
     "metrics and output:\n"
     "  --slo-ttft-ms X       TTFT SLO (default 500)\n"
@@ -139,6 +143,7 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) c->quiet = 1;
         else if (!strcmp(a, "--goodput")) c->goodput = 1;
         else if (!strcmp(a, "--no-clip")) c->no_clip = 1;
+        else if (!strcmp(a, "--desync")) c->ropts.desync = 1;
         else if (a[0] != '-' || !strcmp(a, "-")) {
             if (c->npos == TDM_SIM_CLI_MAXPOS) {
                 fprintf(stderr, "tandem %s: too many arguments\n", argv[0]);
@@ -226,6 +231,9 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
             } else if (!strcmp(a, "--frontend-ms")) {
                 if (num(a, s, 0, 1e4, &v)) return -1;
                 c->ropts.frontend_s = v / 1e3;
+            } else if (!strcmp(a, "--client-jitter-ms")) {
+                if (num(a, s, 0, 1e5, &v)) return -1;
+                c->ropts.client_jitter_s = v / 1e3;
             }
             else if (!strcmp(a, "--tp")) {
                 if (num(a, s, 1, 64, &v)) return -1;

@@ -307,6 +307,20 @@ static double frontend_s(const eng *e, uint64_t id)
     return f * (0.5 + u);
 }
 
+/* Closed loop: the client's delay before sending request id when a slot frees at `now`
+ * (not counted in its TTFT). The first wave (the first `concurrency` sends) leaves at once;
+ * with desync, the next `concurrency` sends (the first wave's slots refilled) leave at a
+ * uniformly random fraction of `now` (about one request lifetime), so the loop starts out of
+ * phase; every later send waits an exponential delay of mean client_jitter_s. */
+static double client_delay_s(const eng *e, uint64_t id, double now)
+{
+    size_t k = e->sent - 1, conc = e->o->concurrency; /* k: this request's send index */
+    if (k < conc) return 0;
+    double u = (double)(tdm_sim_mix64(id * 0xbf58476d1ce4e5b9ull + 29) >> 11) / 9007199254740992.0;
+    if (e->o->desync && k < 2 * conc) return u * now;
+    return e->o->client_jitter_s > 0 ? -e->o->client_jitter_s * log1p(-u) : 0;
+}
+
 /* Send the requests due at `now`: every arrival up to now (open loop), or in closed loop
  * as many as free slots allow, each sent at max(its arrival, now). */
 static int deliver(eng *e, size_t *next, double now)
@@ -325,8 +339,9 @@ static int deliver(eng *e, size_t *next, double now)
         o->warmup = e->sent < e->warmup;
         e->sent++;
         e->inflight++;
+        if (conc) o->arrival = now + client_delay_s(e, id, now);
         double fe = frontend_s(e, id);
-        if (fe > 0) {
+        if (fe > 0 || o->arrival > now) {
             xfer x = {o->arrival + fe, id, 0, 0};
             if (heap_push(&e->transit, x) != 0) {
                 snprintf(e->err, e->errlen, "out of memory");

@@ -264,10 +264,13 @@ typedef struct tdm_sim_cost {
 #define TDM_SIM_DEFAULT_LINK_GBPS 300.0
 /* Per-all-reduce latency (seconds), fitted to Vidur's H100 DGX all-reduce table. */
 #define TDM_SIM_ALLREDUCE_ALPHA_S 12e-6
-/* The serving path before the scheduler (seconds; HTTP, tokenization, the hop to the engine
- * core) of the silicon check: tried on the fitting half of aiconfigurator's silicon rows only
- * (sim/calib_silicon.c, docs/cost_model.md): 5 ms made the median TTFT error worse than 0. */
-#define TDM_SIM_FRONTEND_S 0.0
+/* The serving path of the silicon check's closed loops (seconds): the frontend before the
+ * scheduler (HTTP, tokenization, the hop to the engine core; counted in TTFT) and the
+ * client's exponential jitter between a slot freeing and the next send (not counted), both
+ * with the desynchronized start. Chosen on the fitting half of aiconfigurator's silicon rows
+ * only (sim/calib_silicon.c, docs/cost_model.md); the held-out half is scored with them. */
+#define TDM_SIM_FRONTEND_S 0.020
+#define TDM_SIM_CLIENT_JITTER_S 1.0
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);
@@ -338,12 +341,13 @@ typedef struct tdm_sim_calib_table {
 int tdm_sim_calibrate_table(const char *shared_dir, const char *tables_dir, FILE *f,
                             tdm_sim_calib_table *out);
 /* aiconfigurator's measured vLLM serving rows (its silicon_sample.csv) replayed closed-loop
- * on the table model under tables_dir with this serving path (frontend_s), on the rows of
+ * on the table model under tables_dir with this serving path (frontend_s, the client's
+ * jitter_s and the desynchronized start: tdm_sim_run_opts), on the rows of
  * one half (FIT: the rows any constant was fitted on; CHECK: the others) or ALL: fills
  * out->silicon_*; returns the rows replayed. */
 enum { TDM_SIM_SILICON_ALL = 0, TDM_SIM_SILICON_FIT = 1, TDM_SIM_SILICON_CHECK = 2 };
 int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double frontend_s,
-                              int rows, FILE *f, tdm_sim_calib_table *out);
+                              double jitter_s, int rows, FILE *f, tdm_sim_calib_table *out);
 /* Print the closing "calibrate vidur_mape=... silicon_tpot_mape=..." line (percent). */
 void tdm_sim_calib_table_line(FILE *f, const tdm_sim_calib_table *c);
 /* Internal CSV helpers shared by the calibration files. */
@@ -424,6 +428,14 @@ typedef struct tdm_sim_run_opts {
      * this (uniform over [0.5, 1.5] of it per request), its TTFT counted from t; it then
      * waits for the step in flight, as in a server. 0 = none (default). */
     double frontend_s;
+    /* closed loop, the client's side (neither counts in TTFT): `client_jitter_s`, the mean of
+     * an exponential delay between a slot freeing and the next request's send (the client's
+     * and server's own timing, which keeps real closed loops from moving in lockstep); and
+     * `desync`: the requests that refill the first wave's slots are sent at a uniformly random
+     * fraction of the time elapsed since the start, so the loop starts out of phase, as a
+     * benchmark's steady state is measured (0 = off; both off by default). */
+    double client_jitter_s;
+    int desync;
     /* keep every request's outcome in the result's reqs (requests CSV, CDF plots); 0: only
      * the summary, so that memory does not grow with the trace beyond the trace itself and
      * 4 bytes per request (default 1) */

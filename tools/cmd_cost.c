@@ -17,8 +17,10 @@ static const char USAGE[] =
     "                   --context C [--json]\n"
     "       tandem cost --model M --hw H [--tp N] [--precision bf16|fp8] --batch SPEC|JSON|@FILE [--json]\n"
     "       tandem cost --calibrate [--shared DIR] [--tables DIR] [--silicon CSV]\n"
+    "                   [--silicon-rows check|fit|all] [--frontend-ms X] [--client-jitter-ms Z]\n"
     "  --silicon: aiconfigurator's silicon_sample.csv (make calibrate extracts it), replayed\n"
-    "     closed loop on the tables' hardware (docs/cost_model.md).\n"
+    "     closed loop on the tables' hardware (docs/cost_model.md), out of phase from the\n"
+    "     second wave, with this serving path (defaults: the values chosen on the fit rows).\n"
     "  SPEC: comma-separated [K*]prefill:N[@C] (a chunk of N tokens on C cached tokens that ends\n"
     "     its prompt), [K*]chunk:N[@C] (a chunk mid-prompt), decode:B[@C] (B decodes at\n"
     "     context C), e.g. prefill:512@2048,decode:64@1024; JSON: [{\"kind\", \"tokens\",\n"
@@ -124,7 +126,7 @@ int tdm_cmd_cost(int argc, char **argv)
     const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL, *batch_spec = NULL;
     const char *precision = NULL, *tables = NULL, *silicon = NULL;
     int silicon_rows = TDM_SIM_SILICON_CHECK;
-    double frontend_ms = TDM_SIM_FRONTEND_S * 1e3;
+    double frontend_ms = TDM_SIM_FRONTEND_S * 1e3, jitter_ms = TDM_SIM_CLIENT_JITTER_S * 1e3;
     long tp = 1, prefill = 2048, batch = 64, context = 2048;
     int json = 0, calibrate = 0;
     for (int i = 1; i < argc; i++) {
@@ -155,6 +157,13 @@ int tdm_cmd_cost(int argc, char **argv)
             else if (!strcmp(v, "check")) silicon_rows = TDM_SIM_SILICON_CHECK;
             else {
                 fprintf(stderr, "tandem cost: --silicon-rows: all, fit or check\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--client-jitter-ms")) {
+            char *e2;
+            jitter_ms = strtod(v, &e2);
+            if (*e2 || !(jitter_ms >= 0 && jitter_ms < 1e5)) {
+                fprintf(stderr, "tandem cost: --client-jitter-ms: bad value '%s'\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--frontend-ms")) {
@@ -189,7 +198,8 @@ int tdm_cmd_cost(int argc, char **argv)
         }
         tdm_sim_calib_table ct;
         tdm_sim_calibrate_table(shared, tables, stdout, &ct);
-        tdm_sim_calibrate_silicon(silicon, tables, frontend_ms / 1e3, silicon_rows, stdout, &ct);
+        tdm_sim_calibrate_silicon(silicon, tables, frontend_ms / 1e3, jitter_ms / 1e3, silicon_rows,
+                                  stdout, &ct);
         tdm_sim_calib_table_line(stdout, &ct);
         return 0;
     }

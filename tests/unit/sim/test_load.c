@@ -1,7 +1,7 @@
 /*
  * test_load.c -- the load the simulator offers and what it records: closed-loop load (never
  * more than `concurrency` requests in flight, each later request sent at the finish of an
- * earlier one), the warm-up rule (the first requests sent are left out of every metric), SLO
+ * earlier one, or a client's delay after it; the desynchronized start), the warm-up rule (the first requests sent are left out of every metric), SLO
  * classes reaching the scheduler (the slo policy serves by deadline and so differs from FCFS),
  * the per-step CSV and Chrome trace (one track per instance, KV transfers as slices), and the
  * prefill-first baseline mode run end to end.
@@ -90,6 +90,107 @@ static void frontend__delays_every_request_and_counts_in_flight(void **state)
     tdm_sim_result_free(&a);
     tdm_sim_result_free(&b);
     tdm_sim_result_free(&b2);
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The finish times of a run's requests, sorted: the k-th send of a closed loop of C takes
+ * the slot the (k - C)-th of them freed. */
+static double *sorted_finishes(const tdm_sim_result *r, size_t n)
+{
+    double *f = malloc(n * sizeof *f);
+    assert_non_null(f);
+    for (size_t i = 0; i < n; i++) f[i] = r->reqs[i].finish;
+    qsort(f, n, sizeof *f, cmp_double);
+    return f;
+}
+
+/* The client's jitter (client_jitter_s): the k-th send (k >= C) leaves an exponential delay
+ * of that mean after the slot it takes frees, and the delay is not counted in its TTFT (the
+ * TTFT counts from the send); 0 sends at the finish itself. */
+static void client_jitter__delays_sends_not_ttft(void **state)
+{
+    (void)state;
+    tdm_sim_trace t;
+    fixed(&t, 480, 512, 32, 0, INFINITY);
+    tdm_sim_config c;
+    config("{\"max_num_batched_tokens\": 8192}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    o.concurrency = 8;
+    tdm_sim_result a, b;
+    run(&t, &c, &o, &a);
+    o.client_jitter_s = 0.05;
+    run(&t, &c, &o, &b);
+    assert_int_equal(b.sum.completed, a.sum.completed);
+    double *fa = sorted_finishes(&a, t.n), *fb = sorted_finishes(&b, t.n);
+    double gap = 0, gmax = 0;
+    for (size_t k = 8; k < t.n; k++) {
+        assert_true(fabs(a.reqs[k].arrival - fa[k - 8]) < 1e-12); /* no jitter: at the finish */
+        double g = b.reqs[k].arrival - fb[k - 8];
+        assert_true(g >= 0);
+        gap += g;
+        gmax = g > gmax ? g : gmax;
+        /* TTFT from the send: never more than the lockstep run's slowest (a wave's) */
+        assert_true(b.reqs[k].first_token - b.reqs[k].arrival <= a.sum.ttft.max + 1e-9);
+    }
+    gap /= (double)(t.n - 8);
+    assert_true(gap > 0.04 && gap < 0.06); /* mean 50 ms over 472 exponential draws */
+    assert_true(gmax > 0.1);                /* a tail, not a constant */
+    free(fa);
+    free(fb);
+    tdm_sim_result_free(&a);
+    tdm_sim_result_free(&b);
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+}
+
+/* A closed loop of equal requests moves in lockstep: the first wave's prompts share a step,
+ * its requests finish in one step and the next wave's prompts share a step again. With
+ * desync, the first wave's slots are refilled at uniformly random times over the time so far
+ * (one lifetime), and the measured requests then reach the scheduler apart: most have a first
+ * token of their own, and the median TTFT is about one prompt's step instead of a wave's. */
+static void desync__breaks_the_lockstep_of_equal_requests(void **state)
+{
+    (void)state;
+    tdm_sim_trace t;
+    fixed(&t, 240, 1024, 256, 0, INFINITY);
+    tdm_sim_config c;
+    config("{\"max_num_batched_tokens\": 8192}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    o.concurrency = 8;
+    o.warmup = 16;
+    tdm_sim_result a, b;
+    run(&t, &c, &o, &a);
+    o.desync = 1;
+    run(&t, &c, &o, &b);
+    double *f = sorted_finishes(&b, t.n);
+    for (size_t k = 8; k < 16; k++) { /* the refills: within the time elapsed when sent */
+        double g = b.reqs[k].arrival - f[k - 8];
+        assert_true(g >= 0 && g <= f[k - 8] + 1e-12);
+    }
+    size_t distinct[2] = {0, 0};
+    const tdm_sim_result *r[2] = {&a, &b};
+    for (int v = 0; v < 2; v++)
+        for (size_t i = 16; i < t.n; i++) {
+            int shared = 0;
+            for (size_t j = 16; j < t.n && !shared; j++)
+                shared = j != i && r[v]->reqs[j].first_token == r[v]->reqs[i].first_token;
+            distinct[v] += !shared;
+        }
+    assert_int_equal(distinct[0], 0);               /* lockstep: every first token shared */
+    assert_true(distinct[1] >= 3 * (t.n - 16) / 4); /* out of phase: most are alone */
+    assert_true(b.sum.ttft.p50 < 0.5 * a.sum.ttft.p50);
+    free(f);
+    tdm_sim_result_free(&a);
+    tdm_sim_result_free(&b);
     tdm_sim_config_free(&c);
     tdm_sim_trace_free(&t);
 }
@@ -456,6 +557,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fixed__lengths_and_range),
         cmocka_unit_test(frontend__delays_every_request_and_counts_in_flight),
+        cmocka_unit_test(client_jitter__delays_sends_not_ttft),
+        cmocka_unit_test(desync__breaks_the_lockstep_of_equal_requests),
         cmocka_unit_test(closed_loop__at_most_concurrency_in_flight),
         cmocka_unit_test(warmup__requests_left_out_of_the_metrics),
         cmocka_unit_test(slo_classes__slo_policy_serves_by_deadline),
