@@ -315,3 +315,75 @@ def test_load_legitimate_client_keeps_being_served_under_attack(serve):
         assert "curve_answered" not in hostile, hostile
     finally:
         a.close()
+
+
+def _packed(tokens):
+    """The compact token encoding: a bin of packed little-endian int32."""
+    return struct.pack(f"<{len(tokens)}i", *tokens)
+
+
+def _first_computed(c, rid):
+    """Runs one step; the prefix-cache hit (num_computed) of request rid in it."""
+    b = c.ok("step", name="s", now=1.0)["batch"]
+    k = b["req_ids"].index(rid)
+    hit = b["num_computed"][k]
+    done = b["num_computed"][k] + b["num_tokens"][k]
+    c.ok("update", name="s", now=1.1, outputs={r: ([5] if r == rid and done else [])
+                                                 for r in b["req_ids"]})
+    c.ok("finish", name="s", id=rid)
+    c.ok("step", name="s", now=1.2)
+    return hit
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxh3_128"])
+def test_large_adds_prompt_work_off_the_loop_shares_the_prefix_cache(needs_scheduler, algo):
+    """A large add's prompt is converted and its block digests computed on the decoding thread
+    (TDM_REQ_PRECOMPUTED_DIGESTS): those digests are the scheduler's own, so a small add
+    (hashed by the library on the loop) hits the blocks of a large one and the other way
+    round, with arrays, the compact bin encoding and a cache salt. Fails if the worker's
+    digests differed in any byte (no hit), were not the library's format, or were not used
+    (the service counts the adds whose digests came from the worker)."""
+    from test_serve_security import start
+    p, ep = start()
+    c = Client(ep)
+    c.ok("create", name="s", config={"num_blocks": 8192, "block_size": 16, "max_model_len": 65536,
+                                     "max_num_batched_tokens": 65536, "prefix_hash": algo})
+    big = list(range(1000, 41000))   # 40,000 three-byte ids: ~120 KiB, queued for the worker
+    small = big[:16000]              # ~48 KiB: decoded and hashed on the loop
+    c.ok("add", name="s", id=1, prompt=big)
+    assert _first_computed(c, 1) == 0
+    c.ok("add", name="s", id=2, prompt=small + [7])
+    assert _first_computed(c, 2) == 16000          # every block of the large one's prefix
+    c.ok("add", name="s", id=3, prompt=_packed(big[:30000] + [3, 4]))  # bin: 120 KiB
+    assert _first_computed(c, 3) == 30000
+    # salted: the worker hashes the salt as the library does
+    c.ok("add", name="s", id=4, prompt=small[:15000], cache_salt="tenant-a")
+    assert _first_computed(c, 4) == 0
+    c.ok("add", name="s", id=5, prompt=_packed(small[:15000] + list(range(20000))),
+         cache_salt="tenant-a")
+    assert _first_computed(c, 5) == 14992          # 937 whole blocks of the salted prefix
+    c.ok("add", name="s", id=6, prompt=_packed(small[:15000] + list(range(20000))),
+         cache_salt="tenant-b")
+    assert _first_computed(c, 6) == 0              # another salt: nothing shared
+    c.close()
+    p.terminate()
+    err = p.communicate(timeout=20)[1]
+    assert p.returncode == 0, err
+    assert "; 4 adds hashed off the loop" in err, err  # ids 1, 3, 5 and 6
+
+
+def test_compact_tokens_are_refused_when_malformed(serve):
+    c = Client(serve())
+    c.ok("create", name="s", config={"num_blocks": 64, "block_size": 4})
+    r = c("add", name="s", id=1, prompt=b"\x01\x00\x00\x00\x02")
+    assert not r["ok"] and r["status"] == -1 and "multiple of 4" in r["message"], r
+    big = b"\x01\x00\x00\x00" * 40000 + b"\x01"  # queued for the worker, then refused alike
+    r = c("add", name="s", id=1, prompt=big)
+    assert not r["ok"] and r["status"] == -1 and "multiple of 4" in r["message"], r
+    r = c("add", name="s", id=1, prompt=_packed([1, -2, 3]))
+    assert not r["ok"] and "negative" in r["message"], r
+    assert c.ok("stats", name="s")["stats"]["num_waiting"] == 0
+    # over --max-prompt-tokens, told from the bin's header before decoding
+    r = c("add", name="s", id=1, prompt=b"\x00" * (4 * ((1 << 20) + 1)))
+    assert not r["ok"] and r["status"] == RANGE and "--max-prompt-tokens" in r["message"], r
+    c.close()
