@@ -26,6 +26,8 @@
 #define TDM_SERVE_DEFAULT_MAX_INSTANCES 64u
 #define TDM_SERVE_MAX_ARRAY (1u << 22)    /* longest array accepted in a request */
 #define TDM_SERVE_MAX_DEPTH 16            /* deepest config document accepted */
+#define TDM_SERVE_MAX_CONFIG_ELEMENTS 4096u /* msgpack elements of a config map */
+#define TDM_SERVE_MAX_OUTPUT_TOKENS 1025u /* one update output: 1 + num_lookahead_tokens (<= 1024) */
 #define TDM_SERVE_DEFAULT_MAX_KVX_BYTES (256u << 20)
 #define TDM_SERVE_MAX_KVXS 16
 /* Caps on what a client chooses (docs/service.md, "Limits"). */
@@ -110,8 +112,18 @@ typedef struct tdm__serve_hashcfgs {
     uint32_t n, cap;
 } tdm__serve_hashcfgs;
 
+/* An update's outputs decoded into the arrays of tdm_step_output (malloc'ed). */
+typedef struct tdm__serve_outputs {
+    int done;
+    uint32_t n;               /* outputs */
+    uint64_t *ids;            /* n request ids */
+    uint32_t *offs;           /* n + 1 offsets into all */
+    int32_t *all;             /* every output's tokens */
+} tdm__serve_outputs;
+
 typedef struct tdm__serve_pre {
-    tdm__serve_hashcfg cfg;   /* the instance's settings when the worker looked */
+    tdm__serve_outputs outs;  /* an "update": its outputs decoded */
+    tdm__serve_hashcfg cfg;   /* an "add": the instance's settings when the worker looked */
     int done;                 /* prompt (and, with caching, digests) computed */
     int32_t *prompt;          /* malloc'ed; np ids */
     uint32_t np;
@@ -279,6 +291,11 @@ void tdm__serve_pre_run(tdm__serve_hashcfgs *h, const msgpack_object *m, tdm__se
 /* On the loop, in op_add: the digests may be used if the instance still hashes as planned. */
 int tdm__serve_pre_usable(const tdm__serve_pre *p, const tdm__serve_instance *in);
 void tdm__serve_pre_free(tdm__serve_pre *p);
+/* An update's "outputs" ({id: [tokens]}) or "req_ids" + "tokens" into *u (done set): each
+ * output at most TDM_SERVE_MAX_OUTPUT_TOKENS tokens, every token decoded once, straight
+ * into one array. 0, or the status with e filled (*u then holds nothing). */
+int tdm__serve_outputs_parse(const msgpack_object *m, tdm__serve_outputs *u, tdm__serve_err *e);
+void tdm__serve_outputs_free(tdm__serve_outputs *u);
 
 /* Walks the msgpack structure without allocating: every length and element count must fit in
  * the remaining bytes, nesting at most TDM_SERVE_PRECHECK_DEPTH, no trailing bytes. Run before

@@ -172,12 +172,13 @@ int tdm__serve_peek(const char *msg, size_t len, tdm__serve_peek_info *pi)
     return 0;
 }
 
-/* Ops whose requests may be large (token arrays, configs, KV data); the others take at most
- * TDM_SERVE_SMALL_MSG bytes. */
+/* Ops whose requests may be large (prompts, outputs, block lists, KV data); the others take
+ * at most TDM_SERVE_SMALL_MSG bytes. Not configs: converting a 16 MiB config to JSON and
+ * parsing it took the loop over a second; a real one is a few hundred bytes (create,
+ * configure, kvx_create), nor drafts (at most num_lookahead_tokens <= 1024 tokens). */
 static int large_op(const char *op)
 {
-    static const char *const big[] = {"add", "update", "draft", "create", "configure",
-                                      "kvx_create", "kvx_send", "kvx_recv", "kvx_write"};
+    static const char *const big[] = {"add", "update", "kvx_send", "kvx_recv", "kvx_write"};
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++)
         if (!strcmp(op, big[i])) return 1;
     return 0;

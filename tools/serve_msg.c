@@ -315,6 +315,23 @@ static json_t *to_json(const msgpack_object *o, int depth, tdm__serve_err *e)
     return NULL;
 }
 
+/* Counts o's elements against *budget: -1 as soon as it is exceeded (never walks more). */
+static int count_elements(const msgpack_object *o, uint64_t *budget)
+{
+    if (*budget == 0) return -1;
+    (*budget)--;
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < o->via.array.size; i++)
+            if (count_elements(&o->via.array.ptr[i], budget)) return -1;
+    } else if (o->type == MSGPACK_OBJECT_MAP) {
+        for (uint32_t i = 0; i < o->via.map.size; i++)
+            if (count_elements(&o->via.map.ptr[i].key, budget) ||
+                count_elements(&o->via.map.ptr[i].val, budget))
+                return -1;
+    }
+    return 0;
+}
+
 int tdm__serve_config_json(const msgpack_object *o, char **json, tdm__serve_err *e)
 {
     if (o->type == MSGPACK_OBJECT_STR) {
@@ -330,6 +347,10 @@ int tdm__serve_config_json(const msgpack_object *o, char **json, tdm__serve_err 
     if (o->type != MSGPACK_OBJECT_MAP)
         return tdm__serve_fail(e, TDM_E_INVAL, "\"config\" must be a map or a JSON string, not %s",
                                type_name(o));
+    uint64_t budget = TDM_SERVE_MAX_CONFIG_ELEMENTS; /* bounds the JSON work on the loop */
+    if (count_elements(o, &budget))
+        return tdm__serve_fail(e, TDM_E_RANGE, "\"config\" holds more than %u msgpack elements",
+                               TDM_SERVE_MAX_CONFIG_ELEMENTS);
     e->status = 0;
     json_t *j = to_json(o, 0, e);
     if (!j) return e->status ? e->status : tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");

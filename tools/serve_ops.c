@@ -458,71 +458,24 @@ static int op_update(tdm__serve_state *st, tdm__serve_instance *in, const msgpac
     double now = now_s();
     int rc = tdm__serve_get_double(m, "now", 0, &now, e);
     if (rc) return rc;
-    const msgpack_object *outs = tdm__serve_field(m, "outputs");
-    const msgpack_object *ids_o = tdm__serve_field(m, "req_ids");
-    const msgpack_object *toks_o = tdm__serve_field(m, "tokens");
-    uint32_t n;
-    if (outs) {
-        if (outs->type != MSGPACK_OBJECT_MAP)
-            return tdm__serve_fail(e, TDM_E_INVAL, "\"outputs\" must be a map {id: [tokens]}");
-        n = outs->via.map.size;
-    } else if (ids_o && toks_o) {
-        if (ids_o->type != MSGPACK_OBJECT_ARRAY || toks_o->type != MSGPACK_OBJECT_ARRAY ||
-            ids_o->via.array.size != toks_o->via.array.size)
-            return tdm__serve_fail(e, TDM_E_INVAL, "\"req_ids\" and \"tokens\" must be arrays "
-                                   "of the same length");
-        n = ids_o->via.array.size;
-    } else {
-        return tdm__serve_fail(e, TDM_E_INVAL, "missing \"outputs\" (or \"req_ids\" + \"tokens\")");
-    }
-    if (n > TDM_SERVE_MAX_ARRAY) return tdm__serve_fail(e, TDM_E_INVAL, "too many outputs");
-    /* two passes: validate and count, then decode every output straight into one array
-     * (no per-output copy) */
-    uint64_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
-    uint32_t *offs = malloc(((size_t)n + 1) * sizeof *offs);
-    int32_t *all = NULL;
-    uint64_t len = 0;
-    rc = (ids && offs) ? 0 : tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
-    if (offs) offs[0] = 0;
-    char what[48];
-    for (uint32_t i = 0; !rc && i < n; i++) {
-        const msgpack_object *ko = outs ? &outs->via.map.ptr[i].key : &ids_o->via.array.ptr[i];
-        const msgpack_object *vo = outs ? &outs->via.map.ptr[i].val : &toks_o->via.array.ptr[i];
-        uint32_t nt = 0;
-        snprintf(what, sizeof what, "the tokens of output %u", i);
-        if ((rc = tdm__serve_as_u64(ko, "an output's request id", &ids[i], e)) ||
-            (rc = tdm__serve_tokens_count(vo, what, &nt, e)))
-            break;
-        if (len + nt > TDM_SERVE_MAX_ARRAY) {
-            rc = tdm__serve_fail(e, TDM_E_INVAL, "more than %u output tokens", TDM_SERVE_MAX_ARRAY);
-            break;
-        }
-        len += nt;
-        offs[i + 1] = (uint32_t)len;
-    }
-    if (!rc && len && !(all = malloc((size_t)len * sizeof *all)))
-        rc = tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
-    for (uint32_t i = 0; !rc && i < n; i++) {
-        const msgpack_object *vo = outs ? &outs->via.map.ptr[i].val : &toks_o->via.array.ptr[i];
-        snprintf(what, sizeof what, "the tokens of output %u", i);
-        rc = tdm__serve_tokens_into(vo, what, all + offs[i], e);
-    }
+    /* a large update's outputs were decoded on the decoding thread (serve_pre.c) */
+    tdm__serve_outputs own;
+    const tdm__serve_outputs *u = st->pre && st->pre->outs.done ? &st->pre->outs : &own;
+    if (u == &own && (rc = tdm__serve_outputs_parse(m, &own, e))) return rc;
     tdm_update_result res;
     tdm_update_result_init(&res);
     if (!rc) {
         tdm_step_output o;
         tdm_step_output_init(&o);
-        o.num_reqs = n;
-        o.req_ids = ids;
-        o.token_offsets = offs;
-        o.tokens = all;
+        o.num_reqs = u->n;
+        o.req_ids = u->ids;
+        o.token_offsets = u->offs;
+        o.tokens = u->all;
         o.now = now;
         rc = tdm_sched_update(in->sched, &o, &res);
         if (rc) rc = lib_fail(e, rc, in->sched, "update");
     }
-    free(ids);
-    free(offs);
-    free(all);
+    if (u == &own) tdm__serve_outputs_free(&own);
     if (rc) return rc;
     msgpack_packer *pk = tdm__serve_key(r, "results");
     msgpack_pack_map(pk, 4);

@@ -11,7 +11,10 @@
  * worker never reads an instance); if the instance changed between the worker's look and
  * the op, op_add sees that its settings differ and lets the library hash as usual; if
  * anything here fails, op_add decodes the request itself and reports the error as before.
+ * Likewise a queued "update" has its outputs decoded here (tdm__serve_outputs_parse, which
+ * op_update runs itself for a small one), so the loop only runs tdm_sched_update.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,11 +75,93 @@ static int hashcfg_lookup(tdm__serve_hashcfgs *h, const char *name, tdm__serve_h
     return found;
 }
 
+void tdm__serve_outputs_free(tdm__serve_outputs *u)
+{
+    free(u->ids);
+    free(u->offs);
+    free(u->all);
+    memset(u, 0, sizeof *u);
+}
+
+int tdm__serve_outputs_parse(const msgpack_object *m, tdm__serve_outputs *u, tdm__serve_err *e)
+{
+    memset(u, 0, sizeof *u);
+    const msgpack_object *outs = tdm__serve_field(m, "outputs");
+    const msgpack_object *ids_o = tdm__serve_field(m, "req_ids");
+    const msgpack_object *toks_o = tdm__serve_field(m, "tokens");
+    uint32_t n;
+    if (outs) {
+        if (outs->type != MSGPACK_OBJECT_MAP)
+            return tdm__serve_fail(e, TDM_E_INVAL, "\"outputs\" must be a map {id: [tokens]}");
+        n = outs->via.map.size;
+    } else if (ids_o && toks_o) {
+        if (ids_o->type != MSGPACK_OBJECT_ARRAY || toks_o->type != MSGPACK_OBJECT_ARRAY ||
+            ids_o->via.array.size != toks_o->via.array.size)
+            return tdm__serve_fail(e, TDM_E_INVAL, "\"req_ids\" and \"tokens\" must be arrays "
+                                   "of the same length");
+        n = ids_o->via.array.size;
+    } else {
+        return tdm__serve_fail(e, TDM_E_INVAL, "missing \"outputs\" (or \"req_ids\" + \"tokens\")");
+    }
+    if (n > TDM_SERVE_MAX_ARRAY) return tdm__serve_fail(e, TDM_E_INVAL, "too many outputs");
+    /* two passes: validate and count, then decode every output straight into one array */
+    uint64_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
+    uint32_t *offs = malloc(((size_t)n + 1) * sizeof *offs);
+    int32_t *all = NULL;
+    uint64_t len = 0;
+    int rc = (ids && offs) ? 0 : tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    if (offs) offs[0] = 0;
+    char what[48];
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        const msgpack_object *ko = outs ? &outs->via.map.ptr[i].key : &ids_o->via.array.ptr[i];
+        const msgpack_object *vo = outs ? &outs->via.map.ptr[i].val : &toks_o->via.array.ptr[i];
+        uint32_t nt = 0;
+        snprintf(what, sizeof what, "the tokens of output %u", i);
+        if ((rc = tdm__serve_as_u64(ko, "an output's request id", &ids[i], e)) ||
+            (rc = tdm__serve_tokens_count(vo, what, &nt, e)))
+            break;
+        if (nt > TDM_SERVE_MAX_OUTPUT_TOKENS) { /* refused before any is decoded */
+            rc = tdm__serve_fail(e, TDM_E_INVAL, "%s: %u tokens (an output holds at most %u: one "
+                                 "sampled and up to num_lookahead_tokens accepted drafts)", what,
+                                 nt, TDM_SERVE_MAX_OUTPUT_TOKENS);
+            break;
+        }
+        if (len + nt > TDM_SERVE_MAX_ARRAY) {
+            rc = tdm__serve_fail(e, TDM_E_INVAL, "more than %u output tokens", TDM_SERVE_MAX_ARRAY);
+            break;
+        }
+        len += nt;
+        offs[i + 1] = (uint32_t)len;
+    }
+    if (!rc && len && !(all = malloc((size_t)len * sizeof *all)))
+        rc = tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        const msgpack_object *vo = outs ? &outs->via.map.ptr[i].val : &toks_o->via.array.ptr[i];
+        snprintf(what, sizeof what, "the tokens of output %u", i);
+        rc = tdm__serve_tokens_into(vo, what, all + offs[i], e);
+    }
+    u->ids = ids;
+    u->offs = offs;
+    u->all = all;
+    if (rc) {
+        tdm__serve_outputs_free(u);
+        return rc;
+    }
+    u->n = n;
+    u->done = 1;
+    return 0;
+}
+
 void tdm__serve_pre_run(tdm__serve_hashcfgs *h, const msgpack_object *m, tdm__serve_pre *p)
 {
     tdm__serve_err e;
     char op[8], name[TDM_SERVE_NAME_MAX + 1];
-    if (!h || p->done || tdm__serve_get_str(m, "op", 1, op, sizeof op, &e) || strcmp(op, "add") ||
+    if (p->done || p->outs.done || tdm__serve_get_str(m, "op", 1, op, sizeof op, &e)) return;
+    if (!strcmp(op, "update")) { /* no instance state needed; a failure: op_update reports it */
+        if (tdm__serve_outputs_parse(m, &p->outs, &e)) memset(&p->outs, 0, sizeof p->outs);
+        return;
+    }
+    if (!h || strcmp(op, "add") ||
         tdm__serve_get_str(m, "name", 1, name, sizeof name, &e) || !hashcfg_lookup(h, name, &p->cfg))
         return;
     const msgpack_object *so = tdm__serve_field(m, "cache_salt");
@@ -120,6 +205,7 @@ int tdm__serve_pre_usable(const tdm__serve_pre *p, const tdm__serve_instance *in
 
 void tdm__serve_pre_free(tdm__serve_pre *p)
 {
+    tdm__serve_outputs_free(&p->outs);
     free(p->prompt);
     free(p->digests);
     memset(p, 0, sizeof *p);

@@ -15,6 +15,8 @@ KINDS is a comma-separated list of:
   flood256[@ENDPOINT]  256 peers from 127.0.0.2 send a KV-transfer HELLO each to a transfer
           engine of the service (the one listening at ENDPOINT, or one this client creates)
           and stay connected; counts the HELLO_ACKs accepted and refused -8 NO_SPACE
+  upd4m   in-limit-shaped "update" requests: 4,000 outputs of 1,025 tokens (4.1 M elements,
+          ~4 MiB), for requests the instance does not have (refused -5 after decoding)
   none    nothing (a baseline)
 Loopback only: the endpoint must be tcp://127.0.0.1:PORT. Prints one line of counts at the end.
 """
@@ -215,6 +217,18 @@ def _flood256(ep, spub, keypair, deadline, counts, target=None):
     s.close()
 
 
+def _upd4m(ep, spub, keypair, deadline, counts):
+    s = _client(ep, spub, keypair)
+    _call(s, msgpack.packb({"op": "create", "name": "upd", "config": {"num_blocks": 64}}),
+          counts, "create")
+    raw = msgpack.packb({"op": "update", "name": "upd", "now": 1.0,
+                         "outputs": {i: [1] * 1025 for i in range(4000)}})
+    while time.monotonic() < deadline:
+        _call(s, raw, counts, "upd4m")
+        time.sleep(PAUSE)
+    s.close()
+
+
 def _add7(ep, spub, keypair, deadline, counts):
     s = _client(ep, spub, keypair)
     extra = msgpack.packb("name") + msgpack.packb("big") + msgpack.packb("id") + msgpack.packb(7)
@@ -242,7 +256,8 @@ def main(argv):
             "big": (_big, (ep, spub, keypair, deadline, counts)),
             "add7": (_add7, (ep, spub, keypair, deadline, counts)),
             "add1m": (_add1m, (ep, spub, keypair, deadline, counts)),
-            "add1m_bin": (_add1m_bin, (ep, spub, keypair, deadline, counts))}
+            "add1m_bin": (_add1m_bin, (ep, spub, keypair, deadline, counts)),
+            "upd4m": (_upd4m, (ep, spub, keypair, deadline, counts))}
     for k in kinds:
         if k.startswith("flood256"):
             jobs[k] = (_flood256, (ep, spub, keypair, deadline, counts, k.partition("@")[2] or None))

@@ -405,3 +405,29 @@ def test_compact_tokens_are_refused_when_malformed(serve):
     r = c("add", name="s", id=1, prompt=b"\x00" * (4 * ((1 << 20) + 1)))
     assert not r["ok"] and r["status"] == RANGE and "--max-prompt-tokens" in r["message"], r
     c.close()
+
+
+def test_ops_whose_work_would_stall_the_loop_are_bounded_first(serve):
+    """Configs (create, configure, kvx_create) and drafts are small ops: over 64 KiB they are
+    refused before decoding (a 16 MiB config took the loop over a second of JSON work); a
+    config map of more than 4096 elements is refused before any JSON is built; an update
+    output of more than 1 + 1024 tokens is refused before its tokens are decoded."""
+    c = Client(serve())
+    c.ok("create", name="s", config={"num_blocks": 64, "block_size": 4})
+    junk = list(range(1000, 1000 + 40000))  # ~120 KiB
+    for op, kw in (("configure", dict(name="s", config={"junk": junk})),
+                   ("create", dict(name="t", config={"junk": junk})),
+                   ("kvx_create", dict(name="k", layout=__import__("serve_hostile").FLOOD_LAYOUT,
+                                       config={"engine_id": "k", "junk": junk})),
+                   ("draft", dict(name="s", id=1, tokens=junk))):
+        r = c.raw(msgpack.packb({"op": op, **kw}))  # "op" first: told by the peek
+        assert not r["ok"] and r["status"] == RANGE and "takes at most 65536 bytes" in r["message"], (op, r)
+        r = c.raw(msgpack.packb({**kw, "op": op}))  # "op" past the peek's budget: decoded, then
+        assert not r["ok"], (op, r)  # refused by the op (its bound, or the library)
+        assert op == "draft" or "4096 msgpack elements" in r["message"], (op, r)
+    r = c("configure", name="s", config={"junk": [1] * 5000})  # 5 KB, 5002 elements
+    assert not r["ok"] and r["status"] == RANGE and "4096 msgpack elements" in r["message"], r
+    r = c("update", name="s", now=1.0, outputs={1: [1] * 1026})
+    assert not r["ok"] and r["status"] == -1 and "at most 1025" in r["message"], r
+    assert c.ok("get_config", name="s")["config"]["num_blocks"] == 64
+    c.close()
