@@ -17,6 +17,8 @@ KINDS is a comma-separated list of:
           and stay connected; counts the HELLO_ACKs accepted and refused -8 NO_SPACE
   upd4m   in-limit-shaped "update" requests: 4,000 outputs of 1,025 tokens (4.1 M elements,
           ~4 MiB), for requests the instance does not have (refused -5 after decoding)
+  cfg     "configure" requests of ~4 MiB (a config map with a 2^20-element array), "op" first
+          and "op" last (past the peek's budget)
   none    nothing (a baseline)
 Loopback only: the endpoint must be tcp://127.0.0.1:PORT. Prints one line of counts at the end.
 """
@@ -229,6 +231,19 @@ def _upd4m(ep, spub, keypair, deadline, counts):
     s.close()
 
 
+def _cfg(ep, spub, keypair, deadline, counts):
+    s = _client(ep, spub, keypair)
+    _call(s, msgpack.packb({"op": "create", "name": "cfg"}), counts, "create")
+    junk = list(range(1000, 1000 + (1 << 20)))
+    raws = (msgpack.packb({"op": "configure", "name": "cfg", "config": {"junk": junk}}),
+            msgpack.packb({"name": "cfg", "config": {"junk": junk}, "op": "configure"}))
+    while time.monotonic() < deadline:
+        for raw in raws:
+            _call(s, raw, counts, "cfg")
+            time.sleep(PAUSE)
+    s.close()
+
+
 def _add7(ep, spub, keypair, deadline, counts):
     s = _client(ep, spub, keypair)
     extra = msgpack.packb("name") + msgpack.packb("big") + msgpack.packb("id") + msgpack.packb(7)
@@ -257,7 +272,8 @@ def main(argv):
             "add7": (_add7, (ep, spub, keypair, deadline, counts)),
             "add1m": (_add1m, (ep, spub, keypair, deadline, counts)),
             "add1m_bin": (_add1m_bin, (ep, spub, keypair, deadline, counts)),
-            "upd4m": (_upd4m, (ep, spub, keypair, deadline, counts))}
+            "upd4m": (_upd4m, (ep, spub, keypair, deadline, counts)),
+            "cfg": (_cfg, (ep, spub, keypair, deadline, counts))}
     for k in kinds:
         if k.startswith("flood256"):
             jobs[k] = (_flood256, (ep, spub, keypair, deadline, counts, k.partition("@")[2] or None))
