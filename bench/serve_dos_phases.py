@@ -33,6 +33,7 @@ PHASES = {
     "add1m_bin": (["add1m_bin"], False),
     "upd4m": (["upd4m"], False),
     "cfg": (["cfg"], False),
+    "kvx4m": (["kvx4m"], False),
     "flood256": (["flood256"], False),
     "all_plain": (["raw", "null", "big", "add7", "add1m", "flood256"], False),
     "curve_all": (["raw", "null", "curve", "big"], True),

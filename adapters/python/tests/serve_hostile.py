@@ -19,6 +19,8 @@ KINDS is a comma-separated list of:
           ~4 MiB), for requests the instance does not have (refused -5 after decoding)
   cfg     "configure" requests of ~4 MiB (a config map with a 2^20-element array), "op" first
           and "op" last (past the peek's budget)
+  kvx4m   "kvx_send" and "kvx_recv" naming 4 M block ids, and 15 MiB "kvx_write"s, to a
+          16-block transfer engine of the service
   none    nothing (a baseline)
 Loopback only: the endpoint must be tcp://127.0.0.1:PORT. Prints one line of counts at the end.
 """
@@ -244,6 +246,23 @@ def _cfg(ep, spub, keypair, deadline, counts):
     s.close()
 
 
+def _kvx4m(ep, spub, keypair, deadline, counts):
+    s = _client(ep, spub, keypair)
+    _call(s, msgpack.packb({"op": "kvx_create", "name": "k4m", "layout": FLOOD_LAYOUT,
+                            "config": {"engine_id": "k4m"}}), counts, "kvx_create")
+    ids = [1] * (4 << 20)
+    raws = (msgpack.packb({"op": "kvx_send", "name": "k4m", "request_id": 1, "block_ids": ids}),
+            msgpack.packb({"op": "kvx_recv", "name": "k4m", "peer": 0, "request_id": 1,
+                           "block_ids": ids}),
+            msgpack.packb({"op": "kvx_write", "name": "k4m", "layer": 0, "offset": 0,
+                           "data": b"\0" * (15 << 20)}))
+    while time.monotonic() < deadline:
+        for raw in raws:
+            _call(s, raw, counts, "kvx4m")
+            time.sleep(PAUSE)
+    s.close()
+
+
 def _add7(ep, spub, keypair, deadline, counts):
     s = _client(ep, spub, keypair)
     extra = msgpack.packb("name") + msgpack.packb("big") + msgpack.packb("id") + msgpack.packb(7)
@@ -273,7 +292,8 @@ def main(argv):
             "add1m": (_add1m, (ep, spub, keypair, deadline, counts)),
             "add1m_bin": (_add1m_bin, (ep, spub, keypair, deadline, counts)),
             "upd4m": (_upd4m, (ep, spub, keypair, deadline, counts)),
-            "cfg": (_cfg, (ep, spub, keypair, deadline, counts))}
+            "cfg": (_cfg, (ep, spub, keypair, deadline, counts)),
+            "kvx4m": (_kvx4m, (ep, spub, keypair, deadline, counts))}
     for k in kinds:
         if k.startswith("flood256"):
             jobs[k] = (_flood256, (ep, spub, keypair, deadline, counts, k.partition("@")[2] or None))

@@ -429,5 +429,12 @@ def test_ops_whose_work_would_stall_the_loop_are_bounded_first(serve):
     assert not r["ok"] and r["status"] == RANGE and "4096 msgpack elements" in r["message"], r
     r = c("update", name="s", now=1.0, outputs={1: [1] * 1026})
     assert not r["ok"] and r["status"] == -1 and "at most 1025" in r["message"], r
+    # a transfer names at most as many blocks as the engine's cache has (16 here)
+    from serve_hostile import FLOOD_LAYOUT
+    c.ok("kvx_create", name="k", layout=FLOOD_LAYOUT, config={"engine_id": "k"})
+    for op, kw in (("kvx_send", {}), ("kvx_recv", {"peer": 0})):
+        r = c(op, name="k", request_id=1, block_ids=[1] * 17, **kw)
+        assert not r["ok"] and r["status"] == RANGE and "has 16 blocks" in r["message"], (op, r)
+    assert c.ok("kvx_stats", name="k")["stats"]["num_send_active"] == 0
     assert c.ok("get_config", name="s")["config"]["num_blocks"] == 64
     c.close()
