@@ -305,6 +305,19 @@ TDM_API int tdm_sched_get_param(const tdm_sched *s, tdm_sched_param key, int64_t
                                             cache (whole blocks within them); 0 = no reads, as
                                             SKIP_PREFIX_CACHE (vLLM 0.34's
                                             Request.prefix_cache_hit_limit) */
+#define TDM_REQ_PRECOMPUTED_DIGESTS (1u << 7) /* block_hashes hold Tandem's own digests of the
+                                            first num_block_hashes full prompt blocks, computed
+                                            ahead (e.g. on another thread) by
+                                            tdm_prefix_digests() with this scheduler's
+                                            prefix_hash and block_size and the request's
+                                            cache_salt; block_hash_size must be that
+                                            algorithm's digest size (32 SHA-256, 16 XXH3-128).
+                                            The scheduler recomputes the first and the last of
+                                            them to check (TDM_E_INVAL on a mismatch), computes
+                                            any the caller left out, and hashes later blocks
+                                            itself as without the flag (the request is not in
+                                            host-digest mode; cache_salt is allowed). Ignored
+                                            digests when prefix caching is off. (ABI 1.3) */
 
 /* A request to add. Pointers are read during the call only (the library copies). */
 typedef struct tdm_request_desc {
@@ -350,6 +363,25 @@ TDM_API int tdm_request_desc_init(tdm_request_desc *d);
  * (duplicate id), TDM_E_RANGE (prompt longer than max_model_len - 1 or needing more blocks
  * than the pool has), TDM_E_NOMEM. On failure nothing is added. */
 TDM_API int tdm_sched_add(tdm_sched *s, const tdm_request_desc *d);
+
+/* Tandem's own prefix-cache digests of the full blocks of a prompt (docs/scheduler.md,
+ * "Block hashes"): what a scheduler with prefix_hash `algo` (a tdm_prefix_hash) and block
+ * size `block_size` computes for a request with that cache salt (NULL/0: none). Writes the
+ * digests of the first min(num_tokens / block_size, out_size / size) full blocks into out,
+ * packed, `size` bytes each (32 SHA-256, 16 XXH3-128), and their count in *num_digests. For
+ * TDM_REQ_PRECOMPUTED_DIGESTS: a host computes them on any thread (the function touches no
+ * handle and no shared state; it is thread-safe) and tdm_sched_add then only checks and
+ * stores them. Errors (tdm_prefix_errmsg() says which argument): TDM_E_INVAL (tokens, out or
+ * num_digests NULL with a non-zero size, an unknown algo, block_size 0 or above 65536, a
+ * negative token id), TDM_E_RANGE (cache_salt over 4096 bytes), TDM_E_NOMEM, TDM_E_INTERNAL
+ * (libcrypto failed). On failure *num_digests is untouched. (TANDEM_1.3) */
+TDM_API int tdm_prefix_digests(int algo, uint32_t block_size, const void *cache_salt,
+                               uint32_t cache_salt_len, const tdm_token *tokens,
+                               uint32_t num_tokens, void *out, size_t out_size,
+                               uint32_t *num_digests);
+
+/* The message of the calling thread's last failed tdm_prefix_digests() ("" if none). */
+TDM_API const char *tdm_prefix_errmsg(void);
 
 /* Append host-supplied digests (see tdm_request_desc.block_hashes) for the request's next
  * full blocks, e.g. those that filled during decode once tdm_sched_update() reported their

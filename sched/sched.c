@@ -191,14 +191,58 @@ static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
 
 #define ALL_REQ_FLAGS \
     (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE | \
-     TDM_REQ_SLO_DEPRIORITIZE | TDM_REQ_PREFIX_HIT_LIMIT)
+     TDM_REQ_SLO_DEPRIORITIZE | TDM_REQ_PREFIX_HIT_LIMIT | TDM_REQ_PRECOMPUTED_DIGESTS)
 #define MAX_STOP_IDS 4096u
 #define MAX_SALT 4096u
+
+/* TDM_REQ_PRECOMPUTED_DIGESTS: Tandem's own digests computed by the caller. Their size is the
+ * algorithm's; the first and the last are recomputed (two blocks: O(block_size)), which
+ * catches digests of another block size, algorithm, salt or prompt. */
+static int check_precomputed(tdm_sched *s, const tdm_request_desc *d)
+{
+    unsigned long long id = (unsigned long long)d->id;
+    int algo = (int)s->prm.prefix_hash;
+    uint32_t L = tdm__hash_len(algo), bs = (uint32_t)s->prm.block_size;
+    if (d->block_hash_size != L)
+        return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: PRECOMPUTED_DIGESTS of %u bytes, but this "
+                         "scheduler's prefix_hash makes %u-byte digests", id, d->block_hash_size, L);
+    if (d->num_block_hashes > d->num_prompt_tokens / bs)
+        return tdm__fail(&s->err, TDM_E_RANGE, "add %llu: %u precomputed digests for %u full prompt blocks",
+                         id, d->num_block_hashes, d->num_prompt_tokens / bs);
+    if (!d->num_block_hashes || !s->prm.enable_prefix_caching) return TDM_OK;
+    if (!d->block_hashes) return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: block_hashes is NULL", id);
+    tdm__digest salt, parent, got;
+    const unsigned char *h = d->block_hashes;
+    if (d->cache_salt_len &&
+        tdm__hash_bytes(&s->hasher, algo, d->cache_salt, d->cache_salt_len, &salt))
+        return tdm__fail(&s->err, TDM_E_INTERNAL, "add %llu: hashing the cache salt failed (libcrypto)", id);
+    uint32_t check[2] = {0, d->num_block_hashes - 1};
+    for (int k = 0; k < (check[1] ? 2 : 1); k++) {
+        uint32_t i = check[k];
+        for (uint32_t j = 0; j < bs; j++)
+            if (d->prompt[(size_t)i * bs + j] < 0) return TDM_OK; /* validate_desc names it */
+        memset(&parent, 0, sizeof(parent));
+        if (i) memcpy(&parent, h + (size_t)(i - 1) * L, L);
+        if (tdm__hash_block(&s->hasher, algo, i ? &parent : NULL, d->prompt + (size_t)i * bs, bs,
+                            (i == 0 && d->cache_salt_len) ? &salt : NULL, &got))
+            return tdm__fail(&s->err, TDM_E_INTERNAL, "add %llu: hashing block %u failed (libcrypto)", id, i);
+        if (memcmp(&got, h + (size_t)i * L, L))
+            return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: precomputed digest %u is not this scheduler's "
+                             "digest of the block (another prefix_hash, block_size, cache_salt or prompt?)",
+                             id, i);
+    }
+    return TDM_OK;
+}
 
 /* Host-supplied block digests: sizes, count, and no cache_salt beside them. */
 static int validate_host_hashes(tdm_sched *s, const tdm_request_desc *d)
 {
     unsigned long long id = (unsigned long long)d->id;
+    if (d->flags & TDM_REQ_PRECOMPUTED_DIGESTS) {
+        if (!d->block_hash_size)
+            return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: PRECOMPUTED_DIGESTS with block_hash_size 0", id);
+        return check_precomputed(s, d);
+    }
     if (!d->block_hash_size) {
         if (d->num_block_hashes || d->block_hashes)
             return tdm__fail(&s->err, TDM_E_INVAL, "add %llu: block_hashes given with block_hash_size 0", id);
@@ -295,7 +339,8 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
         return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
     /* One allocation: the record, the prompt digests (room for every full prompt block: the
      * host's, or Tandem's computed below), the prompt and the stop ids. */
-    uint32_t nhost = (d->block_hash_size || s->prm.enable_prefix_caching)
+    bool pre = (d->flags & TDM_REQ_PRECOMPUTED_DIGESTS) != 0; /* Tandem's digests, computed ahead */
+    uint32_t nhost = ((d->block_hash_size && !pre) || s->prm.enable_prefix_caching)
                          ? d->num_prompt_tokens / (uint32_t)s->prm.block_size : 0;
     size_t sz_host = (size_t)nhost * sizeof(tdm__digest);
     size_t sz = sizeof(tdm__req) + sz_host +
@@ -304,7 +349,13 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
     if (!r) return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
     tdm__digest *host = (tdm__digest *)(r + 1);
     tdm_token *prompt = (tdm_token *)((char *)(r + 1) + sz_host);
-    if (d->block_hash_size) {
+    if (pre && nhost) {
+        for (uint32_t i = 0; i < d->num_block_hashes; i++)
+            memcpy(&host[i], (const unsigned char *)d->block_hashes + (size_t)i * d->block_hash_size,
+                   d->block_hash_size); /* the rest stays zero (calloc), as hash.c pads */
+        r->host_hashes = host;
+        r->num_host_hashes = d->num_block_hashes; /* host_hash_size stays 0: Tandem's digests */
+    } else if (d->block_hash_size && !pre) {
         for (uint32_t i = 0; i < d->num_block_hashes; i++)
             memcpy(&host[i], (const unsigned char *)d->block_hashes + (size_t)i * d->block_hash_size,
                    d->block_hash_size); /* the rest stays zero (calloc) */
@@ -340,7 +391,7 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
         }
         r->has_salt = true;
     }
-    if (!d->block_hash_size && nhost) {
+    if ((!d->block_hash_size || pre) && nhost) {
         /* The prompt's block digests are computed here, as vLLM computes Request.block_hashes
          * when the request is made, so that steps never hash prompts; blocks that earlier
          * prompts shared (same parent and tokens) come from the hasher's memo. A failure stops the

@@ -297,11 +297,13 @@ static void answer_queued(tdm__serve_state *st, void *sock, tdm__serve_queue *q)
         msgpack_sbuffer reply;
         msgpack_sbuffer_init(&reply);
         uint64_t token = 0;
+        st->pre = &it->pre; /* an add's prompt and digests, computed by the worker */
         tdm__serve_handle_decoded(st, &it->who, it->rc, &it->e, &it->up, &reply, &token);
+        st->pre = NULL;
         if (token) owe(token, it->frames, it->nenv);
         else if (reply.size) send_reply(sock, it->frames, it->nenv, &reply);
         msgpack_sbuffer_destroy(&reply);
-        tdm__serve_item_free(it);
+        tdm__serve_queue_recycle(q, it); /* freed by the worker: large frees unmap pages */
         if (st->pending) pay(st, sock);
     }
 }
@@ -486,6 +488,8 @@ int tdm_cmd_serve(int argc, char **argv)
         fprintf(stderr, "tandem serve: cannot start the decoding thread\n");
         goto out;
     }
+    st.hashcfgs = queue.hashcfgs; /* the instances' hashing settings, for an add's prompt work */
+    tdm__serve_pre_publish(&st);
     if (guard_start(&guard, ctx, sock) != 0) {
         fprintf(stderr, "tandem serve: socket monitor: %s\n", zmq_strerror(zmq_errno()));
         goto out;
@@ -576,12 +580,14 @@ int tdm_cmd_serve(int argc, char **argv)
     }
     rc = 0;
     fprintf(stderr, "tandem serve: stopped after %llu requests (%llu errors); connections: "
-            "%llu accepted, %llu handshakes, %llu refused, %llu evicted, %llu expired\n",
+            "%llu accepted, %llu handshakes, %llu refused, %llu evicted, %llu expired; "
+            "%llu adds hashed off the loop\n",
             (unsigned long long)st.requests, (unsigned long long)st.errors,
             (unsigned long long)guard.conns.accepted, (unsigned long long)guard.handshakes,
             (unsigned long long)guard.conns.refused, (unsigned long long)guard.conns.evicted,
-            (unsigned long long)guard.conns.expired);
+            (unsigned long long)guard.conns.expired, (unsigned long long)st.adds_precomputed);
 out:
+    st.hashcfgs = NULL;
     tdm__serve_queue_stop(&queue);
     tdm__serve_free(&st); /* joins connect workers (bounded by the handshake cap) */
     if (guard.mon) {

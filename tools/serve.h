@@ -26,6 +26,8 @@
 #define TDM_SERVE_DEFAULT_MAX_INSTANCES 64u
 #define TDM_SERVE_MAX_ARRAY (1u << 22)    /* longest array accepted in a request */
 #define TDM_SERVE_MAX_DEPTH 16            /* deepest config document accepted */
+#define TDM_SERVE_MAX_CONFIG_ELEMENTS 4096u /* msgpack elements of a config map */
+#define TDM_SERVE_MAX_OUTPUT_TOKENS 1025u /* one update output: 1 + num_lookahead_tokens (<= 1024) */
 #define TDM_SERVE_DEFAULT_MAX_KVX_BYTES (256u << 20)
 #define TDM_SERVE_MAX_KVXS 16
 /* Caps on what a client chooses (docs/service.md, "Limits"). */
@@ -94,6 +96,41 @@ typedef struct tdm__serve_limits {
 struct tdm__serve_kvx;
 struct tdm__serve_pending;
 
+/* Work done for an "add" on the decoding thread (serve_pre.c), so that the loop's add costs
+ * O(blocks): the prompt as int32 ids and Tandem's block digests of it, computed with the
+ * instance's hashing settings as they were when the request was queued. */
+typedef struct tdm__serve_hashcfg {
+    char name[TDM_SERVE_NAME_MAX + 1]; /* an instance */
+    int64_t algo, block_size, caching; /* its prefix_hash, block_size, enable_prefix_caching */
+} tdm__serve_hashcfg;
+
+/* The instances' hashing settings as the loop last published them (after every create,
+ * configure, set_param and destroy), for the decoding thread: mutex-protected. */
+typedef struct tdm__serve_hashcfgs {
+    pthread_mutex_t mu;
+    tdm__serve_hashcfg *v;
+    uint32_t n, cap;
+} tdm__serve_hashcfgs;
+
+/* An update's outputs decoded into the arrays of tdm_step_output (malloc'ed). */
+typedef struct tdm__serve_outputs {
+    int done;
+    uint32_t n;               /* outputs */
+    uint64_t *ids;            /* n request ids */
+    uint32_t *offs;           /* n + 1 offsets into all */
+    int32_t *all;             /* every output's tokens */
+} tdm__serve_outputs;
+
+typedef struct tdm__serve_pre {
+    tdm__serve_outputs outs;  /* an "update": its outputs decoded */
+    tdm__serve_hashcfg cfg;   /* an "add": the instance's settings when the worker looked */
+    int done;                 /* prompt (and, with caching, digests) computed */
+    int32_t *prompt;          /* malloc'ed; np ids */
+    uint32_t np;
+    unsigned char *digests;   /* malloc'ed; nd digests of dsize bytes */
+    uint32_t nd, dsize;
+} tdm__serve_pre;
+
 typedef struct tdm__serve_state {
     tdm__serve_instance *instances;
     struct tdm__serve_kvx *kvxs;  /* named transfer engines (serve_kvx.c) */
@@ -120,6 +157,9 @@ typedef struct tdm__serve_state {
     uint32_t num_pending;
     uint64_t next_token;
     int wake_fd[2];               /* a connect worker writes a byte when it is done */
+    const tdm__serve_pre *pre;    /* the request being handled: work done on the worker */
+    tdm__serve_hashcfgs *hashcfgs; /* published for the worker (NULL: none runs) */
+    uint64_t adds_precomputed;    /* adds whose prompt digests came from the worker */
 } tdm__serve_state;
 
 void tdm__serve_init(tdm__serve_state *st);
@@ -187,8 +227,14 @@ int tdm__serve_get_bool(const msgpack_object *m, const char *key, int *out, tdm_
 /* A string copied into buf (NUL-terminated); longer than buf_size - 1 fails. */
 int tdm__serve_get_str(const msgpack_object *m, const char *key, int required, char *buf,
                        size_t buf_size, tdm__serve_err *e);
-/* An array of int32 token ids (malloc'ed into *out, caller frees; NULL with *n 0 if
- * absent or empty). */
+/* Token ids: a msgpack array of int32, or (compact) a bin of packed little-endian int32,
+ * 4 bytes a token. count: how many (at most TDM_SERVE_MAX_ARRAY; a bin whose size is not a
+ * multiple of 4 fails); into: decodes them into dst (room for count). */
+int tdm__serve_tokens_count(const msgpack_object *o, const char *what, uint32_t *n,
+                            tdm__serve_err *e);
+int tdm__serve_tokens_into(const msgpack_object *o, const char *what, int32_t *dst,
+                           tdm__serve_err *e);
+/* Token ids malloc'ed into *out (caller frees; NULL with *n 0 if absent or empty). */
 int tdm__serve_tokens(const msgpack_object *arr, const char *what, int32_t **out, uint32_t *n,
                       tdm__serve_err *e);
 int tdm__serve_get_tokens(const msgpack_object *m, const char *key, int required,
@@ -230,6 +276,26 @@ int tdm__serve_decode(const char *msg, size_t len, msgpack_unpacked *up, tdm__se
 int tdm__serve_handle_decoded(tdm__serve_state *st, const tdm__serve_caller *c, int rc,
                               const tdm__serve_err *derr, const msgpack_unpacked *up,
                               msgpack_sbuffer *out, uint64_t *deferred);
+
+/* ---- an add's prompt work on the decoding thread (serve_pre.c) ---------------------------- */
+
+void tdm__serve_hashcfgs_init(tdm__serve_hashcfgs *h);
+void tdm__serve_hashcfgs_free(tdm__serve_hashcfgs *h);
+/* On the loop: publishes every instance's settings (no-op without st->hashcfgs; on no
+ * memory the table is emptied, which only turns the worker's help off). */
+void tdm__serve_pre_publish(tdm__serve_state *st);
+/* On the worker, once decoded: for an "add" naming a published instance, the prompt's int32
+ * ids and Tandem's digests (any failure leaves p->done 0; the op then decodes the request
+ * itself and reports the error). */
+void tdm__serve_pre_run(tdm__serve_hashcfgs *h, const msgpack_object *m, tdm__serve_pre *p);
+/* On the loop, in op_add: the digests may be used if the instance still hashes as planned. */
+int tdm__serve_pre_usable(const tdm__serve_pre *p, const tdm__serve_instance *in);
+void tdm__serve_pre_free(tdm__serve_pre *p);
+/* An update's "outputs" ({id: [tokens]}) or "req_ids" + "tokens" into *u (done set): each
+ * output at most TDM_SERVE_MAX_OUTPUT_TOKENS tokens, every token decoded once, straight
+ * into one array. 0, or the status with e filled (*u then holds nothing). */
+int tdm__serve_outputs_parse(const msgpack_object *m, tdm__serve_outputs *u, tdm__serve_err *e);
+void tdm__serve_outputs_free(tdm__serve_outputs *u);
 
 /* Walks the msgpack structure without allocating: every length and element count must fit in
  * the remaining bytes, nesting at most TDM_SERVE_PRECHECK_DEPTH, no trailing bytes. Run before
@@ -321,6 +387,7 @@ typedef struct tdm__serve_item {
     int rc;                   /* tdm__serve_decode's status (or a refusal decided earlier) */
     tdm__serve_err e;
     msgpack_unpacked up;
+    tdm__serve_pre pre;       /* an add's prompt and digests, computed by the worker too */
     size_t bytes;             /* counted in the queue's bytes */
     struct tdm__serve_item *next;
 } tdm__serve_item;
@@ -331,9 +398,11 @@ typedef struct tdm__serve_queue {
     pthread_t thread;
     int started, stop;
     tdm__serve_item *head, *tail;  /* FIFO: answered in order from the head */
+    tdm__serve_item *garbage;      /* answered: freed by the worker (large frees unmap pages) */
     uint32_t count;
     size_t bytes, max_bytes, peak_bytes;
     int wake[2];                   /* the worker writes a byte when it has decoded one */
+    tdm__serve_hashcfgs *hashcfgs; /* for an add's prompt work (NULL: none) */
 } tdm__serve_queue;
 
 /* Starts the worker; max_bytes caps the request bytes queued. 0, or -1. */
@@ -350,6 +419,8 @@ int tdm__serve_queue_push(tdm__serve_queue *q, zmq_msg_t *frames, int n, int nen
 /* The head request once decoded (the caller answers it, then frees it), or NULL. */
 tdm__serve_item *tdm__serve_queue_pop(tdm__serve_queue *q);
 void tdm__serve_item_free(tdm__serve_item *it);
+/* Hands an answered item to the worker, which frees it off the loop. */
+void tdm__serve_queue_recycle(tdm__serve_queue *q, tdm__serve_item *it);
 
 /* ---- authentication (serve_auth.c) ----------------------------------------------------------- */
 

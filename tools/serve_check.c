@@ -153,12 +153,16 @@ int tdm__serve_peek(const char *msg, size_t len, tdm__serve_peek_info *pi)
         int vcont;
         if (header(&v, end, &vitems, &vcont, &vn, &e)) return -1;
         int v_str = (*p >= 0xa0 && *p <= 0xbf) || *p == 0xd9 || *p == 0xda || *p == 0xdb;
+        int v_bin = *p == 0xc4 || *p == 0xc5 || *p == 0xc6;
         if (kn == 2 && !memcmp(key, "op", 2) && v_str && vn < sizeof pi->op) {
-            memcpy(pi->op, v - vn, vn);
-            pi->op[vn] = '\0';
-            pi->have_op = 1;
-        } else if (kn == 6 && !memcmp(key, "prompt", 6) && vcont == 1) {
-            pi->prompt_n = (int64_t)vn;
+            if (!pi->have_op) { /* the first, as the decoded map's lookup takes */
+                memcpy(pi->op, v - vn, vn);
+                pi->op[vn] = '\0';
+                pi->have_op = 1;
+            }
+        } else if (kn == 6 && !memcmp(key, "prompt", 6) && pi->prompt_n < 0 &&
+                   (vcont == 1 || v_bin)) {
+            pi->prompt_n = (int64_t)(vcont == 1 ? vn : vn / 4); /* bin: packed int32 */
         }
         if (vcont == 1 && vn > pi->max_array) pi->max_array = vn;
         int r = skip_one(&p, end, &budget, &e);
@@ -168,12 +172,13 @@ int tdm__serve_peek(const char *msg, size_t len, tdm__serve_peek_info *pi)
     return 0;
 }
 
-/* Ops whose requests may be large (token arrays, configs, KV data); the others take at most
- * TDM_SERVE_SMALL_MSG bytes. */
+/* Ops whose requests may be large (prompts, outputs, block lists, KV data); the others take
+ * at most TDM_SERVE_SMALL_MSG bytes. Not configs: converting a 16 MiB config to JSON and
+ * parsing it took the loop over a second; a real one is a few hundred bytes (create,
+ * configure, kvx_create), nor drafts (at most num_lookahead_tokens <= 1024 tokens). */
 static int large_op(const char *op)
 {
-    static const char *const big[] = {"add", "update", "draft", "create", "configure",
-                                      "kvx_create", "kvx_send", "kvx_recv", "kvx_write"};
+    static const char *const big[] = {"add", "update", "kvx_send", "kvx_recv", "kvx_write"};
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++)
         if (!strcmp(op, big[i])) return 1;
     return 0;

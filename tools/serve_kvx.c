@@ -437,12 +437,19 @@ TDM__SERVE_KVX_OP(tdm__serve_op_kvx_connect)
     return TDM_SERVE_DEFERRED;
 }
 
-/* Common fields of kvx_send / kvx_recv. */
-static int xfer_fields(const msgpack_object *m, uint64_t *mode, uint64_t *peer, uint64_t *rid,
-                       uint64_t *tid, uint64_t *timeout, uint32_t **blocks, uint32_t *n,
-                       tdm__serve_err *e)
+/* Common fields of kvx_send / kvx_recv. A transfer names a request's blocks, distinct ones
+ * of the engine's cache: more ids than the cache has blocks is refused before any is decoded
+ * (4 M ids used to cost the loop tens of milliseconds, and the engine their memory). */
+static int xfer_fields(const msgpack_object *m, uint32_t num_blocks, uint64_t *mode,
+                       uint64_t *peer, uint64_t *rid, uint64_t *tid, uint64_t *timeout,
+                       uint32_t **blocks, uint32_t *n, tdm__serve_err *e)
 {
     int rc;
+    const msgpack_object *b = tdm__serve_field(m, "block_ids");
+    uint32_t count = 0;
+    if (b && !tdm__serve_tokens_count(b, "\"block_ids\"", &count, e) && count > num_blocks)
+        return tdm__serve_fail(e, TDM_E_RANGE, "\"block_ids\" has %u entries; the engine's cache "
+                               "has %u blocks", count, num_blocks);
     if ((rc = tdm__serve_get_u64(m, "mode", 0, 2, mode, e)) ||
         (rc = tdm__serve_get_u64(m, "peer", 0, UINT32_MAX, peer, e)) ||
         (rc = tdm__serve_get_u64(m, "request_id", 1, UINT64_MAX, rid, e)) ||
@@ -461,7 +468,7 @@ static int xfer_op(tdm__serve_state *st, const msgpack_object *m, tdm__serve_rep
     uint64_t mode = TDM_KVX_PULL, peer = send ? TDM_KVX_PEER_ANY : 0, rid = 0, tid = send ? 0 : 1, to = 0;
     uint32_t *blocks = NULL, n = 0;
     int rc = get_kvx(st, m, &k, e);
-    if (!rc) rc = xfer_fields(m, &mode, &peer, &rid, &tid, &to, &blocks, &n, e);
+    if (!rc) rc = xfer_fields(m, k->layout.num_blocks, &mode, &peer, &rid, &tid, &to, &blocks, &n, e);
     if (rc) return rc;
     uint64_t count = send ? n : 0;
     if ((rc = tdm__serve_get_u64(m, send ? "num_blocks_ready" : "num_skip", 0, n, &count, e))) {

@@ -177,34 +177,71 @@ int tdm__serve_get_str(const msgpack_object *m, const char *key, int required, c
     return 0;
 }
 
+int tdm__serve_tokens_count(const msgpack_object *o, const char *what, uint32_t *n,
+                            tdm__serve_err *e)
+{
+    uint64_t len;
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        len = o->via.array.size;
+    } else if (o->type == MSGPACK_OBJECT_BIN) { /* compact: packed little-endian int32 */
+        if (o->via.bin.size % 4)
+            return tdm__serve_fail(e, TDM_E_INVAL, "%s: a bin of packed int32 token ids must "
+                                   "have a multiple of 4 bytes, not %u", what, o->via.bin.size);
+        len = o->via.bin.size / 4;
+    } else {
+        return tdm__serve_fail(e, TDM_E_INVAL, "%s must be an array of token ids (or a bin of "
+                               "packed little-endian int32), not %s", what, type_name(o));
+    }
+    if (len > TDM_SERVE_MAX_ARRAY)
+        return tdm__serve_fail(e, TDM_E_INVAL, "%s has %llu elements (at most %u)", what,
+                               (unsigned long long)len, TDM_SERVE_MAX_ARRAY);
+    *n = (uint32_t)len;
+    return 0;
+}
+
+int tdm__serve_tokens_into(const msgpack_object *o, const char *what, int32_t *dst,
+                           tdm__serve_err *e)
+{
+    if (o->type == MSGPACK_OBJECT_BIN) {
+        const unsigned char *b = (const unsigned char *)o->via.bin.ptr;
+        uint32_t len = o->via.bin.size / 4;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (len) memcpy(dst, b, (size_t)len * 4);
+#else
+        for (uint32_t i = 0; i < len; i++, b += 4)
+            dst[i] = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                               (uint32_t)b[3] << 24);
+#endif
+        return 0;
+    }
+    uint32_t len = o->via.array.size;
+    for (uint32_t i = 0; i < len; i++) {
+        const msgpack_object *x = &o->via.array.ptr[i];
+        if (x->type == MSGPACK_OBJECT_POSITIVE_INTEGER && x->via.u64 <= INT32_MAX)
+            dst[i] = (int32_t)x->via.u64;
+        else if (x->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && x->via.i64 >= INT32_MIN)
+            dst[i] = (int32_t)x->via.i64;
+        else
+            return tdm__serve_fail(e, TDM_E_INVAL, "%s[%u] is not an int32 token id (%s)", what,
+                                   i, type_name(x));
+    }
+    return 0;
+}
+
 int tdm__serve_tokens(const msgpack_object *arr, const char *what, int32_t **out, uint32_t *n,
                       tdm__serve_err *e)
 {
-    if (arr->type != MSGPACK_OBJECT_ARRAY)
-        return tdm__serve_fail(e, TDM_E_INVAL, "%s must be an array of token ids, not %s",
-                               what, type_name(arr));
-    uint32_t len = arr->via.array.size;
-    if (len > TDM_SERVE_MAX_ARRAY)
-        return tdm__serve_fail(e, TDM_E_INVAL, "%s has %u elements (at most %u)", what, len,
-                               TDM_SERVE_MAX_ARRAY);
+    uint32_t len;
+    int rc = tdm__serve_tokens_count(arr, what, &len, e);
+    if (rc) return rc;
     int32_t *t = NULL;
     if (len) {
         t = malloc((size_t)len * sizeof *t);
         if (!t) return tdm__serve_fail(e, TDM_E_NOMEM, "out of memory for %s", what);
-    }
-    for (uint32_t i = 0; i < len; i++) {
-        const msgpack_object *o = &arr->via.array.ptr[i];
-        int64_t x;
-        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX)
-            x = (int64_t)o->via.u64;
-        else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN)
-            x = o->via.i64;
-        else {
+        if ((rc = tdm__serve_tokens_into(arr, what, t, e))) {
             free(t);
-            return tdm__serve_fail(e, TDM_E_INVAL, "%s[%u] is not an int32 token id (%s)", what,
-                                   i, type_name(o));
+            return rc;
         }
-        t[i] = (int32_t)x;
     }
     *out = t;
     *n = len;
@@ -278,6 +315,23 @@ static json_t *to_json(const msgpack_object *o, int depth, tdm__serve_err *e)
     return NULL;
 }
 
+/* Counts o's elements against *budget: -1 as soon as it is exceeded (never walks more). */
+static int count_elements(const msgpack_object *o, uint64_t *budget)
+{
+    if (*budget == 0) return -1;
+    (*budget)--;
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < o->via.array.size; i++)
+            if (count_elements(&o->via.array.ptr[i], budget)) return -1;
+    } else if (o->type == MSGPACK_OBJECT_MAP) {
+        for (uint32_t i = 0; i < o->via.map.size; i++)
+            if (count_elements(&o->via.map.ptr[i].key, budget) ||
+                count_elements(&o->via.map.ptr[i].val, budget))
+                return -1;
+    }
+    return 0;
+}
+
 int tdm__serve_config_json(const msgpack_object *o, char **json, tdm__serve_err *e)
 {
     if (o->type == MSGPACK_OBJECT_STR) {
@@ -293,6 +347,10 @@ int tdm__serve_config_json(const msgpack_object *o, char **json, tdm__serve_err 
     if (o->type != MSGPACK_OBJECT_MAP)
         return tdm__serve_fail(e, TDM_E_INVAL, "\"config\" must be a map or a JSON string, not %s",
                                type_name(o));
+    uint64_t budget = TDM_SERVE_MAX_CONFIG_ELEMENTS; /* bounds the JSON work on the loop */
+    if (count_elements(o, &budget))
+        return tdm__serve_fail(e, TDM_E_RANGE, "\"config\" holds more than %u msgpack elements",
+                               TDM_SERVE_MAX_CONFIG_ELEMENTS);
     e->status = 0;
     json_t *j = to_json(o, 0, e);
     if (!j) return e->status ? e->status : tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");

@@ -349,9 +349,16 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
         salt_len = so->via.str.size; /* str and bin share the layout */
         memcpy(salt, so->via.str.ptr, salt_len);
     }
-    if ((rc = tdm__serve_get_tokens(m, "prompt", 1, &prompt, &np, e))) return rc;
+    /* a large add's prompt was converted (and hashed) on the decoding thread (serve_pre.c) */
+    const tdm__serve_pre *pre = st->pre && st->pre->done ? st->pre : NULL;
+    if (pre) {
+        prompt = pre->prompt;
+        np = pre->np;
+    } else if ((rc = tdm__serve_get_tokens(m, "prompt", 1, &prompt, &np, e))) {
+        return rc;
+    }
     if ((rc = tdm__serve_get_tokens(m, "stop_token_ids", 0, &stops, &ns, e))) {
-        free(prompt);
+        if (!pre) free(prompt);
         return rc;
     }
     d.flags = (uint32_t)flags | (b_ie ? TDM_REQ_IGNORE_EOS : 0) |
@@ -373,16 +380,23 @@ static int op_add(tdm__serve_state *st, tdm__serve_instance *in, const msgpack_o
     d.cache_salt_len = salt_len;
     d.num_remote_tokens = (uint32_t)remote;
     d.tenant = (uint32_t)tenant;
+    if (tdm__serve_pre_usable(pre, in)) { /* the library checks two and stores the rest */
+        d.flags |= TDM_REQ_PRECOMPUTED_DIGESTS;
+        d.block_hashes = pre->digests;
+        d.num_block_hashes = pre->nd;
+        d.block_hash_size = pre->dsize;
+    }
     rc = tdm__serve_admit(st, in, np, e);
     if (rc) {
-        free(prompt);
+        if (!pre) free(prompt);
         free(stops);
         return rc;
     }
     rc = tdm_sched_add(in->sched, &d);
-    free(prompt);
+    if (!pre) free(prompt);
     free(stops);
     if (rc) return lib_fail(e, rc, in->sched, "add");
+    if (d.flags & TDM_REQ_PRECOMPUTED_DIGESTS) st->adds_precomputed++;
     tdm__serve_admitted(st, in, id, np);
     msgpack_pack_uint64(tdm__serve_key(r, "id"), id);
     return 0;
@@ -444,78 +458,24 @@ static int op_update(tdm__serve_state *st, tdm__serve_instance *in, const msgpac
     double now = now_s();
     int rc = tdm__serve_get_double(m, "now", 0, &now, e);
     if (rc) return rc;
-    const msgpack_object *outs = tdm__serve_field(m, "outputs");
-    const msgpack_object *ids_o = tdm__serve_field(m, "req_ids");
-    const msgpack_object *toks_o = tdm__serve_field(m, "tokens");
-    uint32_t n;
-    if (outs) {
-        if (outs->type != MSGPACK_OBJECT_MAP)
-            return tdm__serve_fail(e, TDM_E_INVAL, "\"outputs\" must be a map {id: [tokens]}");
-        n = outs->via.map.size;
-    } else if (ids_o && toks_o) {
-        if (ids_o->type != MSGPACK_OBJECT_ARRAY || toks_o->type != MSGPACK_OBJECT_ARRAY ||
-            ids_o->via.array.size != toks_o->via.array.size)
-            return tdm__serve_fail(e, TDM_E_INVAL, "\"req_ids\" and \"tokens\" must be arrays "
-                                   "of the same length");
-        n = ids_o->via.array.size;
-    } else {
-        return tdm__serve_fail(e, TDM_E_INVAL, "missing \"outputs\" (or \"req_ids\" + \"tokens\")");
-    }
-    if (n > TDM_SERVE_MAX_ARRAY) return tdm__serve_fail(e, TDM_E_INVAL, "too many outputs");
-    uint64_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
-    uint32_t *offs = malloc(((size_t)n + 1) * sizeof *offs);
-    int32_t *all = NULL;
-    size_t cap = 0, len = 0;
-    rc = (ids && offs) ? 0 : tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
-    if (offs) offs[0] = 0;
-    for (uint32_t i = 0; !rc && i < n; i++) {
-        const msgpack_object *ko = outs ? &outs->via.map.ptr[i].key : &ids_o->via.array.ptr[i];
-        const msgpack_object *vo = outs ? &outs->via.map.ptr[i].val : &toks_o->via.array.ptr[i];
-        int32_t *t = NULL;
-        uint32_t nt = 0;
-        char what[48];
-        snprintf(what, sizeof what, "the tokens of output %u", i);
-        if ((rc = tdm__serve_as_u64(ko, "an output's request id", &ids[i], e)) ||
-            (rc = tdm__serve_tokens(vo, what, &t, &nt, e)))
-            break;
-        if (len + nt > TDM_SERVE_MAX_ARRAY) {
-            free(t);
-            rc = tdm__serve_fail(e, TDM_E_INVAL, "more than %u output tokens", TDM_SERVE_MAX_ARRAY);
-            break;
-        }
-        if (len + nt > cap) {
-            size_t nc = cap ? cap * 2 : 256;
-            while (nc < len + nt) nc *= 2;
-            int32_t *na = realloc(all, nc * sizeof *na);
-            if (!na) {
-                free(t);
-                rc = tdm__serve_fail(e, TDM_E_NOMEM, "out of memory");
-                break;
-            }
-            all = na;
-            cap = nc;
-        }
-        if (nt) memcpy(all + len, t, nt * sizeof *t);
-        free(t);
-        len += nt;
-        offs[i + 1] = (uint32_t)len;
-    }
+    /* a large update's outputs were decoded on the decoding thread (serve_pre.c) */
+    tdm__serve_outputs own;
+    const tdm__serve_outputs *u = st->pre && st->pre->outs.done ? &st->pre->outs : &own;
+    if (u == &own && (rc = tdm__serve_outputs_parse(m, &own, e))) return rc;
     tdm_update_result res;
     tdm_update_result_init(&res);
     if (!rc) {
         tdm_step_output o;
         tdm_step_output_init(&o);
-        o.num_reqs = n;
-        o.req_ids = ids;
-        o.token_offsets = offs;
-        o.tokens = all;
+        o.num_reqs = u->n;
+        o.req_ids = u->ids;
+        o.token_offsets = u->offs;
+        o.tokens = u->all;
         o.now = now;
         rc = tdm_sched_update(in->sched, &o, &res);
         if (rc) rc = lib_fail(e, rc, in->sched, "update");
     }
-    free(ids);
-    free(offs);
-    free(all);
+    if (u == &own) tdm__serve_outputs_free(&own);
     if (rc) return rc;
     msgpack_packer *pk = tdm__serve_key(r, "results");
     msgpack_pack_map(pk, 4);
@@ -724,5 +684,9 @@ int tdm__serve_dispatch(tdm__serve_state *st, const msgpack_object *m, tdm__serv
             return tdm__serve_fail(e, TDM_E_AUTH, "instance \"%s\" belongs to another client "
                                    "(create it with \"shared\": true to share it)", name);
     }
-    return op->fn(st, in, m, r, e);
+    rc = op->fn(st, in, m, r, e);
+    if (!rc && st->hashcfgs && (op->fn == op_create || op->fn == op_configure ||
+                                op->fn == op_set_param || op->fn == op_destroy))
+        tdm__serve_pre_publish(st); /* the decoding thread hashes prompts as they now do */
+    return rc;
 }

@@ -17,6 +17,14 @@
 
 #include "serve.h"
 
+static void item_free(tdm__serve_item *it)
+{
+    for (int i = 0; i < it->nframes; i++) zmq_msg_close(&it->frames[i]);
+    msgpack_unpacked_destroy(&it->up);
+    tdm__serve_pre_free(&it->pre);
+    free(it);
+}
+
 static void *worker(void *arg)
 {
     tdm__serve_queue *q = arg;
@@ -26,6 +34,17 @@ static void *worker(void *arg)
     }
     pthread_mutex_lock(&q->mu);
     for (;;) {
+        while (q->garbage) { /* answered ones: their frees (munmap) cost the loop nothing */
+            tdm__serve_item *g = q->garbage;
+            q->garbage = NULL;
+            pthread_mutex_unlock(&q->mu);
+            while (g) {
+                tdm__serve_item *next = g->next;
+                item_free(g);
+                g = next;
+            }
+            pthread_mutex_lock(&q->mu);
+        }
         tdm__serve_item *it = q->head;
         while (it && it->state != TDM__SERVE_ITEM_QUEUED) it = it->next;
         if (!it) {
@@ -37,6 +56,7 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&q->mu);
         it->rc = tdm__serve_decode(zmq_msg_data(&it->frames[it->body]),
                                    zmq_msg_size(&it->frames[it->body]), &it->up, &it->e);
+        if (it->rc == 0) tdm__serve_pre_run(q->hashcfgs, &it->up.data, &it->pre); /* an add's */
         pthread_mutex_lock(&q->mu);
         it->state = TDM__SERVE_ITEM_DONE;
         char b = 1;
@@ -56,9 +76,20 @@ int tdm__serve_queue_start(tdm__serve_queue *q, size_t max_bytes)
         fcntl(q->wake[i], F_SETFL, fcntl(q->wake[i], F_GETFL) | O_NONBLOCK);
         fcntl(q->wake[i], F_SETFD, FD_CLOEXEC);
     }
+    q->hashcfgs = malloc(sizeof *q->hashcfgs);
+    if (!q->hashcfgs) {
+        close(q->wake[0]);
+        close(q->wake[1]);
+        q->wake[0] = q->wake[1] = -1;
+        return -1;
+    }
+    tdm__serve_hashcfgs_init(q->hashcfgs);
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     if (pthread_create(&q->thread, NULL, worker, q) != 0) {
+        tdm__serve_hashcfgs_free(q->hashcfgs);
+        free(q->hashcfgs);
+        q->hashcfgs = NULL;
         close(q->wake[0]);
         close(q->wake[1]);
         q->wake[0] = q->wake[1] = -1;
@@ -70,13 +101,6 @@ int tdm__serve_queue_start(tdm__serve_queue *q, size_t max_bytes)
     return 0;
 }
 
-static void item_free(tdm__serve_item *it)
-{
-    for (int i = 0; i < it->nframes; i++) zmq_msg_close(&it->frames[i]);
-    msgpack_unpacked_destroy(&it->up);
-    free(it);
-}
-
 void tdm__serve_queue_stop(tdm__serve_queue *q)
 {
     if (!q->started) return;
@@ -85,6 +109,11 @@ void tdm__serve_queue_stop(tdm__serve_queue *q)
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
     pthread_join(q->thread, NULL);
+    while (q->garbage) {
+        tdm__serve_item *n = q->garbage->next;
+        item_free(q->garbage);
+        q->garbage = n;
+    }
     while (q->head) {
         tdm__serve_item *n = q->head->next;
         item_free(q->head);
@@ -94,6 +123,9 @@ void tdm__serve_queue_stop(tdm__serve_queue *q)
     close(q->wake[1]);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
+    tdm__serve_hashcfgs_free(q->hashcfgs);
+    free(q->hashcfgs);
+    q->hashcfgs = NULL;
     q->started = 0;
 }
 
@@ -163,4 +195,14 @@ tdm__serve_item *tdm__serve_queue_pop(tdm__serve_queue *q)
 void tdm__serve_item_free(tdm__serve_item *it)
 {
     if (it) item_free(it);
+}
+
+void tdm__serve_queue_recycle(tdm__serve_queue *q, tdm__serve_item *it)
+{
+    if (!it) return;
+    pthread_mutex_lock(&q->mu);
+    it->next = q->garbage;
+    q->garbage = it;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
 }

@@ -5,7 +5,10 @@
  * with a boolean "ok"; an error reply leaves the instance's stats and request and the
  * service's counters (blocks, queued tokens, instances) unchanged; the same message from a
  * CURVE client that does not own the instance never changes it nor stops the service; the
- * peek of serve_check.c never reports more elements than the input has bytes.
+ * peek of serve_check.c never reports more elements than the input has bytes; handled the
+ * way a large request is (decoded, an add's prompt converted and its block digests computed
+ * as on the decoding thread, serve_pre.c), the reply and the instance's stats are exactly
+ * those of the inline path. Token arrays may also come as a bin of packed int32.
  * The service sources are compiled in directly (they live in tools/, not in the library).
  */
 #include <stdint.h>
@@ -19,6 +22,7 @@
 #include "../../tools/serve_check.c"
 #include "../../tools/serve_limits.c"
 #include "../../tools/serve_ops.c"
+#include "../../tools/serve_pre.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -87,6 +91,56 @@ static void setup(tdm__serve_state *st)
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* Two replies say the same: byte for byte, except that "info" holds times of the clock (the
+ * requests' arrival), so there the rest of the reply must be equal. */
+static int same_reply(const msgpack_sbuffer *a, const msgpack_sbuffer *b)
+{
+    if (a->size == b->size && !memcmp(a->data, b->data, a->size)) return 1;
+    msgpack_unpacked ua, ub;
+    msgpack_unpacked_init(&ua);
+    msgpack_unpacked_init(&ub);
+    size_t oa = 0, ob = 0;
+    int same = msgpack_unpack_next(&ua, a->data, a->size, &oa) == MSGPACK_UNPACK_SUCCESS &&
+               msgpack_unpack_next(&ub, b->data, b->size, &ob) == MSGPACK_UNPACK_SUCCESS &&
+               ua.data.type == MSGPACK_OBJECT_MAP && ub.data.type == MSGPACK_OBJECT_MAP &&
+               ua.data.via.map.size == ub.data.via.map.size && tdm__serve_field(&ua.data, "info");
+    for (uint32_t i = 0; same && i < ua.data.via.map.size; i++) {
+        const msgpack_object_kv *x = &ua.data.via.map.ptr[i], *y = &ub.data.via.map.ptr[i];
+        same = msgpack_object_equal(x->key, y->key) &&
+               (key_is(&x->key, "info") || msgpack_object_equal(x->val, y->val));
+    }
+    msgpack_unpacked_destroy(&ua);
+    msgpack_unpacked_destroy(&ub);
+    return same;
+}
+
+/* The message handled as the decoding thread and the loop handle a large one: peek and plan,
+ * decode, the add's prompt work, then the op with st->pre. The reply bytes in *out. */
+static void run_queued(tdm__serve_state *st, const char *msg, size_t len, msgpack_sbuffer *out)
+{
+    tdm__serve_hashcfgs h;
+    tdm__serve_pre pre;
+    tdm__serve_err e;
+    memset(&e, 0, sizeof e);
+    memset(&pre, 0, sizeof pre);
+    tdm__serve_hashcfgs_init(&h);
+    st->hashcfgs = &h;
+    tdm__serve_pre_publish(st);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    int rc = tdm__serve_early_check(st, msg, len, &e);
+    if (!rc) rc = tdm__serve_decode(msg, len, &up, &e);
+    if (!rc) tdm__serve_pre_run(&h, &up.data, &pre);
+    st->pre = &pre;
+    uint64_t deferred = 0;
+    if (tdm__serve_handle_decoded(st, NULL, rc, &e, &up, out, &deferred) != 0 || deferred) abort();
+    st->pre = NULL;
+    st->hashcfgs = NULL;
+    tdm__serve_pre_free(&pre);
+    tdm__serve_hashcfgs_free(&h);
+    msgpack_unpacked_destroy(&up);
+}
+
 static void snapshot(tdm__serve_state *st, tdm_sched_stats *s, tdm_request_info *i,
                      uint32_t *ntok)
 {
@@ -148,6 +202,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     tdm__serve_free(&st);
+
+    /* Handled as a large request is (the add's prompt work on the decoding thread): the same
+     * reply and the same instance stats as inline. */
+    {
+        tdm__serve_state a, b;
+        setup(&a);
+        setup(&b);
+        msgpack_sbuffer ra, rb;
+        msgpack_sbuffer_init(&ra);
+        msgpack_sbuffer_init(&rb);
+        if (tdm__serve_handle(&a, (const char *)data, size, &ra) != 0) abort();
+        run_queued(&b, (const char *)data, size, &rb);
+        tdm_sched_stats sa, sb;
+        snapshot(&a, &sa, &i0, &n0);
+        snapshot(&b, &sb, &i1, &n1);
+        if (!same_reply(&ra, &rb) || memcmp(&sa, &sb, sizeof sa) ||
+            n0 != n1 || i0.num_prompt_tokens != i1.num_prompt_tokens ||
+            a.queued_tokens != b.queued_tokens || a.shutdown != b.shutdown) {
+            fprintf(stderr, "fuzz_serve_msg: the queued path (prompt work on the worker) differs "
+                            "from the inline path\n");
+            abort();
+        }
+        msgpack_sbuffer_destroy(&ra);
+        msgpack_sbuffer_destroy(&rb);
+        tdm__serve_free(&a);
+        tdm__serve_free(&b);
+    }
 
     /* Under CURVE a stranger can neither change "s" (owned by the local creator) nor stop
      * the service, whatever it sends; its error replies change nothing either. */

@@ -115,6 +115,7 @@ FLAG_REMOTE_DECODE = 1 << 2
 FLAG_SKIP_PREFIX_CACHE = 1 << 3
 FLAG_SLO_DEPRIORITIZE = 1 << 4
 FLAG_PREFIX_HIT_LIMIT = 1 << 5
+FLAG_PRECOMPUTED_DIGESTS = 1 << 7  # block hashes are Tandem's own, from tdm_prefix_digests
 
 
 def _enum_value(enum, v):

@@ -251,6 +251,9 @@ def _load(ep, kinds, seconds, client, spub="-", keypair=None):
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
+    # the client has spoken before the attack starts, so its connection holds a slot (a
+    # pending one from the flood's own address is fair game for eviction: docs/service.md)
+    assert ping_within(ep, LIVENESS_S, client), "the service did not answer before the attack"
     args = [sys.executable, os.path.join(here, "serve_hostile.py"), ep, str(seconds),
             ",".join(kinds), spub]
     if keypair:
@@ -291,15 +294,30 @@ def _report(name, lat, hostile):
 
 
 def test_load_legitimate_client_keeps_being_served_under_attack(serve):
-    """Bounded (two 5 s phases, loopback only): idle raw TCP sockets, idle NULL-mechanism ZMTP
-    connections, 16 MiB requests and 10^7-token adds against a plain service; then idle
-    sockets and CURVE clients with keys not allowed against a CURVE service. A legitimate
-    client's pings are all answered; their p50/p99/max are printed."""
+    """Bounded (three 5 s phases, loopback only): idle raw TCP sockets, idle NULL-mechanism
+    ZMTP connections, 16 MiB requests and 10^7-token adds against a plain service; 256 peers
+    flooding one of its transfer engines with in-limit 2^20-token adds (arrays and packed
+    bins); then idle sockets and CURVE clients with keys not allowed against a CURVE service.
+    A legitimate client's pings are all answered (p50/p99/max printed, bench/
+    serve_dos_phases.py measures each kind alone), and after the flood a peer from another
+    source still connects to the engine."""
     ep = serve()
     c = Client(ep)
     try:
         lat, hostile = _load(ep, ["raw", "null", "big", "add7"], 5.0, c)
         _report("plain service", lat, hostile)
+        # a transfer engine of the service flooded by 256 peers from one source (its per-source
+        # cap, 64, holds) while in-limit 2^20-token adds are hashed on the decoding thread
+        from serve_hostile import FLOOD_LAYOUT
+        victim = c.ok("kvx_create", name="victim", layout=FLOOD_LAYOUT,
+                      config={"engine_id": "victim", "role": "both",
+                              "listen": "tcp://127.0.0.1:*"})["endpoint"]
+        lat, hostile = _load(ep, ["flood256@" + victim, "add1m", "add1m_bin"], 5.0, c)
+        _report("KV engine flood + 2^20-token adds", lat, hostile)
+        assert "flood_ok=64" in hostile and "flood_-8=192" in hostile, hostile
+        assert "add1m_ok=" in hostile and "add1m_bin_ok=" in hostile, hostile
+        c.ok("kvx_create", name="d", layout=FLOOD_LAYOUT, config={"engine_id": "d"})
+        assert c.ok("kvx_connect", name="d", endpoint=victim)["peer"] >= 0  # another source
     finally:
         c.close()
     if not zmq.has("curve"):
@@ -315,3 +333,108 @@ def test_load_legitimate_client_keeps_being_served_under_attack(serve):
         assert "curve_answered" not in hostile, hostile
     finally:
         a.close()
+
+
+def _packed(tokens):
+    """The compact token encoding: a bin of packed little-endian int32."""
+    return struct.pack(f"<{len(tokens)}i", *tokens)
+
+
+def _first_computed(c, rid):
+    """Runs one step; the prefix-cache hit (num_computed) of request rid in it."""
+    b = c.ok("step", name="s", now=1.0)["batch"]
+    k = b["req_ids"].index(rid)
+    hit = b["num_computed"][k]
+    done = b["num_computed"][k] + b["num_tokens"][k]
+    c.ok("update", name="s", now=1.1, outputs={r: ([5] if r == rid and done else [])
+                                                 for r in b["req_ids"]})
+    c.ok("finish", name="s", id=rid)
+    c.ok("step", name="s", now=1.2)
+    return hit
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxh3_128"])
+def test_large_adds_prompt_work_off_the_loop_shares_the_prefix_cache(needs_scheduler, algo):
+    """A large add's prompt is converted and its block digests computed on the decoding thread
+    (TDM_REQ_PRECOMPUTED_DIGESTS): those digests are the scheduler's own, so a small add
+    (hashed by the library on the loop) hits the blocks of a large one and the other way
+    round, with arrays, the compact bin encoding and a cache salt. Fails if the worker's
+    digests differed in any byte (no hit), were not the library's format, or were not used
+    (the service counts the adds whose digests came from the worker)."""
+    from test_serve_security import start
+    p, ep = start()
+    c = Client(ep)
+    c.ok("create", name="s", config={"num_blocks": 8192, "block_size": 16, "max_model_len": 65536,
+                                     "max_num_batched_tokens": 65536, "prefix_hash": algo})
+    big = list(range(1000, 41000))   # 40,000 three-byte ids: ~120 KiB, queued for the worker
+    small = big[:16000]              # ~48 KiB: decoded and hashed on the loop
+    c.ok("add", name="s", id=1, prompt=big)
+    assert _first_computed(c, 1) == 0
+    c.ok("add", name="s", id=2, prompt=small + [7])
+    assert _first_computed(c, 2) == 16000          # every block of the large one's prefix
+    c.ok("add", name="s", id=3, prompt=_packed(big[:30000] + [3, 4]))  # bin: 120 KiB
+    assert _first_computed(c, 3) == 30000
+    # salted: the worker hashes the salt as the library does
+    c.ok("add", name="s", id=4, prompt=small[:15000], cache_salt="tenant-a")
+    assert _first_computed(c, 4) == 0
+    c.ok("add", name="s", id=5, prompt=_packed(small[:15000] + list(range(20000))),
+         cache_salt="tenant-a")
+    assert _first_computed(c, 5) == 14992          # 937 whole blocks of the salted prefix
+    c.ok("add", name="s", id=6, prompt=_packed(small[:15000] + list(range(20000))),
+         cache_salt="tenant-b")
+    assert _first_computed(c, 6) == 0              # another salt: nothing shared
+    c.close()
+    p.terminate()
+    err = p.communicate(timeout=20)[1]
+    assert p.returncode == 0, err
+    assert "; 4 adds hashed off the loop" in err, err  # ids 1, 3, 5 and 6
+
+
+def test_compact_tokens_are_refused_when_malformed(serve):
+    c = Client(serve())
+    c.ok("create", name="s", config={"num_blocks": 64, "block_size": 4})
+    r = c("add", name="s", id=1, prompt=b"\x01\x00\x00\x00\x02")
+    assert not r["ok"] and r["status"] == -1 and "multiple of 4" in r["message"], r
+    big = b"\x01\x00\x00\x00" * 40000 + b"\x01"  # queued for the worker, then refused alike
+    r = c("add", name="s", id=1, prompt=big)
+    assert not r["ok"] and r["status"] == -1 and "multiple of 4" in r["message"], r
+    r = c("add", name="s", id=1, prompt=_packed([1, -2, 3]))
+    assert not r["ok"] and "negative" in r["message"], r
+    assert c.ok("stats", name="s")["stats"]["num_waiting"] == 0
+    # over --max-prompt-tokens, told from the bin's header before decoding
+    r = c("add", name="s", id=1, prompt=b"\x00" * (4 * ((1 << 20) + 1)))
+    assert not r["ok"] and r["status"] == RANGE and "--max-prompt-tokens" in r["message"], r
+    c.close()
+
+
+def test_ops_whose_work_would_stall_the_loop_are_bounded_first(serve):
+    """Configs (create, configure, kvx_create) and drafts are small ops: over 64 KiB they are
+    refused before decoding (a 16 MiB config took the loop over a second of JSON work); a
+    config map of more than 4096 elements is refused before any JSON is built; an update
+    output of more than 1 + 1024 tokens is refused before its tokens are decoded."""
+    c = Client(serve())
+    c.ok("create", name="s", config={"num_blocks": 64, "block_size": 4})
+    junk = list(range(1000, 1000 + 40000))  # ~120 KiB
+    for op, kw in (("configure", dict(name="s", config={"junk": junk})),
+                   ("create", dict(name="t", config={"junk": junk})),
+                   ("kvx_create", dict(name="k", layout=__import__("serve_hostile").FLOOD_LAYOUT,
+                                       config={"engine_id": "k", "junk": junk})),
+                   ("draft", dict(name="s", id=1, tokens=junk))):
+        r = c.raw(msgpack.packb({"op": op, **kw}))  # "op" first: told by the peek
+        assert not r["ok"] and r["status"] == RANGE and "takes at most 65536 bytes" in r["message"], (op, r)
+        r = c.raw(msgpack.packb({**kw, "op": op}))  # "op" past the peek's budget: decoded, then
+        assert not r["ok"], (op, r)  # refused by the op (its bound, or the library)
+        assert op == "draft" or "4096 msgpack elements" in r["message"], (op, r)
+    r = c("configure", name="s", config={"junk": [1] * 5000})  # 5 KB, 5002 elements
+    assert not r["ok"] and r["status"] == RANGE and "4096 msgpack elements" in r["message"], r
+    r = c("update", name="s", now=1.0, outputs={1: [1] * 1026})
+    assert not r["ok"] and r["status"] == -1 and "at most 1025" in r["message"], r
+    # a transfer names at most as many blocks as the engine's cache has (16 here)
+    from serve_hostile import FLOOD_LAYOUT
+    c.ok("kvx_create", name="k", layout=FLOOD_LAYOUT, config={"engine_id": "k"})
+    for op, kw in (("kvx_send", {}), ("kvx_recv", {"peer": 0})):
+        r = c(op, name="k", request_id=1, block_ids=[1] * 17, **kw)
+        assert not r["ok"] and r["status"] == RANGE and "has 16 blocks" in r["message"], (op, r)
+    assert c.ok("kvx_stats", name="k")["stats"]["num_send_active"] == 0
+    assert c.ok("get_config", name="s")["config"]["num_blocks"] == 64
+    c.close()

@@ -168,6 +168,11 @@ extern "C" {
     pub fn tdm_sched_stats_init(st: *mut tdm_sched_stats) -> c_int;
     pub fn tdm_sched_get_stats(s: *const tdm_sched, st: *mut tdm_sched_stats) -> c_int;
     pub fn tdm_sched_num_unfinished(s: *const tdm_sched, n: *mut u32) -> c_int;
+    // TANDEM_1.3
+    pub fn tdm_prefix_digests(algo: c_int, block_size: u32, cache_salt: *const c_void,
+                              cache_salt_len: u32, tokens: *const tdm_token, num_tokens: u32,
+                              out: *mut c_void, out_size: usize, num_digests: *mut u32) -> c_int;
+    pub fn tdm_prefix_errmsg() -> *const c_char;
 }
 
 // ---- KV layouts and the transfer engine (tandem_kernels.h, tandem_kvx.h) ------------------------

@@ -167,6 +167,8 @@ pub const FLAG_REMOTE_DECODE: u32 = 1 << 2;
 pub const FLAG_SKIP_PREFIX_CACHE: u32 = 1 << 3;
 /// SLO_ADAPTIVE may put the request last once it can no longer meet its TTFT.
 pub const FLAG_SLO_DEPRIORITIZE: u32 = 1 << 4;
+/// `block_hashes` hold Tandem's own digests computed ahead by `tdm_prefix_digests` (ABI 1.3).
+pub const FLAG_PRECOMPUTED_DIGESTS: u32 = 1 << 7;
 
 /// The parameters of one request to add (borrowed; the library copies them).
 #[derive(Clone, Debug)]

@@ -4,7 +4,9 @@
  * first block's extra key), digests that agree on their first 64 bits (or more) and differ
  * after never sharing KV, host-supplied digests hitting across requests (given at add and
  * appended during decode), Tandem's digests equal to the same digests computed by a host,
- * the "prefix_hash" parameter and the validation of host digests.
+ * the "prefix_hash" parameter and the validation of host digests; tdm_prefix_digests() and
+ * digests handed over with TDM_REQ_PRECOMPUTED_DIGESTS (the same cache entries as computed ones,
+ * refused when they are not this scheduler's).
  *
  * The expected digests were computed independently when this test was written, with Python's
  * hashlib.sha256 and the xxhash wheel (4.1.0, which bundles its own xxHash 0.8.4, not
@@ -520,6 +522,173 @@ static void host_hashes__validation(void **state)
     tsd_done(s);
 }
 
+/* ---- tdm_prefix_digests and TDM_REQ_PRECOMPUTED_DIGESTS (issue 26) ---- */
+
+/* The public function gives the documented digests (the known answers), salted or not, and
+ * stops at the full blocks that fit in out. */
+static void prefix_digests__known_answers(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < (sizeof(KNOWN) / sizeof(KNOWN[0])); k++) {
+        const known *e = &KNOWN[k];
+        tdm_token p[40];
+        known_tokens(p, p + 16);
+        for (int i = 32; i < 40; i++) p[i] = 9;
+        unsigned char out[3 * 32], want[2 * 32];
+        uint32_t n = 77;
+        memset(out, 0xaa, sizeof(out));
+        assert_int_equal(tdm_prefix_digests(e->key, 16, NULL, 0, p, 40, out, sizeof(out), &n), TDM_OK);
+        assert_int_equal(n, 2); /* 40 tokens: two full blocks */
+        unhex(e->d0, want, e->len);
+        unhex(e->d1, want + e->len, e->len);
+        assert_memory_equal(out, want, 2 * e->len);
+        assert_int_equal(out[2 * e->len], 0xaa); /* nothing written past them */
+        assert_int_equal(tdm_prefix_digests(e->key, 16, "tenant-a", 8, p, 40, out, sizeof(out), &n), TDM_OK);
+        unhex(e->s0, want, e->len);
+        unhex(e->s1, want + e->len, e->len);
+        assert_memory_equal(out, want, 2 * e->len);
+        /* room for one digest only */
+        assert_int_equal(tdm_prefix_digests(e->key, 16, NULL, 0, p, 40, out, e->len + 1, &n), TDM_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(tdm_prefix_digests(e->key, 16, NULL, 0, p, 15, out, sizeof(out), &n), TDM_OK);
+        assert_int_equal(n, 0);
+    }
+}
+
+static void prefix_digests__bad_arguments(void **state)
+{
+    (void)state;
+    tdm_token p[32] = { 0 };
+    unsigned char out[64];
+    uint32_t n = 77;
+    static char salt[4097];
+    assert_int_equal(tdm_prefix_digests(7, 16, NULL, 0, p, 32, out, 64, &n), TDM_E_INVAL);
+    assert_non_null(strstr(tdm_prefix_errmsg(), "unknown algo 7"));
+    assert_int_equal(tdm_prefix_digests(0, 0, NULL, 0, p, 32, out, 64, &n), TDM_E_INVAL);
+    assert_non_null(strstr(tdm_prefix_errmsg(), "block_size 0"));
+    assert_int_equal(tdm_prefix_digests(0, 70000, NULL, 0, p, 32, out, 64, &n), TDM_E_INVAL);
+    assert_int_equal(tdm_prefix_digests(0, 16, NULL, 0, NULL, 32, out, 64, &n), TDM_E_INVAL);
+    assert_non_null(strstr(tdm_prefix_errmsg(), "tokens is NULL"));
+    assert_int_equal(tdm_prefix_digests(0, 16, NULL, 0, p, 32, NULL, 64, &n), TDM_E_INVAL);
+    assert_int_equal(tdm_prefix_digests(0, 16, NULL, 0, p, 32, out, 64, NULL), TDM_E_INVAL);
+    assert_int_equal(tdm_prefix_digests(0, 16, NULL, 3, p, 32, out, 64, &n), TDM_E_INVAL);
+    assert_non_null(strstr(tdm_prefix_errmsg(), "cache_salt is NULL"));
+    assert_int_equal(tdm_prefix_digests(0, 16, salt, 4097, p, 32, out, 64, &n), TDM_E_RANGE);
+    p[20] = -3;
+    assert_int_equal(tdm_prefix_digests(0, 16, NULL, 0, p, 32, out, 64, &n), TDM_E_INVAL);
+    assert_non_null(strstr(tdm_prefix_errmsg(), "token 20 is negative"));
+    assert_int_equal(n, 77); /* untouched on failure */
+    /* a negative token past the last full block is not hashed: fine */
+    p[20] = 0;
+    tdm_token q[33] = { 0 };
+    q[32] = -1;
+    assert_int_equal(tdm_prefix_digests(0, 16, NULL, 0, q, 33, out, 64, &n), TDM_OK);
+    assert_int_equal(n, 2);
+    assert_string_equal(tdm_prefix_errmsg(), "");
+}
+
+static int add_pre(tdm_sched *s, uint64_t id, const tdm_token *p, uint32_t n, const char *salt,
+                   const void *hashes, uint32_t nh, uint32_t hsize)
+{
+    tdm_request_desc d;
+    tsd_desc(&d, id, p, n, 1);
+    d.flags |= TDM_REQ_PRECOMPUTED_DIGESTS;
+    d.cache_salt = salt;
+    d.cache_salt_len = salt ? (uint32_t)strlen(salt) : 0;
+    d.block_hashes = hashes;
+    d.num_block_hashes = nh;
+    d.block_hash_size = hsize;
+    return tdm_sched_add(s, &d);
+}
+
+/* Digests computed ahead by tdm_prefix_digests and handed over with the flag are the ones the
+ * scheduler would compute: a request added without them hits the blocks of one added with
+ * them and the other way round, salted or not, and with only some of them given (the rest
+ * computed at add). The request is not in host-digest mode (no appends). */
+static void precomputed__same_cache_as_computed(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < (sizeof(KNOWN) / sizeof(KNOWN[0])); k++) {
+        const known *e = &KNOWN[k];
+        for (int salted = 0; salted < 2; salted++) {
+            const char *salt = salted ? "tenant-a" : NULL;
+            tdm_sched *s = sched_with_hash(e->algo);
+            tdm_token p[49];
+            tsd_prompt(31, 49, p);
+            unsigned char h[3 * 32];
+            uint32_t n = 0;
+            assert_int_equal(tdm_prefix_digests(e->key, 16, salt, salt ? 8 : 0, p, 49, h, sizeof(h), &n),
+                             TDM_OK);
+            assert_int_equal(n, 3);
+            double now = 1.0;
+            assert_int_equal(add_pre(s, 1, p, 49, salt, h, 3, e->len), TDM_OK);
+            assert_int_equal(tdm_sched_append_block_hashes(s, 1, h, 1, e->len), TDM_E_INVAL);
+            tsd_assert_msg_has(s, "without block hashes");
+            run_one(s, &now);
+            assert_int_equal(add_req(s, 2, p, 49, 1, salt, NULL, 0, 0), TDM_OK);
+            assert_int_equal(first_hit(s, 2, &now), 48);
+            run_one(s, &now);
+            /* the other way round, in a fresh scheduler: computed first, then given */
+            tsd_done(s);
+            s = sched_with_hash(e->algo);
+            assert_int_equal(add_req(s, 3, p, 49, 1, salt, NULL, 0, 0), TDM_OK);
+            run_one(s, &now);
+            assert_int_equal(add_pre(s, 4, p, 49, salt, h, 3, e->len), TDM_OK);
+            assert_int_equal(first_hit(s, 4, &now), 48);
+            run_one(s, &now);
+            assert_int_equal(add_pre(s, 5, p, 49, salt, h, 1, e->len), TDM_OK); /* 2 computed */
+            assert_int_equal(first_hit(s, 5, &now), 48);
+            run_one(s, &now);
+            /* without a salt where the digests had one (or the reverse): refused */
+            assert_int_equal(add_pre(s, 6, p, 49, salted ? NULL : "tenant-a", h, 3, e->len), TDM_E_INVAL);
+            tsd_assert_msg_has(s, "precomputed digest 0 is not");
+            tsd_done(s);
+        }
+    }
+}
+
+/* Digests that are not this scheduler's are refused and nothing is added: another block
+ * size, another algorithm's size, a forged last digest, a wrong count, the flag without a
+ * size. Without prefix caching they are ignored. */
+static void precomputed__validation(void **state)
+{
+    (void)state;
+    tdm_sched *s = sched_with_hash("sha256");
+    tdm_token p[64];
+    tsd_prompt(5, 64, p);
+    unsigned char h[8 * 32];
+    uint32_t n;
+    assert_int_equal(tdm_prefix_digests(TDM_PREFIX_HASH_SHA256, 8, NULL, 0, p, 64, h, sizeof(h), &n), TDM_OK);
+    assert_int_equal(add_pre(s, 1, p, 64, NULL, h, 4, 32), TDM_E_INVAL); /* block size 8, not 16 */
+    tsd_assert_msg_has(s, "precomputed digest 0 is not");
+    assert_int_equal(tdm_prefix_digests(TDM_PREFIX_HASH_XXH3_128, 16, NULL, 0, p, 64, h, sizeof(h), &n), TDM_OK);
+    assert_int_equal(add_pre(s, 1, p, 64, NULL, h, 4, 16), TDM_E_INVAL);
+    tsd_assert_msg_has(s, "makes 32-byte digests");
+    assert_int_equal(tdm_prefix_digests(TDM_PREFIX_HASH_SHA256, 16, NULL, 0, p, 64, h, sizeof(h), &n), TDM_OK);
+    assert_int_equal(n, 4);
+    h[3 * 32 + 5] ^= 1; /* the last one forged */
+    assert_int_equal(add_pre(s, 1, p, 64, NULL, h, 4, 32), TDM_E_INVAL);
+    tsd_assert_msg_has(s, "precomputed digest 3 is not");
+    h[3 * 32 + 5] ^= 1;
+    assert_int_equal(add_pre(s, 1, p, 64, NULL, h, 5, 32), TDM_E_RANGE);
+    tsd_assert_msg_has(s, "5 precomputed digests for 4 full prompt blocks");
+    assert_int_equal(add_pre(s, 1, p, 64, NULL, h, 4, 0), TDM_E_INVAL);
+    tsd_assert_msg_has(s, "block_hash_size 0");
+    assert_int_equal(add_pre(s, 1, p, 64, NULL, NULL, 4, 32), TDM_E_INVAL);
+    tdm_sched_stats st;
+    tsd_stats(s, &st);
+    assert_int_equal(st.num_waiting, 0); /* nothing was added */
+    assert_int_equal(add_pre(s, 1, p, 64, NULL, h, 4, 32), TDM_OK);
+    double now = 1.0;
+    run_one(s, &now);
+    tsd_done(s);
+    s = tsd_new("{\"block_size\": 16, \"num_blocks\": 64, \"enable_prefix_caching\": false}");
+    h[0] ^= 1; /* not looked at */
+    assert_int_equal(add_pre(s, 1, p, 64, NULL, h, 4, 32), TDM_OK);
+    run_one(s, &now);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -533,6 +702,10 @@ int main(void)
         TSD_TEST(host_hashes__appended_before_admission),
         TSD_TEST(prefix_hash__config_key_and_setter),
         TSD_TEST(host_hashes__validation),
+        TSD_TEST(prefix_digests__known_answers),
+        TSD_TEST(prefix_digests__bad_arguments),
+        TSD_TEST(precomputed__same_cache_as_computed),
+        TSD_TEST(precomputed__validation),
     };
     return cmocka_run_group_tests_name("sched_hash", tests, NULL, NULL);
 }
