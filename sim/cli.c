@@ -42,6 +42,8 @@ const char tdm_sim_cli_common_usage[] =
     "                        keeps it under fp8 weights)\n"
     "  --frontend-ms X       serving path before the scheduler (HTTP, tokenization), per\n"
     "                        request uniform over [X/2, 3X/2] (default 0)\n"
+    "  --frontend-service-ms S  the serving path as one server that each request holds S ms,\n"
+    "                        in order, before --frontend-ms (API server saturation; default 0)\n"
     "  --client-jitter-ms Z  closed loop: an exponential delay of mean Z between a slot\n"
     "                        freeing and the next send, not counted in TTFT (default 0)\n"
     "  --desync              closed loop: the first wave's slots are refilled at random\n"
@@ -231,6 +233,9 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
             } else if (!strcmp(a, "--frontend-ms")) {
                 if (num(a, s, 0, 1e4, &v)) return -1;
                 c->ropts.frontend_s = v / 1e3;
+            } else if (!strcmp(a, "--frontend-service-ms")) {
+                if (num(a, s, 0, 1e4, &v)) return -1;
+                c->ropts.frontend_service_s = v / 1e3;
             } else if (!strcmp(a, "--client-jitter-ms")) {
                 if (num(a, s, 0, 1e5, &v)) return -1;
                 c->ropts.client_jitter_s = v / 1e3;

@@ -66,6 +66,7 @@ typedef struct eng {
     uint32_t max_prompt;
     xheap heap;                /* KV transfers in flight */
     xheap transit;             /* requests between the client and the scheduler (frontend) */
+    double fe_free;            /* when the serving path's server is next free (frontend_service_s) */
     uint32_t rr_pre, rr_dec;
     double kv_gbps;
     size_t done;
@@ -341,6 +342,11 @@ static int deliver(eng *e, size_t *next, double now)
         e->inflight++;
         if (conc) o->arrival = now + client_delay_s(e, id, now);
         double fe = frontend_s(e, id);
+        if (e->o->frontend_service_s > 0) {   /* one server, first come first served */
+            double start = e->fe_free > o->arrival ? e->fe_free : o->arrival;
+            e->fe_free = start + e->o->frontend_service_s;
+            fe += e->fe_free - o->arrival;
+        }
         if (fe > 0 || o->arrival > now) {
             xfer x = {o->arrival + fe, id, 0, 0};
             if (heap_push(&e->transit, x) != 0) {

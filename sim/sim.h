@@ -436,6 +436,10 @@ typedef struct tdm_sim_run_opts {
      * benchmark's steady state is measured (0 = off; both off by default). */
     double client_jitter_s;
     int desync;
+    /* the serving path as one server (an API server process): each request holds it this long,
+     * in the order sent, before its frontend_s delay starts, so that past the server's rate
+     * requests queue before they reach the scheduler (0 = no queue, the default) */
+    double frontend_service_s;
     /* keep every request's outcome in the result's reqs (requests CSV, CDF plots); 0: only
      * the summary, so that memory does not grow with the trace beyond the trace itself and
      * 4 bytes per request (default 1) */

@@ -298,10 +298,26 @@ def start_up(srv, name, reqs, deadline):
     wait_idle(srv.url)
 
 
+def proc_cpu_s(pid):
+    """CPU seconds (user + system, every thread) of process pid so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serving_cpu_s(srv):
+    """CPU seconds of the serving path's core so far: the API server process and this client."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return proc_cpu_s(srv.proc.pid) + ru.ru_utime + ru.ru_stime
+
+
 def measure(srv, name, reqs, sc, slo, deadline, serving_path=False):
     """One point: the workload replayed at scale sc; the server idle again afterwards. With
-    serving_path, also the mean client TTFT and the mean engine part of it (vLLM's metrics)."""
+    serving_path, also the mean client TTFT and the mean engine part of it (vLLM's metrics),
+    and the CPU time the API server and the client spent per request."""
     before = engine_ttft_sums(srv.url) if serving_path else None
+    cpu0 = serving_cpu_s(srv) if serving_path else 0.0
     t0 = time.monotonic()
     res = asyncio.run(replay(srv.url, reqs, sc, deadline))
     s = summarize(res, *slo)
@@ -313,6 +329,7 @@ def measure(srv, name, reqs, sc, slo, deadline, serving_path=False):
           f"failed {s['failed']}, {s['wall_s']:.0f} s, load average {s['loadavg_1m']:.1f}", flush=True)
     wait_idle(srv.url)
     if serving_path:
+        s["serving_cpu_per_req"] = (serving_cpu_s(srv) - cpu0) / len(reqs)
         after = engine_ttft_sums(srv.url)
         n = after[ENGINE_TTFT_METRICS[0]][1] - before[ENGINE_TTFT_METRICS[0]][1]
         ok = [r["ttft"] for r in res if r["ok"]]
@@ -381,14 +398,18 @@ def serving_path_ms(record):
     pts = [p for p in record[:SERVING_PATH_POINTS] if "engine_ttft_mean" in p]
     if not pts:
         print("fit  serving path: not measured (no vLLM TTFT metrics): --frontend-ms 0", flush=True)
-        return 0.0
+        return 0.0, 0.0
     d = [1e3 * (p["client_ttft_mean"] - p["engine_ttft_mean"]) for p in pts]
     ms = max(0.0, sum(d) / len(d))
+    cpu = [1e3 * p["serving_cpu_per_req"] for p in pts]
+    svc = sum(cpu) / len(cpu)
     at = ",".join(f"{p['scale']:.3g}" for p in pts)
     print(f"fit  serving path: mean client TTFT minus the engine's time to the first token, "
           f"scales {at} of the recording run: "
-          f"{', '.join(f'{x:.1f}' for x in d)} ms -> --frontend-ms {ms:.1f}", flush=True)
-    return ms
+          f"{', '.join(f'{x:.1f}' for x in d)} ms -> --frontend-ms {ms:.1f}; CPU of the API "
+          f"server and the client per request (their one core as a queue): "
+          f"{', '.join(f'{x:.1f}' for x in cpu)} ms -> --frontend-service-ms {svc:.1f}", flush=True)
+    return ms, svc
 
 
 def goodput(points, base_rate):
@@ -410,7 +431,8 @@ def goodput(points, base_rate):
 
 # ---- the simulator -----------------------------------------------------------------------------
 
-def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, name, frontend_ms=0.0):
+def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, name, frontend_ms=0.0,
+               frontend_svc_ms=0.0):
     cfg_path = os.path.join(out_dir, f"sim-{name}.json")
     with open(cfg_path, "w") as f:
         json.dump(sched_json, f)
@@ -420,6 +442,7 @@ def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, nam
         subprocess.run([tool, "sim", cfg_path, "--trace", trace, "--hw", hw, "--model", model_cfg,
                         "--rate-scale", f"{sc}", "--slo-ttft-ms", f"{1e3 * slo[0]}",
                         "--slo-tpot-ms", f"{1e3 * slo[1]}", "--frontend-ms", f"{frontend_ms}",
+                        "--frontend-service-ms", f"{frontend_svc_ms}",
                         "--quiet", "--json", jp],
                        check=True, stdout=subprocess.DEVNULL)
         d = json.load(open(jp))
@@ -501,7 +524,7 @@ def main():
     if fit.returncode:
         raise SystemExit("bench: tandem fit failed")
     cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
-    frontend_ms = serving_path_ms(record)
+    frontend_ms, frontend_svc_ms = serving_path_ms(record)
     # 2. the arms
     sim_cfg = {"vllm": dict(sched_base), "parity": dict(sched_base)}
     arm_kw = {}
@@ -526,7 +549,7 @@ def main():
                  str(a.slo_tpot_ms), "--space", f"max_num_batched_tokens=64,128,{ENGINE['max_num_batched_tokens']}",
                  "--space", f"max_num_seqs=4,8,{ENGINE['max_num_seqs']}", "--space", "long_prefill_token_threshold=0,64,128",
                  "--space", "tbt_target_ms=0,15,20,30,50,100", "--budget", "30", "--jobs", "1",
-                 "--frontend-ms", f"{frontend_ms}",
+                 "--frontend-ms", f"{frontend_ms}", "--frontend-service-ms", f"{frontend_svc_ms}",
                  "--out", best], capture_output=True, text=True)
             print("\n".join(ln for ln in tune.stdout.splitlines() if ln.startswith("tune")),
                   flush=True)
@@ -553,7 +576,8 @@ def main():
         print(f"serve_ab arm={arm} goodput_req_s={gp:.3f}{(' (' + note + ')') if note else ''} "
               f"ratio_to_vllm={ratio:.2f} points={len(res[arm])}", flush=True)
     json.dump({"real": res, "record": record, "goodput": g, "base_rate": base_rate, "slo": slo,
-               "scales": scales, "sim_cfg": sim_cfg, "frontend_ms": frontend_ms}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+               "scales": scales, "sim_cfg": sim_cfg, "frontend_ms": frontend_ms,
+               "frontend_service_ms": frontend_svc_ms}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     if not os.path.exists(os.path.join(fit_dir, "hw.json")):
         return 0
     # ---- the simulator on the fitted model, at the same rate points ----
@@ -561,7 +585,7 @@ def main():
     pred = {}
     for arm in res:
         pts = sim_points(a.tool, sim_cfg[arm], trace, hw, mcfg, scales, slo, a.out, arm,
-                         frontend_ms)
+                         frontend_ms, frontend_svc_ms)
         pred[arm] = pts
     cmp_rows = []
     for arm in res:
@@ -605,7 +629,8 @@ def main():
     rank_sim = sorted(res, key=lambda k: -gs[k])
     print(f"sim_vs_real ranking measured={','.join(rank_real)} predicted={','.join(rank_sim)} "
           f"same={'yes' if agree else 'no'} (pairs within 5% are ties)", flush=True)
-    json.dump({"real": res, "record": record, "frontend_ms": frontend_ms, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
+    json.dump({"real": res, "record": record, "frontend_ms": frontend_ms,
+               "frontend_service_ms": frontend_svc_ms, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
                "slo": slo, "scales": scales, "sim_cfg": sim_cfg},
               open(os.path.join(a.out, "results.json"), "w"), indent=1)
     return 0

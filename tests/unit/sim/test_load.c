@@ -111,6 +111,53 @@ static double *sorted_finishes(const tdm_sim_result *r, size_t n)
     return f;
 }
 
+/* The serving path as one server (frontend_service_s): requests sent together reach the
+ * scheduler one service time apart, in the order sent, so the k-th waits (k+1) services
+ * before its first step and the TTFT grows with the queue; sent slower than the server's
+ * rate, they never queue and each pays one service. */
+static void frontend_service__queues_requests_past_its_rate(void **state)
+{
+    (void)state;
+    tdm_sim_config c;
+    config("{\"max_num_batched_tokens\": 8192}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    tdm_sim_trace t;
+    fixed(&t, 40, 64, 4, 0, INFINITY); /* all sent at 0 */
+    tdm_sim_result a, b;
+    run(&t, &c, &o, &a);
+    o.frontend_service_s = 0.010;
+    run(&t, &c, &o, &b);
+    assert_int_equal(b.sum.completed, 40);
+    for (size_t k = 0; k < t.n; k++) {
+        double ttft = b.reqs[k].first_token - b.reqs[k].arrival;
+        assert_true(ttft >= 0.010 * (double)(k + 1) - 1e-9);
+    }
+    assert_true(b.sum.ttft.max >= 0.40 - 1e-9);
+    assert_true(a.sum.ttft.max < 0.40);
+    tdm_sim_result_free(&a);
+    tdm_sim_result_free(&b);
+    tdm_sim_trace_free(&t);
+
+    fixed(&t, 40, 64, 4, 0, 10.0); /* 10 req/s against a 100 req/s server */
+    o.frontend_service_s = 0;
+    run(&t, &c, &o, &a);
+    o.frontend_service_s = 0.010;
+    run(&t, &c, &o, &b);
+    double extra = 0;
+    for (size_t k = 0; k < t.n; k++) {
+        double ttft = b.reqs[k].first_token - b.reqs[k].arrival;
+        assert_true(ttft >= 0.010 - 1e-9);
+        extra += ttft - (a.reqs[k].first_token - a.reqs[k].arrival);
+    }
+    extra /= (double)t.n;
+    assert_true(extra > 0.005 && extra < 0.030); /* one service, give or take a step */
+    tdm_sim_result_free(&a);
+    tdm_sim_result_free(&b);
+    tdm_sim_trace_free(&t);
+    tdm_sim_config_free(&c);
+}
+
 /* The client's jitter (client_jitter_s): the k-th send (k >= C) leaves an exponential delay
  * of that mean after the slot it takes frees, and the delay is not counted in its TTFT (the
  * TTFT counts from the send); 0 sends at the finish itself. */
@@ -557,6 +604,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fixed__lengths_and_range),
         cmocka_unit_test(frontend__delays_every_request_and_counts_in_flight),
+        cmocka_unit_test(frontend_service__queues_requests_past_its_rate),
         cmocka_unit_test(client_jitter__delays_sends_not_ttft),
         cmocka_unit_test(desync__breaks_the_lockstep_of_equal_requests),
         cmocka_unit_test(closed_loop__at_most_concurrency_in_flight),
