@@ -191,7 +191,7 @@ static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
 
 #define ALL_REQ_FLAGS \
     (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE | \
-     TDM_REQ_SLO_DEPRIORITIZE | TDM_REQ_PREFIX_HIT_LIMIT)
+     TDM_REQ_SLO_DEPRIORITIZE | TDM_REQ_PREFIX_HIT_LIMIT | TDM_REQ_MAY_LOAD_ASYNC)
 #define MAX_STOP_IDS 4096u
 #define MAX_SALT 4096u
 
@@ -361,7 +361,10 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
         tdm__req_destroy(s, r);
         return tdm__fail(&s->err, rc, "add %llu: out of memory", (unsigned long long)d->id);
     }
-    (void)tdm__waiting_push(s, r); /* cannot fail: reserved above */
+    if (s->prm.max_inflight_kv_loads && (r->flags & TDM_REQ_MAY_LOAD_ASYNC))
+        tdm__kvl_push(s, r, TDM__Q_ASYNC); /* the load queue (kv_loads.c) */
+    else
+        (void)tdm__waiting_push(s, r); /* cannot fail: reserved above */
     if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_arrived(s, r);
     return TDM_OK;
 }
@@ -519,7 +522,8 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
         if (full > r->num_cached_blocks) r->num_cached_blocks = full;
     }
     r->state = TDM_STATE_WAITING;
-    (void)tdm__waiting_requeue_received(s, r);
+    if (tdm__kvl_on(s)) tdm__kvl_received(s, r); /* kv_hold, drained first (kv_loads.c) */
+    else (void)tdm__waiting_requeue_received(s, r);
     return TDM_OK;
 }
 
@@ -603,7 +607,7 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
     st.struct_size = sizeof(st);
     st.num_running = s->num_running;
     st.num_waiting_remote_kv = s->remote.len - s->remote_aborted;
-    st.num_waiting = tdm__waiting_len(s) + st.num_waiting_remote_kv;
+    st.num_waiting = tdm__waiting_len(s) + tdm__kvl_waiting(s) + st.num_waiting_remote_kv;
     st.num_held = s->held.len + s->remote_aborted;
     st.num_total_blocks = s->pool.num_blocks - 1;
     st.num_free_blocks = s->pool.num_free;
@@ -628,7 +632,7 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
 int tdm_sched_num_unfinished(const tdm_sched *s, uint32_t *n)
 {
     if (!s || !n) return TDM_E_INVAL;
-    *n = s->num_running + tdm__waiting_len(s) + s->remote.len - s->remote_aborted;
+    *n = s->num_running + tdm__waiting_len(s) + tdm__kvl_waiting(s) + s->remote.len - s->remote_aborted;
     return TDM_OK;
 }
 
