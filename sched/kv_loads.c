@@ -114,4 +114,20 @@ uint64_t tdm__kvl_reserved_blocks(const tdm_sched *s)
     return n;
 }
 
-void tdm__kvl_received(tdm_sched *s, tdm__req *r) { tdm__kvl_push(s, r, TDM__Q_HOLD); }
+void tdm__kvl_received(tdm_sched *s, tdm__req *r, uint32_t cache_upto)
+{
+    r->kvl_promote = true;
+    r->kvl_cache_upto = cache_upto;
+    tdm__kvl_push(s, r, TDM__Q_HOLD);
+}
+
+/* vLLM's _update_waiting_for_remote_kv, run when the waiting pass first reaches the request:
+ * the blocks that arrived join the prefix cache (all the tokens received, the last prompt
+ * token included); a failed load with no valid token gives its blocks back, so that the
+ * request looks the prefix cache up again. */
+void tdm__kvl_promote(tdm_sched *s, tdm__req *r)
+{
+    r->kvl_promote = false;
+    if (r->kvl_cache_upto) tdm__cache_full_blocks(s, r, r->kvl_cache_upto);
+    else tdm__req_free_blocks(s, r);
+}

@@ -246,10 +246,8 @@ void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid)
     r->state = r->ever_admitted ? TDM_STATE_PREEMPTED : TDM_STATE_WAITING;
     if (tdm__kvl_on(s)) {
         /* vLLM 0.33+: the valid blocks join the prefix cache; with none valid, the blocks
-         * are freed and the request looks the prefix cache up again when admitted. */
-        if (computed) tdm__cache_full_blocks(s, r, computed);
-        else tdm__req_free_blocks(s, r);
-        tdm__kvl_received(s, r);
+         * are freed and the request looks the prefix cache up again (kv_loads.c). */
+        tdm__kvl_received(s, r, computed);
         return;
     }
     (void)tdm__waiting_requeue_received(s, r);

@@ -508,12 +508,17 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
     /* Received: every token whose KV arrived is computed, but the last prompt token is always
      * recomputed for its logits. The received blocks join the prefix cache. */
     uint32_t bs = (uint32_t)s->prm.block_size;
-    uint32_t computed = TDM_MIN(r->num_computed + r->num_remote, r->num_tokens);
-    if (computed == r->num_tokens) computed--;
+    uint32_t arrived = TDM_MIN(r->num_computed + r->num_remote, r->num_tokens);
+    uint32_t computed = arrived == r->num_tokens ? arrived - 1 : arrived;
     tdm__list_remove(&s->remote, r);
     r->num_computed = computed;
     r->num_remote = 0;
     r->remote_done = true;
+    if (tdm__kvl_on(s)) { /* kv_hold; cached when a step reaches it (kv_loads.c) */
+        r->state = TDM_STATE_WAITING;
+        tdm__kvl_received(s, r, arrived);
+        return TDM_OK;
+    }
     if (s->prm.enable_prefix_caching) {
         uint32_t full = computed / bs;
         tdm__req_hash_blocks(s, r);
@@ -522,8 +527,7 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
         if (full > r->num_cached_blocks) r->num_cached_blocks = full;
     }
     r->state = TDM_STATE_WAITING;
-    if (tdm__kvl_on(s)) tdm__kvl_received(s, r); /* kv_hold, drained first (kv_loads.c) */
-    else (void)tdm__waiting_requeue_received(s, r);
+    (void)tdm__waiting_requeue_received(s, r);
     return TDM_OK;
 }
 

@@ -70,6 +70,8 @@ struct tdm__req {
     uint8_t queue;             /* TDM__Q_*: the waiting container of a WAITING/PREEMPTED request */
     bool kvl_prefill;          /* kv_load_queues: admitted and still prefilling (its remaining
                                   blocks are reserved against new remote-KV loads) */
+    bool kvl_promote;          /* kv_load_queues: its load ended, not yet seen by a step */
+    uint32_t kvl_cache_upto;   /* ... then its blocks are cached up to this token (0: freed) */
     tdm_token *tokens;         /* NULL until admitted; capacity cap_tokens */
     uint32_t *blocks;
     uint64_t sched_step;       /* step in which it was last scheduled */
@@ -322,7 +324,11 @@ tdm__req *tdm__kvl_peek(const tdm_sched *s, int q);
 void tdm__kvl_pop(tdm_sched *s, int q);
 bool tdm__kvl_admits_load(const tdm_sched *s);              /* under max_inflight_kv_loads */
 uint64_t tdm__kvl_reserved_blocks(const tdm_sched *s);      /* blocks a new load must leave */
-void tdm__kvl_received(tdm_sched *s, tdm__req *r);          /* a load ended: into kv_hold */
+/* A load ended (ok: cache_upto = the tokens that arrived; failed: the valid ones, 0 = none):
+ * into kv_hold. The blocks are cached (or, none valid, freed) when a step first takes the
+ * request from kv_hold (tdm__kvl_promote), as vLLM does at that point. */
+void tdm__kvl_received(tdm_sched *s, tdm__req *r, uint32_t cache_upto);
+void tdm__kvl_promote(tdm_sched *s, tdm__req *r);
 
 /* policy */
 void tdm__policy_view(const tdm__req *r, tdm_request_view *v);

@@ -335,6 +335,7 @@ static void run_waiting(step_ctx *c)
             c->partial_prefills >= (uint64_t)s->prm.max_num_partial_prefills)
             break;
         tdm__req *r = tdm__kvl_peek(s, q);
+        if (r->kvl_promote) tdm__kvl_promote(s, r); /* its load ended since the last step */
         if (r->state == TDM_STATE_PREEMPTED && r->pend_n) {
             /* Preempted with a step in flight: its late output is still applied, so resuming
              * now could compute a position that output brings. It waits out this step, keeping

@@ -126,7 +126,21 @@ def draw(seed: int) -> dict:
         if xrng.random() < 0.1:
             start = xrng.choice((None, 0, 16, 40, 200))
             r["prompt_logprobs"] = (1, start)
-    return dict(seed=seed, cfg=cfg, reqs=reqs, shuffle=xrng.random() < 0.5)
+    shuffle = xrng.random() < 0.5
+    # An async KV connector (FakeAsyncConnector) on some seeds, from a stream of its own: P/D
+    # remote-prefill requests whose loads complete after a drawn number of steps, some
+    # failing (one bad block), vLLM 0.34's --max-num-inflight-kv-loads drawn, and the load
+    # failure policy.
+    krng = random.Random(seed * 15485863 + 5)
+    loads = None
+    if krng.random() < 0.35:
+        loads = dict(policy=krng.choice(("recompute", "recompute", "fail")))
+        cfg["sched_extra"]["max_num_inflight_kv_loads"] = krng.choice((None, None, 1, 2, 4, 16))
+        for r in reqs:
+            if krng.random() < 0.5:
+                r["load"] = dict(delay=krng.choice((0, 1, 1, 2, 3, 5, 9)),
+                                 fail=krng.random() < 0.2, bad=krng.random())
+    return dict(seed=seed, cfg=cfg, reqs=reqs, shuffle=shuffle, loads=loads)
 
 
 def make_request(spec: dict, block_size: int) -> Request:
@@ -142,11 +156,75 @@ def make_request(spec: dict, block_size: int) -> Request:
             kw.update(prompt_logprob_start=plp[1], skip_reading_prefix_cache=False)
     sp = SamplingParams(max_tokens=spec["max_tokens"], min_tokens=spec["min_tokens"],
                         stop_token_ids=spec["stop"], ignore_eos=spec["ignore_eos"], **kw)
+    if spec.get("load") is not None:   # P/D decode side: the prompt's KV comes from a peer
+        sp.extra_args = {"kv_transfer_params": {"do_remote_prefill": True}}
     sp.update_from_generation_config({}, EOS_TOKEN_ID)
     return Request(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]),
                    sampling_params=sp, pooling_params=None,
                    block_hasher=get_request_block_hasher(block_size, sha256),
                    arrival_time=1000.0 + int(spec["id"]) * 1e-3, priority=spec["priority"])
+
+
+# ---- the fake async KV connector -------------------------------------------------------------
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1, KVConnectorMetadata)
+
+
+class FakeAsyncConnector(KVConnectorBase_V1):
+    """A P/D decode-side connector (as NIXL's): a request with do_remote_prefill loads the
+    rest of its prompt past the local prefix hit asynchronously, once (a retry after a failed
+    load recomputes). The scheduler-side instance records each load's blocks; the Runner
+    completes them (writing their KV fingerprints) after the drawn number of steps and
+    reports them in KVConnectorOutput, a failed one with one invalid block."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.started: dict = {}       # req_id -> (block ids, first external token, prompt len)
+        self.new_loads: list = []     # started since the runner last looked
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        params = request.kv_transfer_params or {}
+        if not params.get("do_remote_prefill") or request.request_id in self.started:
+            return 0, False
+        count = len(request.prompt_token_ids) - num_computed_tokens
+        return count, count > 0
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        params = request.kv_transfer_params or {}
+        if num_external_tokens > 0 and params.get("do_remote_prefill") and \
+                request.request_id not in self.started:
+            n = len(request.prompt_token_ids)
+            self.started[request.request_id] = (list(blocks.get_block_ids()[0]),
+                                                n - num_external_tokens, n)
+            self.new_loads.append(request.request_id)
+
+    def build_connector_meta(self, scheduler_output):
+        return KVConnectorMetadata()
+
+    def request_finished(self, request, block_ids):
+        return False, None
+
+    def start_load_kv(self, forward_context, **kwargs):
+        pass
+
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        pass
+
+    def wait_for_save(self):
+        pass
+
+
+def kv_transfer_config(loads: dict):
+    from vllm.config import KVTransferConfig
+    kw = {}
+    if "kv_load_failure_policy" in getattr(KVTransferConfig, "__dataclass_fields__", {}):
+        kw["kv_load_failure_policy"] = loads["policy"]
+    return KVTransferConfig(kv_connector="FakeAsyncConnector", kv_role="kv_both",
+                            kv_connector_module_path="vllm_diff", **kw)
 
 
 # ---- the simulated model runner --------------------------------------------------------------
@@ -168,6 +246,8 @@ class Runner:
         self.fps: dict[str, list[int]] = {}
         self.specs = specs
         self.checked_positions = 0
+        self.step = 0
+        self.loads_due: dict = {}   # req_id -> (step due, blocks, first, prompt len, bad index)
 
     def _fp(self, rid: str, tokens, upto: int) -> list:
         fp = self.fps.setdefault(rid, [])
@@ -183,7 +263,43 @@ class Runner:
             raise KVError(f"request {rid}: position {p} is beyond its {len(t)} blocks")
         return self.kv[t[b]][p % self.bs]
 
+    def loads_pending(self) -> bool:
+        return bool(self.loads_due)
+
+    def _connector_output(self, sched):
+        """Start the loads the scheduler began this step, complete those due: their KV is
+        written up to the first bad block of a failed one, which is reported invalid."""
+        conn = getattr(sched, "connector", None)
+        if conn is None or not isinstance(conn, KVConnectorBase_V1) or \
+                not hasattr(conn, "new_loads"):
+            return None
+        for rid in conn.new_loads:
+            blocks, first, n = conn.started[rid]
+            ld = self.specs[rid]["load"]
+            bad = None
+            if ld["fail"]:
+                lo, hi = first // self.bs, -(-n // self.bs)
+                bad = lo + int(ld["bad"] * (hi - lo))
+            self.loads_due[rid] = (self.step + ld["delay"], blocks, first, n, bad)
+        conn.new_loads.clear()
+        done = [rid for rid, v in self.loads_due.items() if v[0] <= self.step]
+        if not done:
+            return None
+        invalid = set()
+        for rid in done:
+            _, blocks, first, n, bad = self.loads_due.pop(rid)
+            upto = n if bad is None else min(n, bad * self.bs)
+            fp = self._fp(rid, self.specs[rid]["prompt"], n)
+            for p in range(first, upto):
+                self.kv[blocks[p // self.bs]][p % self.bs] = fp[p]
+            if bad is not None:
+                invalid.add(blocks[bad])
+        from vllm.v1.outputs import KVConnectorOutput
+        return KVConnectorOutput(finished_recving=set(done), invalid_block_ids=invalid)
+
     def run(self, sched, so) -> ModelRunnerOutput:
+        kvo = self._connector_output(sched)
+        self.step += 1
         c = so.scheduled_cached_reqs
         first: dict[str, int] = {}
         for n in so.scheduled_new_reqs:
@@ -242,6 +358,8 @@ class Runner:
             self.shuffle.shuffle(order)
             req_ids = [req_ids[i] for i in order]
             sampled = [sampled[i] for i in order]
+        if kvo is not None:
+            return make_mro(req_ids, sampled, kv_connector_output=kvo)
         return make_mro(req_ids, sampled)
 
     def _check_prefill_ids(self, sched, n) -> None:
@@ -304,7 +422,9 @@ def norm_step(so, eco) -> dict:
 TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
 
 
-def make_sched(kind: str, model: str, cfg: dict):
+def make_sched(kind: str, model: str, cfg: dict, loads: Optional[dict] = None):
+    if loads is not None:
+        cfg = dict(cfg, kv_transfer_config=kv_transfer_config(loads))
     vc, kv = make_configs(model, **cfg)
     kw = dict(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=cfg["block_size"],
               structured_output_manager=StructuredOutputManager(vc))
@@ -336,7 +456,7 @@ def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool
     if async_:
         return drive_async(kind, model, work, max_steps)
     cfg = work["cfg"]
-    sched = make_sched(kind, model, cfg)
+    sched = make_sched(kind, model, cfg, work.get("loads"))
     specs = {r["id"]: r for r in work["reqs"]}
     runner = Runner(cfg["num_blocks"], cfg["block_size"], specs,
                     shuffle_seed=work["seed"] if work.get("shuffle") else None)
@@ -352,7 +472,7 @@ def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool
         while step < max_steps:
             while pending and pending[0]["arrive"] <= step:
                 sched.add_request(make_request(pending.popleft(), cfg["block_size"]))
-            if not pending and not sched.has_requests():
+            if not pending and not sched.has_requests() and not runner.loads_pending():
                 break
             so = sched.schedule()
             eco = sched.update_from_output(so, runner.run(sched, so))
@@ -380,7 +500,7 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
     iteration (EngineCore's input queue), so an abort often hits a request whose step is in
     flight. Each trace entry is one schedule() with the outputs of its own update."""
     cfg = dict(work["cfg"], async_scheduling=True)
-    sched = make_sched(kind, model, cfg)
+    sched = make_sched(kind, model, cfg, work.get("loads"))
     specs = {r["id"]: r for r in work["reqs"]}
     runner = Runner(cfg["num_blocks"], cfg["block_size"], specs, own_tokens=True,
                     shuffle_seed=work["seed"] if work.get("shuffle") else None)
@@ -401,9 +521,10 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
                 sched.finish_requests(aborts[it], RequestStatus.FINISHED_ABORTED)
                 for rid in aborts[it]:
                     reasons.setdefault(rid, "abort")
-            if not pending and not sched.has_requests() and not queue:
+            if not pending and not sched.has_requests() and not queue and \
+                    not runner.loads_pending():
                 break
-            if sched.has_requests():
+            if sched.has_requests() or runner.loads_pending():
                 overlapped += bool(queue)    # scheduled while the previous step is in flight
                 so = sched.schedule()
                 out = runner.run(sched, so)
