@@ -98,7 +98,9 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     uint32_t bs = (uint32_t)s->prm.block_size;
     uint64_t computed = (uint64_t)r->num_computed + (uint64_t)nhit * bs;
     uint64_t total = TDM_MIN(computed + ext + n + look, (uint64_t)s->prm.max_model_len);
-    if (!nhit && total <= (uint64_t)r->num_blocks * bs) { /* the common decode step: room already */
+    /* The common decode step: room already. (An admission, even of a request that holds its
+     * blocks, such as one whose remote KV arrived, still checks the watermark, as vLLM does.) */
+    if (!nhit && !admitting && total <= (uint64_t)r->num_blocks * bs) {
         if (!delay_cache) tdm__cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
         return true;
     }

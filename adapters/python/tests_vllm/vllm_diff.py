@@ -223,7 +223,7 @@ def kv_transfer_config(loads: dict):
     kw = {}
     if "kv_load_failure_policy" in getattr(KVTransferConfig, "__dataclass_fields__", {}):
         kw["kv_load_failure_policy"] = loads["policy"]
-    return KVTransferConfig(kv_connector="FakeAsyncConnector", kv_role="kv_both",
+    return KVTransferConfig(kv_connector="FakeAsyncConnector", kv_role=loads.get("role", "kv_both"),
                             kv_connector_module_path="vllm_diff", **kw)
 
 
@@ -248,6 +248,7 @@ class Runner:
         self.checked_positions = 0
         self.step = 0
         self.loads_due: dict = {}   # req_id -> (step due, blocks, first, prompt len, bad index)
+        self.load_starts: list = []  # (step, req_id) of every load the scheduler started
 
     def _fp(self, rid: str, tokens, upto: int) -> list:
         fp = self.fps.setdefault(rid, [])
@@ -281,6 +282,7 @@ class Runner:
                 lo, hi = first // self.bs, -(-n // self.bs)
                 bad = lo + int(ld["bad"] * (hi - lo))
             self.loads_due[rid] = (self.step + ld["delay"], blocks, first, n, bad)
+            self.load_starts.append((self.step, rid))
         conn.new_loads.clear()
         done = [rid for rid, v in self.loads_due.items() if v[0] <= self.step]
         if not done:
@@ -420,6 +422,7 @@ def norm_step(so, eco) -> dict:
 
 
 TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
+ASYNC_KV_CONSUMER = False     # --async-kv-consumer: keep the connector's kv_both role in async
 
 
 def make_sched(kind: str, model: str, cfg: dict, loads: Optional[dict] = None):
@@ -449,7 +452,8 @@ def run_result(kind, sched, runner, trace, streams, reasons, error, preemptions,
     if hasattr(sched, "shutdown") and kind != "vllm":
         sched.shutdown()
     return dict(trace=trace, streams=dict(streams), reasons=reasons, error=error,
-                preemptions=preemptions, checked=runner.checked_positions, **extra)
+                preemptions=preemptions, checked=runner.checked_positions,
+                load_starts=runner.load_starts, **extra)
 
 
 def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool = False) -> dict:
@@ -500,7 +504,14 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
     iteration (EngineCore's input queue), so an abort often hits a request whose step is in
     flight. Each trace entry is one schedule() with the outputs of its own update."""
     cfg = dict(work["cfg"], async_scheduling=True)
-    sched = make_sched(kind, model, cfg, work.get("loads"))
+    loads = work.get("loads")
+    if loads is not None and not ASYNC_KV_CONSUMER:
+        # With async scheduling and a KV consumer role, vLLM 0.33+ defers freeing the blocks
+        # of a request whose step is in flight until every scheduled step has been updated
+        # (defer_block_free), which the library does not reproduce (docs/adapters.md): the
+        # async runs declare the connector a producer, which changes nothing else here.
+        loads = dict(loads, role="kv_producer")
+    sched = make_sched(kind, model, cfg, loads)
     specs = {r["id"]: r for r in work["reqs"]}
     runner = Runner(cfg["num_blocks"], cfg["block_size"], specs, own_tokens=True,
                     shuffle_seed=work["seed"] if work.get("shuffle") else None)
@@ -611,7 +622,7 @@ def run_seed(model: str, seed: int, async_: bool = False) -> dict:
     return dict(seed=seed, diff=classify(a, b, work), preempt=(a["preemptions"], b["preemptions"]),
                 overlapped=(a.get("overlapped", 0), b.get("overlapped", 0)),
                 steps=(len(a["trace"]), len(b["trace"])), checked=(a["checked"], b["checked"]),
-                cfg=work["cfg"])
+                cfg=work["cfg"], loads=work.get("loads") is not None)
 
 
 def tiny_model_dir() -> str:
@@ -631,17 +642,23 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=2, help="details shown per cause")
     ap.add_argument("--async", dest="async_", action="store_true",
                     help="async scheduling (AsyncScheduler, one-step-lagged updates)")
+    ap.add_argument("--async-kv-consumer", action="store_true",
+                    help="async: the fake connector keeps its consumer role (vLLM then defers "
+                         "block frees, which Tandem does not reproduce)")
     ap.add_argument("--tandem-config", default="{}",
                     help="JSON: library keys set over the adapter's translation")
     ns = ap.parse_args(argv)
     import json
     TANDEM_OVERRIDES.update(json.loads(ns.tandem_config))
+    global ASYNC_KV_CONSUMER
+    ASYNC_KV_CONSUMER = ns.async_kv_consumer
     import vllm
     model = tiny_model_dir()
     causes = collections.defaultdict(list)
-    pv = pt = bad = ov = 0
+    pv = pt = bad = ov = nl = 0
     for seed in range(ns.first, ns.first + ns.seeds):
         r = run_seed(model, seed, ns.async_)
+        nl += r["loads"]
         pv += r["preempt"][0]
         pt += r["preempt"][1]
         ov += r["overlapped"][1]
@@ -650,7 +667,7 @@ def main(argv=None) -> int:
             causes[cause].append((seed, detail, r["cfg"]))
     print(f"vllm_diff vllm={vllm.__version__} {'async' if ns.async_ else 'sync'} "
           f"seeds={ns.seeds} divergent={bad} overlapped_schedules={ov} "
-          f"preemptions vllm={pv} tandem={pt}")
+          f"preemptions vllm={pv} tandem={pt} kv_load_seeds={nl}")
     for cause, items in sorted(causes.items(), key=lambda kv: -len(kv[1])):
         print(f"  {cause}: {len(items)} seeds ({', '.join(str(s) for s, _, _ in items[:12])}"
               f"{', ...' if len(items) > 12 else ''})")
