@@ -286,6 +286,15 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             self.connector = KVConnectorFactory.create_connector(
                 config=vllm_config, role=KVConnectorRole.SCHEDULER,
                 kv_cache_config=kv_cache_config)
+            if self._async and bool(getattr(vllm_config.kv_transfer_config, "is_kv_consumer",
+                                            False)) and _HAS_KV_HOLDING:
+                # vLLM 0.33+ (defer_block_free): with steps in flight, a KV consumer's freed
+                # blocks return to the pool only once every scheduled step is updated
+                _logger.warning("TandemScheduler: with async scheduling and a KV consumer "
+                                "connector, vLLM returns freed blocks to the pool a step or "
+                                "two later than Tandem does (defer_block_free is not "
+                                "reproduced); run with --no-async-scheduling for vLLM's exact "
+                                "block reuse")
         cfg = tandem_config_from_vllm(vllm_config, kv_cache_config, block_size)
         self._load_queue = bool(cfg.get("max_inflight_kv_loads"))
         # --additional-config '{"tandem": ...}' (tandem_config.py); None: vLLM's behaviour
