@@ -239,6 +239,40 @@ static void kv_load_queues__failed_load_without_valid_blocks_relooks_up(void **s
     finish_all(s, 2.0);
 }
 
+/* An admission checks the watermark even when the request holds all its blocks (vLLM applies
+ * it with no new block to allocate): 11 usable blocks, watermark 0.45 = 5 blocks; request 1
+ * (47 tokens) runs on 3, the load of 2 takes 3 (3 + 5 <= 8 free), then 1's fourth block
+ * leaves 4 free: 2, received, waits until 1 has finished. */
+static void kv_load_queues__received_request_admitted_above_the_watermark(void **state)
+{
+    (void)state;
+    const int64_t kv[] = { TDM_SCHED_ROLE, TDM_ROLE_DECODE, TDM_SCHED_NUM_BLOCKS, 12,
+                           TDM_SCHED_WATERMARK_PPM, 450000, TDM_SCHED_KV_LOAD_QUEUES, 1, 0 };
+    tdm_sched *s = tsd_newp(kv);
+    assert_int_equal(tsd_add(s, 1, 47, 4), TDM_OK);
+    tdm_batch b;
+    tsd_step(s, 1.0, &b);
+    tsd_update(s, &b, 7, 1.01, NULL);
+    assert_int_equal(add_flags(s, 2, 40, 2, TDM_REQ_REMOTE_PREFILL), TDM_OK);
+    tsd_step(s, 1.1, &b);
+    assert_int_equal(b.num_recv_ready, 1);
+    tsd_update(s, &b, 7, 1.11, NULL);
+    assert_int_equal(tdm_sched_remote_kv_done(s, 2, 1, 0), TDM_OK);
+    double now = 1.2;
+    for (int k = 0; k < 2; k++, now += 0.1) { /* 1's last two tokens */
+        tsd_step(s, now, &b);
+        assert_int_not_equal(tsd_find(&b, 1), -1);
+        assert_int_equal(tsd_find(&b, 2), -1);
+        tsd_update(s, &b, 7, now + 0.01, NULL);
+    }
+    assert_int_equal(tsd_state(s, 1), TDM_STATE_FINISHED);
+    tsd_step(s, now, &b); /* nothing runs: no watermark */
+    assert_int_not_equal(tsd_find(&b, 2), -1);
+    assert_int_equal(b.num_computed[tsd_find(&b, 2)], 39);
+    tsd_update(s, &b, 7, now + 0.01, NULL);
+    finish_all(s, now + 1.0);
+}
+
 static void kv_load_params__validated_and_fixed_while_requests_held(void **state)
 {
     (void)state;
@@ -270,6 +304,7 @@ int main(void)
         TSD_TEST(kv_load_queues__received_first_in_start_order),
         TSD_TEST(kv_load_queues__load_leaves_prefills_their_blocks),
         TSD_TEST(kv_load_queues__failed_load_without_valid_blocks_relooks_up),
+        TSD_TEST(kv_load_queues__received_request_admitted_above_the_watermark),
         TSD_TEST(kv_load_params__validated_and_fixed_while_requests_held),
     };
     return cmocka_run_group_tests_name("sched_kv_loads", tests, NULL, NULL);
