@@ -183,6 +183,13 @@ class FakeAsyncConnector(KVConnectorBase_V1):
         self.started: dict = {}       # req_id -> (block ids, first external token, prompt len)
         self.new_loads: list = []     # started since the runner last looked
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # It only loads; it hands no KV off when a request completes (vLLM's default for a
+        # kv_consumer). True would make vLLM drop, at a preemption, the output of a step in
+        # flight, which the library delivers (docs/adapters.md).
+        return False
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         params = request.kv_transfer_params or {}
         if not params.get("do_remote_prefill") or request.request_id in self.started:
@@ -509,7 +516,8 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
         # With async scheduling and a KV consumer role, vLLM 0.33+ defers freeing the blocks
         # of a request whose step is in flight until every scheduled step has been updated
         # (defer_block_free), which the library does not reproduce (docs/adapters.md): the
-        # async runs declare the connector a producer, which changes nothing else here.
+        # async runs declare the connector a producer (it still hands nothing off:
+        # requires_kv_delivery is False), which changes nothing else here.
         loads = dict(loads, role="kv_producer")
     sched = make_sched(kind, model, cfg, loads)
     specs = {r["id"]: r for r in work["reqs"]}
