@@ -134,6 +134,10 @@ static int validate_cross(tdm_sched *s, const tdm__params *p)
     if (p->policy == TDM_POLICY_CUSTOM && s->prm.policy != TDM_POLICY_CUSTOM)
         return tdm__fail(&s->err, TDM_E_CONFIG,
                          "policy \"custom\" is set by tdm_sched_set_policy or \"policy_plugin\"");
+    if ((p->kv_load_queues || p->max_inflight_kv_loads) && p->policy == TDM_POLICY_SLO_ADAPTIVE)
+        return tdm__fail(&s->err, TDM_E_CONFIG,
+                         "kv_load_queues and max_inflight_kv_loads (vLLM's load queues) do not "
+                         "combine with policy \"slo_adaptive\"");
     return TDM_OK;
 }
 
