@@ -356,6 +356,15 @@ class OutputsMixin:
             tid = self._id_of.get(req_id)
             if tid is None:
                 continue
+            if tid in self._recv_aborted:   # aborted while loading: its blocks are free now
+                reported = self._recv_aborted.pop(tid)
+                try:
+                    self.sched.remote_kv_done(tid, ok=True)
+                except TandemError:
+                    pass
+                if reported:
+                    self._forget(tid)
+                continue
             blocks = self.sched.request_blocks(tid)
             bad = [i for i, blk in enumerate(blocks) if blk in invalid]
             try:

@@ -326,6 +326,7 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         self._held_new: list[Request] = []   # added while PAUSED_NEW
         self._pending: deque = deque()      # (SchedulerOutput, slots, tids) not yet updated
         self._held: set = set()       # tids whose blocks the connector sends (delay free)
+        self._recv_aborted: dict = {}  # tids aborted while their KV load was in flight
         self._errors: dict = {}        # req_id -> (Request, RequestError): finished next update
         self._fresh: set = set()       # slots with events / prefill stats to hand out
         self._num_special = 0          # live slots that need the per-request output path
@@ -512,6 +513,9 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
                         q.remove(request)
                 self._errors.pop(req_id, None)
             elif reason == FinishReason.ABORT:
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    # its blocks stay held until the connector reports the load done
+                    self._recv_aborted[tid] = False   # True once a batch reported it
                 self.sched.abort(tid)
             else:
                 self.sched.finish(tid, reason)
@@ -621,7 +625,11 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             req_id = self._req_of.get(tid)
             if req_id is not None:
                 self.finished_req_ids.add(req_id)
-                if tid not in self._held:     # held blocks: forgotten on finished_sending
+                # held blocks: forgotten on finished_sending, or (an aborted load) on
+                # finished_recving
+                if tid in self._recv_aborted:
+                    self._recv_aborted[tid] = True
+                elif tid not in self._held:
                     self._forget(tid)
         if self.connector is not None:
             for tid in recv:
