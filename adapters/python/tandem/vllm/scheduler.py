@@ -296,12 +296,12 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
                                 "reproduced); run with --no-async-scheduling for vLLM's exact "
                                 "block reuse")
         cfg = tandem_config_from_vllm(vllm_config, kv_cache_config, block_size)
-        self._load_queue = bool(cfg.get("max_inflight_kv_loads"))
         # --additional-config '{"tandem": ...}' (tandem_config.py); None: vLLM's behaviour
         cfg, tandem_opts = _tandem_cli.configure(vllm_config, cfg)
         if tandem_config:
             cfg.update(tandem_config)
         self.tandem_config = cfg
+        self._load_queue = bool(cfg.get("max_inflight_kv_loads"))
         self.sched = _tandem_cli.create_scheduler(cfg, tandem_opts)
         from .kv_events import KVEventRelay
         self._kv_events = KVEventRelay(vllm_config, kv_cache_config, self.sched,
