@@ -180,12 +180,12 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
     # (detected by the scheduler's kv_holding_waiting queue); 0.34's
     # --max-num-inflight-kv-loads caps the loads holding blocks and starts them while the
     # batch is full; --kv-load-failure-policy (vLLM's default "fail") decides a failed load.
-    if _HAS_KV_HOLDING:
+    ktc = getattr(vllm_config, "kv_transfer_config", None)
+    if _HAS_KV_HOLDING and ktc is not None:   # only a KV connector loads
         cfg["kv_load_queues"] = True
     loads = getattr(sc, "max_num_inflight_kv_loads", None)
     if loads:
         cfg["max_inflight_kv_loads"] = int(loads)
-    ktc = getattr(vllm_config, "kv_transfer_config", None)
     if ktc is not None and getattr(ktc, "kv_load_failure_policy", None) is not None:
         cfg["remote_kv_failure"] = ("fail" if ktc.kv_load_failure_policy == "fail"
                                     else "recompute")
@@ -300,6 +300,10 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         cfg, tandem_opts = _tandem_cli.configure(vllm_config, cfg)
         if tandem_config:
             cfg.update(tandem_config)
+        if cfg.get("policy") == "slo_adaptive":
+            # not vLLM's schedule anyway: the SLO-adaptive policy keeps its own queues (an
+            # explicit --max-num-inflight-kv-loads with it is refused by the library)
+            cfg.pop("kv_load_queues", None)
         self.tandem_config = cfg
         self._load_queue = bool(cfg.get("max_inflight_kv_loads"))
         self.sched = _tandem_cli.create_scheduler(cfg, tandem_opts)
