@@ -211,9 +211,31 @@ typedef enum tdm_sched_param {
                                               depth, deepest first (vLLM 0.34's
                                               cache_aware_admission_window); FCFS with prefix
                                               caching only; 0 = off (default) */
-    TDM_SCHED_CACHE_AWARE_THRESHOLD_PPM = 29 /* ["cache_aware_threshold" in JSON, float 0..1] the
+    TDM_SCHED_CACHE_AWARE_THRESHOLD_PPM = 29, /* ["cache_aware_threshold" in JSON, float 0..1] the
                                               KV usage below which the window is not applied,
                                               in millionths; default 500000 (0.5) */
+    TDM_SCHED_MAX_INFLIGHT_KV_LOADS = 30,  /* ["max_inflight_kv_loads"] vLLM 0.34's
+                                              max_num_inflight_kv_loads: the most remote-KV
+                                              loads holding blocks before they run (receiving,
+                                              or received and waiting for a running slot,
+                                              aborted receives included); requests added with
+                                              TDM_REQ_MAY_LOAD_ASYNC wait in a queue of their
+                                              own whose loads start even while the running
+                                              batch or the token budget is full. 0 = no cap
+                                              and no such queue (default). Implies
+                                              KV_LOAD_QUEUES. Only while the scheduler holds
+                                              no request */
+    TDM_SCHED_KV_LOAD_QUEUES = 31          /* ["kv_load_queues"] 0/1: vLLM 0.33+'s remote-KV
+                                              admission: a request whose KV arrived (or failed)
+                                              waits in a queue drained before the waiting
+                                              queue, in load-start order (priority order with
+                                              the PRIORITY policy); a load starts only if its
+                                              blocks fit in the free blocks less those that
+                                              prefilling running requests and other loads still
+                                              need for their whole prompt; a failed load with
+                                              no valid block frees its blocks and looks the
+                                              prefix cache up again. Default 0. Only while the
+                                              scheduler holds no request */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */
@@ -305,6 +327,12 @@ TDM_API int tdm_sched_get_param(const tdm_sched *s, tdm_sched_param key, int64_t
                                             cache (whole blocks within them); 0 = no reads, as
                                             SKIP_PREFIX_CACHE (vLLM 0.34's
                                             Request.prefix_cache_hit_limit) */
+#define TDM_REQ_MAY_LOAD_ASYNC (1u << 6) /* with MAX_INFLIGHT_KV_LOADS: the request may load its
+                                            KV from a remote peer (vLLM's
+                                            KVConnector.may_load_async), so it waits in the
+                                            load queue, whose loads start while the batch is
+                                            full; without REMOTE_PREFILL it is admitted as any
+                                            other once a running slot is free */
 #define TDM_REQ_PRECOMPUTED_DIGESTS (1u << 7) /* block_hashes hold Tandem's own digests of the
                                             first num_block_hashes full prompt blocks, computed
                                             ahead (e.g. on another thread) by

@@ -63,6 +63,8 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_LONG_PREFILL_NEEDS_CHUNKING, "long_prefill_needs_chunking", K_BOOL, 0, 1, OFF(long_prefill_needs_chunking), NULL, false },
     { TDM_SCHED_CACHE_AWARE_WINDOW, "cache_aware_window", K_INT, 0, 1 << 20, OFF(cache_aware_window), NULL, false },
     { TDM_SCHED_CACHE_AWARE_THRESHOLD_PPM, "cache_aware_threshold", K_FRACTION_PPM, 0, 1000000, OFF(cache_aware_threshold_ppm), NULL, false },
+    { TDM_SCHED_MAX_INFLIGHT_KV_LOADS, "max_inflight_kv_loads", K_INT, 0, 1 << 24, OFF(max_inflight_kv_loads), NULL, true },
+    { TDM_SCHED_KV_LOAD_QUEUES, "kv_load_queues", K_BOOL, 0, 1, OFF(kv_load_queues), NULL, true },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {
@@ -132,6 +134,10 @@ static int validate_cross(tdm_sched *s, const tdm__params *p)
     if (p->policy == TDM_POLICY_CUSTOM && s->prm.policy != TDM_POLICY_CUSTOM)
         return tdm__fail(&s->err, TDM_E_CONFIG,
                          "policy \"custom\" is set by tdm_sched_set_policy or \"policy_plugin\"");
+    if ((p->kv_load_queues || p->max_inflight_kv_loads) && p->policy == TDM_POLICY_SLO_ADAPTIVE)
+        return tdm__fail(&s->err, TDM_E_CONFIG,
+                         "kv_load_queues and max_inflight_kv_loads (vLLM's load queues) do not "
+                         "combine with policy \"slo_adaptive\"");
     return TDM_OK;
 }
 
@@ -153,6 +159,11 @@ static int commit(tdm_sched *s, const tdm__params *np)
         return tdm__fail(&s->err, TDM_E_STATE,
                          "async_scheduling can only change while the scheduler holds no request "
                          "(%u held)", s->map_len);
+    if ((np->max_inflight_kv_loads != s->prm.max_inflight_kv_loads ||
+         np->kv_load_queues != s->prm.kv_load_queues) && s->map_len)
+        return tdm__fail(&s->err, TDM_E_STATE,
+                         "max_inflight_kv_loads and kv_load_queues can only change while the "
+                         "scheduler holds no request (%u held)", s->map_len);
     if (tdm__hasher_reserve(&s->hasher, (uint32_t)np->block_size))
         return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for hashing blocks of %lld tokens",
                          (long long)np->block_size);
@@ -163,7 +174,7 @@ static int commit(tdm_sched *s, const tdm__params *np)
     /* A heap-ordered policy needs room for every live request; reserve before any change. */
     if (np->policy != TDM_POLICY_FCFS && tdm__heap_reserve(s, s->map_len + 1))
         return tdm__fail(&s->err, TDM_E_NOMEM, "out of memory for the waiting queue");
-    if (repolicy && tdm__waiting_len(s))
+    if (repolicy && tdm__waiting_len(s) + tdm__kvl_waiting(s))
         return tdm__fail(&s->err, TDM_E_STATE,
                          "the policy can only change while the waiting queue is empty (%u waiting)",
                          tdm__waiting_len(s));

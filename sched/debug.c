@@ -47,7 +47,7 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
     if (msg && msg_len) msg[0] = '\0';
 
     /* Every live request: state, container, block table. */
-    uint32_t live = 0, n_wait = 0, n_run = 0, n_remote = 0, n_held = 0, n_fin = 0, n_long = 0;
+    uint32_t live = 0, n_kvl = 0, n_wait = 0, n_run = 0, n_remote = 0, n_held = 0, n_fin = 0, n_long = 0;
     for (uint32_t i = 0; s->map && i <= s->map_mask; i++) {
         const tdm__req *r = s->map[i];
         if (!r) continue;
@@ -67,6 +67,14 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
         switch (r->state) {
         case TDM_STATE_WAITING:
         case TDM_STATE_PREEMPTED:
+            if (r->queue) {
+                n_kvl++;
+                CHECK(in_list(r->queue == TDM__Q_HOLD ? &s->kv_hold : &s->kv_async, r),
+                      "request %llu is not in its load queue", (unsigned long long)r->id);
+                CHECK(r->queue == TDM__Q_HOLD || r->num_blocks == 0,
+                      "request %llu waits to load but holds %u blocks", (unsigned long long)r->id, r->num_blocks);
+                break;
+            }
             n_wait++;
             if (tdm__waiting_uses_heap(s))
                 CHECK(r->heap_index < s->heap_len && s->heap[r->heap_index] == r,
@@ -127,6 +135,8 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
     }
     CHECK(live == s->map_len, "id map counts %u requests, %u found", s->map_len, live);
     CHECK(n_wait == tdm__waiting_len(s), "%u waiting requests, queue length %u", n_wait, tdm__waiting_len(s));
+    CHECK(n_kvl == tdm__kvl_waiting(s), "%u requests in load queues, their lengths %u", n_kvl,
+          tdm__kvl_waiting(s));
     CHECK(n_long == s->ad_long_len, "%u requests in the longest-prefill heap, its length %u", n_long, s->ad_long_len);
     CHECK(n_run == s->num_running, "%u running requests, running array %u", n_run, s->num_running);
     CHECK(s->num_running <= (uint64_t)s->prm.max_num_seqs || s->num_running <= s->cap_running,

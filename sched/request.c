@@ -155,6 +155,7 @@ void tdm__preempt(tdm_sched *s, tdm__req *r)
     r->num_placeholders = 0; /* the output in flight is stale: it no longer counts */
     /* num_spec_sched stays: a late output of the step in flight may still report drafts. */
     r->num_preemptions++;
+    r->kvl_prefill = false;
     r->state = TDM_STATE_PREEMPTED;
     s->preemptions++;
     /* Never fails: the heap holds room for every live request (reserved at add). */
@@ -166,8 +167,12 @@ static void detach(tdm_sched *s, tdm__req *r)
 {
     switch (r->state) {
     case TDM_STATE_WAITING:
-    case TDM_STATE_PREEMPTED: tdm__waiting_remove(s, r); break;
+    case TDM_STATE_PREEMPTED:
+        if (r->queue) tdm__kvl_remove(s, r); /* kv_hold or kv_async */
+        else tdm__waiting_remove(s, r);
+        break;
     case TDM_STATE_RUNNING:
+        r->kvl_prefill = false;
         if (s->in_update) { /* compacted once at the end of the update */
             s->running[r->run_index] = NULL;
             s->running_holes++;
@@ -239,6 +244,12 @@ void tdm__remote_failed(tdm_sched *s, tdm__req *r, uint32_t num_valid)
     r->num_remote = 0;
     r->remote_done = true;
     r->state = r->ever_admitted ? TDM_STATE_PREEMPTED : TDM_STATE_WAITING;
+    if (tdm__kvl_on(s)) {
+        /* vLLM 0.33+: the valid blocks join the prefix cache; with none valid, the blocks
+         * are freed and the request looks the prefix cache up again (kv_loads.c). */
+        tdm__kvl_received(s, r, computed);
+        return;
+    }
     (void)tdm__waiting_requeue_received(s, r);
 }
 

@@ -191,7 +191,8 @@ static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
 
 #define ALL_REQ_FLAGS \
     (TDM_REQ_IGNORE_EOS | TDM_REQ_REMOTE_PREFILL | TDM_REQ_REMOTE_DECODE | TDM_REQ_SKIP_PREFIX_CACHE | \
-     TDM_REQ_SLO_DEPRIORITIZE | TDM_REQ_PREFIX_HIT_LIMIT | TDM_REQ_PRECOMPUTED_DIGESTS)
+     TDM_REQ_SLO_DEPRIORITIZE | TDM_REQ_PREFIX_HIT_LIMIT | TDM_REQ_MAY_LOAD_ASYNC | \
+     TDM_REQ_PRECOMPUTED_DIGESTS)
 #define MAX_STOP_IDS 4096u
 #define MAX_SALT 4096u
 
@@ -413,7 +414,10 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
         tdm__req_destroy(s, r);
         return tdm__fail(&s->err, rc, "add %llu: out of memory", (unsigned long long)d->id);
     }
-    (void)tdm__waiting_push(s, r); /* cannot fail: reserved above */
+    if (s->prm.max_inflight_kv_loads && (r->flags & TDM_REQ_MAY_LOAD_ASYNC))
+        tdm__kvl_push(s, r, TDM__Q_ASYNC); /* the load queue (kv_loads.c) */
+    else
+        (void)tdm__waiting_push(s, r); /* cannot fail: reserved above */
     if (s->prm.policy == TDM_POLICY_SLO_ADAPTIVE) tdm__ad_arrived(s, r);
     return TDM_OK;
 }
@@ -557,12 +561,17 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
     /* Received: every token whose KV arrived is computed, but the last prompt token is always
      * recomputed for its logits. The received blocks join the prefix cache. */
     uint32_t bs = (uint32_t)s->prm.block_size;
-    uint32_t computed = TDM_MIN(r->num_computed + r->num_remote, r->num_tokens);
-    if (computed == r->num_tokens) computed--;
+    uint32_t arrived = TDM_MIN(r->num_computed + r->num_remote, r->num_tokens);
+    uint32_t computed = arrived == r->num_tokens ? arrived - 1 : arrived;
     tdm__list_remove(&s->remote, r);
     r->num_computed = computed;
     r->num_remote = 0;
     r->remote_done = true;
+    if (tdm__kvl_on(s)) { /* kv_hold; cached when a step reaches it (kv_loads.c) */
+        r->state = TDM_STATE_WAITING;
+        tdm__kvl_received(s, r, arrived);
+        return TDM_OK;
+    }
     if (s->prm.enable_prefix_caching) {
         uint32_t full = computed / bs;
         tdm__req_hash_blocks(s, r);
@@ -655,7 +664,7 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
     st.struct_size = sizeof(st);
     st.num_running = s->num_running;
     st.num_waiting_remote_kv = s->remote.len - s->remote_aborted;
-    st.num_waiting = tdm__waiting_len(s) + st.num_waiting_remote_kv;
+    st.num_waiting = tdm__waiting_len(s) + tdm__kvl_waiting(s) + st.num_waiting_remote_kv;
     st.num_held = s->held.len + s->remote_aborted;
     st.num_total_blocks = s->pool.num_blocks - 1;
     st.num_free_blocks = s->pool.num_free;
@@ -680,7 +689,7 @@ int tdm_sched_get_stats(const tdm_sched *s, tdm_sched_stats *out)
 int tdm_sched_num_unfinished(const tdm_sched *s, uint32_t *n)
 {
     if (!s || !n) return TDM_E_INVAL;
-    *n = s->num_running + tdm__waiting_len(s) + s->remote.len - s->remote_aborted;
+    *n = s->num_running + tdm__waiting_len(s) + tdm__kvl_waiting(s) + s->remote.len - s->remote_aborted;
     return TDM_OK;
 }
 

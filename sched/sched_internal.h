@@ -7,6 +7,10 @@
  *                        priority and custom policies)
  *   RUNNING              the running array, in admission order
  *   WAITING_REMOTE_KV    the remote list (admission order = deadline order)
+ *   WAITING (kv_load_queues) a request whose remote KV arrived or failed: the kv_hold list,
+ *                        drained before the waiting queue; with max_inflight_kv_loads, a
+ *                        MAY_LOAD_ASYNC request not yet loading: the kv_async list
+ *                        (kv_loads.c; `queue` says which)
  *   FINISHED_HELD        the held list (finish order = deadline order) when holding blocks
  *                        for a remote decode; the remote list when aborted while receiving
  *   FINISHED             the finished array until the next step reports and frees it
@@ -63,6 +67,11 @@ struct tdm__req {
     bool ever_admitted;
     bool remote_done;          /* remote KV received (or given up) */
     bool reported;             /* its finish was reported in a batch (it may be destroyed) */
+    uint8_t queue;             /* TDM__Q_*: the waiting container of a WAITING/PREEMPTED request */
+    bool kvl_prefill;          /* kv_load_queues: admitted and still prefilling (its remaining
+                                  blocks are reserved against new remote-KV loads) */
+    bool kvl_promote;          /* kv_load_queues: its load ended, not yet seen by a step */
+    uint32_t kvl_cache_upto;   /* ... then its blocks are cached up to this token (0: freed) */
     tdm_token *tokens;         /* NULL until admitted; capacity cap_tokens */
     uint32_t *blocks;
     uint64_t sched_step;       /* step in which it was last scheduled */
@@ -104,6 +113,7 @@ struct tdm__req {
     double ttft_slo, tpot_slo;
     uint64_t seq;              /* add order: the final tie-break */
     uint64_t admit_seq;        /* order of (re)admission to running */
+    uint64_t load_seq;         /* order in which its remote-KV load started (kv_hold order) */
     tdm__link link;            /* waiting deque, remote list or held list */
     double finish_time;
     double deadline;           /* remote-KV wait or held-block deadline */
@@ -145,6 +155,8 @@ typedef struct tdm__params {
     int64_t long_prefill_needs_chunking; /* the threshold only with chunked prefill (vLLM 0.34) */
     int64_t cache_aware_window;          /* waiting requests reordered by cached prefix */
     int64_t cache_aware_threshold_ppm;   /* ... once KV usage reaches this */
+    int64_t max_inflight_kv_loads;       /* vLLM 0.34's load cap and load queue; 0 = none */
+    int64_t kv_load_queues;              /* vLLM 0.33+'s received-KV queue and load gate */
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;
@@ -195,6 +207,9 @@ struct tdm_sched {
     uint32_t num_running, cap_running;
 
     tdm__list remote;   /* WAITING_REMOTE_KV, admission (= deadline) order */
+    tdm__list kv_hold;  /* kv_load_queues: KV received or failed, not yet running (kv_loads.c) */
+    tdm__list kv_async; /* max_inflight_kv_loads: MAY_LOAD_ASYNC requests not yet loading */
+    uint64_t next_load; /* load_seq counter */
     tdm__list held;     /* FINISHED_HELD for a remote decode, finish (= deadline) order */
     uint32_t remote_aborted; /* FINISHED_HELD requests still in `remote` (aborted receives) */
     tdm__vec finished;  /* tdm__req *: finished since the last step */
@@ -294,6 +309,26 @@ void tdm__waiting_remove(tdm_sched *s, tdm__req *r);
 void tdm__cache_aware_reorder(tdm_sched *s);
 int tdm__waiting_reserve(tdm_sched *s, uint32_t n);  /* heap room when the policy uses one */
 int tdm__heap_reserve(tdm_sched *s, uint32_t n);     /* heap room, whatever the policy */
+
+/* the remote-KV load queues (kv_loads.c); TDM__Q_WAIT: the waiting queue above */
+enum { TDM__Q_NONE = 0, TDM__Q_WAIT = 1, TDM__Q_HOLD = 2, TDM__Q_ASYNC = 3 };
+static inline bool tdm__kvl_on(const tdm_sched *s)
+{
+    return s->prm.kv_load_queues || s->prm.max_inflight_kv_loads;
+}
+uint32_t tdm__kvl_waiting(const tdm_sched *s);              /* requests in kv_hold and kv_async */
+void tdm__kvl_push(tdm_sched *s, tdm__req *r, int q);       /* into kv_hold or kv_async, in order */
+void tdm__kvl_remove(tdm_sched *s, tdm__req *r);            /* out of whichever holds it */
+int tdm__kvl_next_queue(const tdm_sched *s, bool loads_only, bool take_async);
+tdm__req *tdm__kvl_peek(const tdm_sched *s, int q);
+void tdm__kvl_pop(tdm_sched *s, int q);
+bool tdm__kvl_admits_load(const tdm_sched *s);              /* under max_inflight_kv_loads */
+uint64_t tdm__kvl_reserved_blocks(const tdm_sched *s);      /* blocks a new load must leave */
+/* A load ended (ok: cache_upto = the tokens that arrived; failed: the valid ones, 0 = none):
+ * into kv_hold. The blocks are cached (or, none valid, freed) when a step first takes the
+ * request from kv_hold (tdm__kvl_promote), as vLLM does at that point. */
+void tdm__kvl_received(tdm_sched *s, tdm__req *r, uint32_t cache_upto);
+void tdm__kvl_promote(tdm_sched *s, tdm__req *r);
 
 /* policy */
 void tdm__policy_view(const tdm__req *r, tdm_request_view *v);

@@ -93,12 +93,14 @@ void tdm__cache_new_blocks(tdm_sched *s, tdm__req *r, uint32_t upto_tokens)
  * cover it (or, when admitting, it would dip below the watermark, or, with
  * reserve_full_prompt, the pool could not hold all of r's tokens). */
 static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint32_t ext, uint32_t look,
-                     bool admitting, bool delay_cache)
+                     bool admitting, bool delay_cache, uint64_t reserve)
 {
     uint32_t bs = (uint32_t)s->prm.block_size;
     uint64_t computed = (uint64_t)r->num_computed + (uint64_t)nhit * bs;
     uint64_t total = TDM_MIN(computed + ext + n + look, (uint64_t)s->prm.max_model_len);
-    if (!nhit && total <= (uint64_t)r->num_blocks * bs) { /* the common decode step: room already */
+    /* The common decode step: room already. (An admission, even of a request that holds its
+     * blocks, such as one whose remote KV arrived, still checks the watermark, as vLLM does.) */
+    if (!nhit && !admitting && total <= (uint64_t)r->num_blocks * bs) {
         if (!delay_cache) tdm__cache_full_blocks(s, r, (uint32_t)(computed + ext + n));
         return true;
     }
@@ -114,7 +116,8 @@ static bool allocate(tdm_sched *s, tdm__req *r, uint32_t n, uint32_t nhit, uint3
     uint64_t wm = 0;
     if (admitting && s->prm.watermark_ppm && s->num_running > 0)
         wm = (uint64_t)s->pool.num_blocks * (uint64_t)s->prm.watermark_ppm / 1000000u;
-    if (take + wm > s->pool.num_free) return false;
+    /* reserve: blocks a remote-KV load must leave to others (kv_loads.c) */
+    if (take + wm + reserve > s->pool.num_free) return false;
     if (admitting && s->prm.reserve_full_prompt) {
         /* vLLM's scheduler_reserve_full_isl: blocks for every token must be free, not just
          * for the first chunk (hits and the watermark are counted as in the chunk check). */
@@ -285,7 +288,7 @@ static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, 
             return;
         }
         for (;;) {
-            if (allocate(s, r, (uint32_t)n, 0, 0, c->look, false, false)) break;
+            if (allocate(s, r, (uint32_t)n, 0, 0, c->look, false, false, 0)) break;
             uint32_t v = tdm__policy_victim(s);
             bool self = s->running[v] == r;
             preempt_at(c, v);
@@ -317,19 +320,29 @@ static void run_waiting(step_ctx *c)
     tdm_sched *s = c->s;
     uint32_t bs = (uint32_t)s->prm.block_size;
     tdm__list skipped = { NULL, NULL, 0 };
+    bool kvl = tdm__kvl_on(s);   /* vLLM 0.33+'s load queues (kv_loads.c) */
+    bool take_async = true;      /* cleared once the load queue's head cannot start a load */
     if (s->prm.cache_aware_window) tdm__cache_aware_reorder(s);
-    while (tdm__waiting_len(s) && c->budget > 0) {
+    for (;;) {
         if (c->adaptive) tdm__ad_demote(s, c->now);
-        if (s->num_running >= (uint64_t)s->prm.max_num_seqs) break;
-        if (c->decode_first && s->prm.max_num_partial_prefills &&
+        bool loads_only = s->num_running >= (uint64_t)s->prm.max_num_seqs || c->budget == 0;
+        int q;
+        if (!kvl) {
+            if (!tdm__waiting_len(s) || loads_only) break;
+            q = TDM__Q_WAIT;
+        } else if ((q = tdm__kvl_next_queue(s, loads_only, take_async)) == TDM__Q_NONE) {
+            break;
+        }
+        if (!loads_only && c->decode_first && s->prm.max_num_partial_prefills &&
             c->partial_prefills >= (uint64_t)s->prm.max_num_partial_prefills)
             break;
-        tdm__req *r = tdm__waiting_peek(s);
+        tdm__req *r = tdm__kvl_peek(s, q);
+        if (r->kvl_promote) tdm__kvl_promote(s, r); /* its load ended since the last step */
         if (r->state == TDM_STATE_PREEMPTED && r->pend_n) {
             /* Preempted with a step in flight: its late output is still applied, so resuming
              * now could compute a position that output brings. It waits out this step, keeping
              * its place (vLLM 0.31-0.33 skip it). */
-            tdm__waiting_pop(s);
+            tdm__kvl_pop(s, q);
             tdm__list_push_back(&skipped, r);
             continue;
         }
@@ -340,23 +353,33 @@ static void run_waiting(step_ctx *c)
         }
         uint32_t nhit = prefix_lookup(s, r);
         uint32_t hit_tokens = nhit * bs;
+        uint32_t ext = 0;
         if ((r->flags & TDM_REQ_REMOTE_PREFILL) && !r->remote_done) {
-            uint32_t ext = r->num_remote > hit_tokens ? r->num_remote - hit_tokens : 0;
-            if (ext) { /* reserve the blocks, then wait for the KV to arrive */
-                if (!allocate(s, r, 0, nhit, ext, 0, true, true)) break;
-                tdm__waiting_pop(s);
-                s->prefix_queries += r->num_tokens;
-                s->prefix_hits += hit_tokens;
-                r->num_computed = hit_tokens;
-                r->num_cached = hit_tokens;
-                r->num_remote = ext;
-                r->state = TDM_STATE_WAITING_REMOTE_KV;
-                r->deadline = tdm__deadline_after(c->now, s->prm.remote_kv_timeout_ms);
-                tdm__list_push_back(&s->remote, r);
-                TDM_VEC_AT(&s->out_recv_ready, uint64_t, s->out_recv_ready.len++) = r->id;
-                continue;
-            }
-            r->remote_done = true; /* the local prefix cache already has it all */
+            ext = r->num_remote > hit_tokens ? r->num_remote - hit_tokens : 0;
+            if (!ext) r->remote_done = true; /* the local prefix cache already has it all */
+        }
+        if (kvl && ((ext && !tdm__kvl_admits_load(s)) || (loads_only && !ext))) {
+            /* Past max_inflight_kv_loads, or it needs a running slot while none is free: it
+             * waits at the head of its queue; the other queue may still admit (vLLM 0.34). */
+            if (q != TDM__Q_ASYNC) break;
+            take_async = false;
+            continue;
+        }
+        if (ext) { /* reserve the blocks, then wait for the KV to arrive */
+            uint64_t reserve = kvl ? tdm__kvl_reserved_blocks(s) : 0;
+            if (!allocate(s, r, 0, nhit, ext, 0, true, true, reserve)) break;
+            tdm__kvl_pop(s, q);
+            s->prefix_queries += r->num_tokens;
+            s->prefix_hits += hit_tokens;
+            r->num_computed = hit_tokens;
+            r->num_cached = hit_tokens;
+            r->num_remote = ext;
+            r->state = TDM_STATE_WAITING_REMOTE_KV;
+            r->load_seq = ++s->next_load;
+            r->deadline = tdm__deadline_after(c->now, s->prm.remote_kv_timeout_ms);
+            tdm__list_push_back(&s->remote, r);
+            TDM_VEC_AT(&s->out_recv_ready, uint64_t, s->out_recv_ready.len++) = r->id;
+            continue;
         }
         uint32_t computed = r->num_computed + hit_tokens;
         uint64_t n = r->num_tokens - computed;
@@ -369,8 +392,8 @@ static void run_waiting(step_ctx *c)
          * block count of a P/D pair equal; a request whose remote KV arrived gets it. */
         uint32_t look = r->num_computed ? (uint32_t)s->prm.num_lookahead_tokens : 0;
         if (!reserve_blocks_for(c, r)) break;
-        if (!allocate(s, r, (uint32_t)n, nhit, 0, look, true, false)) break;
-        tdm__waiting_pop(s);
+        if (!allocate(s, r, (uint32_t)n, nhit, 0, look, true, false, 0)) break;
+        tdm__kvl_pop(s, q);
         s->prefix_queries += r->num_tokens;
         s->prefix_hits += hit_tokens;
         if (!r->ever_admitted) r->num_cached = computed;
@@ -379,6 +402,8 @@ static void run_waiting(step_ctx *c)
         r->num_computed = computed;
         r->num_spec_sched = 0;
         r->state = TDM_STATE_RUNNING;
+        /* still prefilling after this chunk: its remaining blocks are reserved against loads */
+        r->kvl_prefill = kvl && computed + n < r->num_tokens;
         (void)tdm__running_append(s, r); /* room: num_running < max_num_seqs <= capacity */
         add_entry(c, r, (uint32_t)n, computed, 0, kind);
     }
@@ -409,7 +434,8 @@ static int reserve_outputs(tdm_sched *s)
 {
     if (tdm__vec_reserve(&s->out_finished, s->finished.len, sizeof(uint64_t)) ||
         tdm__vec_reserve(&s->out_preempted, s->num_running, sizeof(uint64_t)) ||
-        tdm__vec_reserve(&s->out_recv_ready, tdm__waiting_len(s) + s->remote.len, sizeof(uint64_t)))
+        tdm__vec_reserve(&s->out_recv_ready, tdm__waiting_len(s) + tdm__kvl_waiting(s) + s->remote.len,
+                         sizeof(uint64_t)))
         return TDM_E_NOMEM;
     return TDM_OK;
 }
@@ -464,6 +490,7 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
         prefills += !is_decode_req(r, e->num_computed);
         r->num_computed += e->num_tokens;
         r->in_flight = r->num_computed >= (uint64_t)r->num_tokens + r->num_placeholders;
+        if (r->in_flight) r->kvl_prefill = false;
         /* Async scheduling: a step that samples holds a placeholder per token it may bring. */
         if (r->in_flight && s->prm.async_scheduling) r->num_placeholders += 1 + e->num_spec;
         tdm__pend_push(r, r->in_flight, s->step_no); /* the update that may report this entry */
@@ -525,7 +552,8 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
     c.max_len = (uint64_t)s->prm.max_model_len;
     /* The threshold keeps a long prefill from starving the others: with one eligible request
      * (running, waiting or receiving its KV) there is nobody to starve (vLLM 0.33). */
-    if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) > 1 &&
+    if ((uint64_t)s->num_running + tdm__waiting_len(s) + (s->remote.len - s->remote_aborted) +
+                tdm__kvl_waiting(s) > 1 &&
         (s->prm.enable_chunked_prefill || !s->prm.long_prefill_needs_chunking)) /* vLLM 0.34: only chunked */
         c.threshold = (uint32_t)s->prm.long_prefill_token_threshold;
     s->num_entries = 0;

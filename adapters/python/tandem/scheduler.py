@@ -50,6 +50,8 @@ class Param(IntEnum):
     LONG_PREFILL_NEEDS_CHUNKING = 27
     CACHE_AWARE_WINDOW = 28
     CACHE_AWARE_THRESHOLD_PPM = 29
+    MAX_INFLIGHT_KV_LOADS = 30
+    KV_LOAD_QUEUES = 31
 
 
 class PrefixHash(IntEnum):
@@ -115,6 +117,7 @@ FLAG_REMOTE_DECODE = 1 << 2
 FLAG_SKIP_PREFIX_CACHE = 1 << 3
 FLAG_SLO_DEPRIORITIZE = 1 << 4
 FLAG_PREFIX_HIT_LIMIT = 1 << 5
+FLAG_MAY_LOAD_ASYNC = 1 << 6
 FLAG_PRECOMPUTED_DIGESTS = 1 << 7  # block hashes are Tandem's own, from tdm_prefix_digests
 
 
@@ -157,6 +160,9 @@ class Request:
     block_hash_size: int = 0
     # The most tokens a prefix-cache hit may cover (None: no limit; 0: no reads).
     prefix_hit_limit: Optional[int] = None
+    # With max_inflight_kv_loads: the request may load its KV remotely (vLLM's
+    # KVConnector.may_load_async), so it waits in the load queue (docs/scheduler.md).
+    may_load_async: bool = False
 
     @property
     def flags(self) -> int:
@@ -165,7 +171,8 @@ class Request:
                 | (FLAG_REMOTE_DECODE if self.remote_decode else 0)
                 | (FLAG_SKIP_PREFIX_CACHE if self.skip_prefix_cache else 0)
                 | (FLAG_SLO_DEPRIORITIZE if self.slo_deprioritize else 0)
-                | (FLAG_PREFIX_HIT_LIMIT if self.prefix_hit_limit is not None else 0))
+                | (FLAG_PREFIX_HIT_LIMIT if self.prefix_hit_limit is not None else 0)
+                | (FLAG_MAY_LOAD_ASYNC if self.may_load_async else 0))
 
 
 @dataclass

@@ -43,8 +43,11 @@ def tiny_model(tmp_path_factory):
 def make_configs(model, max_num_seqs=16, max_num_batched_tokens=8192, num_blocks=10000,
                  block_size=16, enable_prefix_caching=True, long_prefill_token_threshold=0,
                  max_model_len=None, policy="fcfs", kv_transfer_config=None, sched_extra=None,
-                 async_scheduling=False, enable_chunked_prefill=True):
-    """sched_extra: more SchedulerConfig fields, those this vLLM version has."""
+                 async_scheduling=False, enable_chunked_prefill=True, layer_names=("layer",),
+                 num_kv_heads=1, head_size=1, kv_dtype=None):
+    """sched_extra: more SchedulerConfig fields, those this vLLM version has. layer_names,
+    num_kv_heads, head_size, kv_dtype: the one KV cache group (a worker-side connector
+    matches them against the tensors it registers, by layer name)."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     fields = getattr(SchedulerConfig, "__dataclass_fields__", {})
@@ -62,8 +65,9 @@ def make_configs(model, max_num_seqs=16, max_num_batched_tokens=8192, num_blocks
                     device_config=DeviceConfig(device="cpu"),
                     kv_transfer_config=kv_transfer_config)
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1,
-                                                      head_size=1, dtype=torch.float32))])
+        KVCacheGroupSpec(list(layer_names), FullAttentionSpec(
+            block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size,
+            dtype=kv_dtype if kv_dtype is not None else torch.float32))])
     cc.num_gpu_blocks = num_blocks
     return vc, kv
 

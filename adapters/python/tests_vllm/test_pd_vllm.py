@@ -37,8 +37,12 @@ class Engine:
                                kv_connector_module_path="tandem.vllm.connector",
                                kv_role="kv_both", engine_id=engine_id,
                                kv_connector_extra_config=extra)
+        # the KV cache group names the layers the worker registers (vLLM's KVCacheConfig
+        # and its kv_caches dict agree; vLLM 0.34 hands the config to the worker connector)
         vc, kv = make_configs(model, num_blocks=NB, block_size=BS, kv_transfer_config=ktc,
-                              enable_prefix_caching=False)
+                              enable_prefix_caching=False,
+                              layer_names=[f"l{i}" for i in range(LAYERS)], num_kv_heads=H,
+                              head_size=D, kv_dtype=torch.float16)
         self.sched = TandemScheduler(vllm_config=vc, kv_cache_config=kv, block_size=BS,
                                      structured_output_manager=StructuredOutputManager(vc))
         assert isinstance(self.sched.connector, TandemConnector)

@@ -71,3 +71,33 @@ def test_kv_check_catches_a_wrong_prefix(tiny_model):
     assert any(n.num_computed_tokens > 0 for n in so.scheduled_new_reqs)
     with pytest.raises(vllm_diff.KVError):
         runner.run(sched, so)
+
+
+def test_kv_loads_start_while_batch_full(tiny_model):
+    """The fake async KV connector exercises vLLM 0.34's load queue: with one running slot
+    taken by a long request, --max-num-inflight-kv-loads 2 starts two loads (not three) before
+    that request ends, and TandemScheduler starts the same loads at the same steps."""
+    import vllm
+    from vllm.config import SchedulerConfig
+    if "max_num_inflight_kv_loads" not in getattr(SchedulerConfig, "__dataclass_fields__", {}):
+        pytest.skip(f"vLLM {vllm.__version__} has no --max-num-inflight-kv-loads")
+    work = vllm_diff.draw(3)
+    work["cfg"].update(max_num_seqs=1, max_num_batched_tokens=256, num_blocks=400,
+                       long_prefill_token_threshold=0, block_size=16, policy="fcfs")
+    work["cfg"]["sched_extra"] = dict(max_num_inflight_kv_loads=2)
+    base = dict(work["reqs"][0], min_tokens=0, stop=None, ignore_eos=True, abort=None,
+                priority=0, eos_k=1000, stop_k=1000)
+    base.pop("prompt_logprobs", None)
+    work["reqs"] = [dict(base, id="0", prompt=list(range(100, 140)), arrive=0, max_tokens=30)]
+    for i in (1, 2, 3):
+        work["reqs"].append(dict(base, id=str(i), prompt=list(range(200 * i, 200 * i + 50)),
+                                 arrive=2, max_tokens=2,
+                                 load=dict(delay=3, fail=False, bad=0.0)))
+    work["loads"] = dict(policy="recompute")
+    a = vllm_diff.drive("vllm", tiny_model, work)
+    b = vllm_diff.drive("tandem", tiny_model, work)
+    assert a["error"] is None and b["error"] is None, (a["error"], b["error"])
+    assert a["load_starts"] == b["load_starts"]
+    early = [rid for step, rid in a["load_starts"] if step < 30]
+    assert early == ["1", "2"], a["load_starts"]    # while 0 runs, under the cap of 2
+    assert vllm_diff.classify(a, b, work) == []

@@ -1,6 +1,8 @@
 """What TandemScheduler and TandemConnector do differently per vLLM release, checked on the
 installed one: the start-up refusals of options the adapter does not reproduce (each naming
 the flag), the single warning for a vLLM newer than the tested range, vLLM 0.34's
+--max-num-inflight-kv-loads passed to the library, AsyncScheduler's decode cadence with one
+pipeline stage, vLLM 0.34's
 per-request prefix-hit limit and resumed requests sent whole (NewRequestData with
 prefill_token_ids), outputs in another order than the scheduled one, and the connector's
 capability hooks."""
@@ -32,7 +34,6 @@ def build(tiny_model, **kw):
 
 
 @pytest.mark.parametrize("field,value,flag", [
-    ("max_num_inflight_kv_loads", 4, "--max-num-inflight-kv-loads"),
     ("prefill_schedule_interval", 2, "--prefill-schedule-interval"),
     ("long_prefill_token_threshold_adaptive", True, "--long-prefill-token-threshold-adaptive"),
 ])
@@ -174,3 +175,52 @@ def test_connector_capability_hooks(tiny_model):
     assert conn.may_load_async(SimpleNamespace(kv_transfer_params={"do_remote_prefill": True}))
     assert not conn.may_load_async(SimpleNamespace(kv_transfer_params=None))
     assert not conn.may_load_async(SimpleNamespace(kv_transfer_params={"do_remote_decode": True}))
+
+
+def test_max_num_inflight_kv_loads_is_passed_to_the_library(tiny_model):
+    if "max_num_inflight_kv_loads" not in SC_FIELDS:
+        pytest.skip("this vLLM has no --max-num-inflight-kv-loads")
+    s = build(tiny_model, sched_extra=dict(max_num_inflight_kv_loads=3))
+    try:
+        assert s.tandem_config["max_inflight_kv_loads"] == 3
+        assert "kv_load_queues" not in s.tandem_config   # no KV connector: nothing loads
+    finally:
+        s.shutdown()
+    s = build(tiny_model)
+    try:
+        assert "max_inflight_kv_loads" not in s.tandem_config
+    finally:
+        s.shutdown()
+
+
+def test_async_decode_cadence_never_holds_a_request_with_one_pipeline_stage(tiny_model):
+    """vLLM 0.34's AsyncScheduler makes a decode wait until next_decode_eligible_step, set to
+    current_step + pipeline_parallel_size when it is scheduled; with one stage that is always
+    the next schedule() call, so the gate never holds a request back and the library (which
+    refuses PP > 1) has nothing to reproduce. Checked on vLLM's own AsyncScheduler: before
+    every schedule(), no running request is ineligible for the step it is about to make."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    vc, kv = make_configs(tiny_model, async_scheduling=True, max_num_seqs=4,
+                          max_num_batched_tokens=256, num_blocks=200)
+    ref = AsyncScheduler(vllm_config=vc, kv_cache_config=kv, block_size=16,
+                         structured_output_manager=StructuredOutputManager(vc))
+    if not hasattr(ref, "decode_stagger"):
+        pytest.skip("this vLLM has no next_decode_eligible_step")
+    assert ref.decode_stagger == 1
+    for r in make_requests(6, num_tokens=40, max_tokens=12):
+        ref.add_request(r)
+    pending, checked = [], 0
+    for _ in range(200):
+        if not ref.has_requests() and not pending:
+            break
+        for r in ref.running:
+            assert r.next_decode_eligible_step <= ref.current_step + 1
+            checked += 1
+        so = ref.schedule()
+        ids = list(so.num_scheduled_tokens)
+        toks = [[7] if ref.requests[i].num_computed_tokens >= ref.requests[i].num_tokens else []
+                for i in ids]
+        pending.append((so, make_mro(ids, toks)))
+        if len(pending) == 2 or not so.total_num_scheduled_tokens:
+            ref.update_from_output(*pending.pop(0))
+    assert checked > 20

@@ -126,7 +126,21 @@ def draw(seed: int) -> dict:
         if xrng.random() < 0.1:
             start = xrng.choice((None, 0, 16, 40, 200))
             r["prompt_logprobs"] = (1, start)
-    return dict(seed=seed, cfg=cfg, reqs=reqs, shuffle=xrng.random() < 0.5)
+    shuffle = xrng.random() < 0.5
+    # An async KV connector (FakeAsyncConnector) on some seeds, from a stream of its own: P/D
+    # remote-prefill requests whose loads complete after a drawn number of steps, some
+    # failing (one bad block), vLLM 0.34's --max-num-inflight-kv-loads drawn, and the load
+    # failure policy.
+    krng = random.Random(seed * 15485863 + 5)
+    loads = None
+    if krng.random() < 0.35:
+        loads = dict(policy=krng.choice(("recompute", "recompute", "fail")))
+        cfg["sched_extra"]["max_num_inflight_kv_loads"] = krng.choice((None, None, 1, 2, 4, 16))
+        for r in reqs:
+            if krng.random() < 0.5:
+                r["load"] = dict(delay=krng.choice((0, 1, 1, 2, 3, 5, 9)),
+                                 fail=krng.random() < 0.2, bad=krng.random())
+    return dict(seed=seed, cfg=cfg, reqs=reqs, shuffle=shuffle, loads=loads)
 
 
 def make_request(spec: dict, block_size: int) -> Request:
@@ -142,11 +156,82 @@ def make_request(spec: dict, block_size: int) -> Request:
             kw.update(prompt_logprob_start=plp[1], skip_reading_prefix_cache=False)
     sp = SamplingParams(max_tokens=spec["max_tokens"], min_tokens=spec["min_tokens"],
                         stop_token_ids=spec["stop"], ignore_eos=spec["ignore_eos"], **kw)
+    if spec.get("load") is not None:   # P/D decode side: the prompt's KV comes from a peer
+        sp.extra_args = {"kv_transfer_params": {"do_remote_prefill": True}}
     sp.update_from_generation_config({}, EOS_TOKEN_ID)
     return Request(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]),
                    sampling_params=sp, pooling_params=None,
                    block_hasher=get_request_block_hasher(block_size, sha256),
                    arrival_time=1000.0 + int(spec["id"]) * 1e-3, priority=spec["priority"])
+
+
+# ---- the fake async KV connector -------------------------------------------------------------
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1, KVConnectorMetadata)
+
+
+class FakeAsyncConnector(KVConnectorBase_V1):
+    """A P/D decode-side connector (as NIXL's): a request with do_remote_prefill loads the
+    rest of its prompt past the local prefix hit asynchronously, once (a retry after a failed
+    load recomputes). The scheduler-side instance records each load's blocks; the Runner
+    completes them (writing their KV fingerprints) after the drawn number of steps and
+    reports them in KVConnectorOutput, a failed one with one invalid block."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.started: dict = {}       # req_id -> (block ids, first external token, prompt len)
+        self.new_loads: list = []     # started since the runner last looked
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # It only loads; it hands no KV off when a request completes (vLLM's default for a
+        # kv_consumer). True would make vLLM drop, at a preemption, the output of a step in
+        # flight, which the library delivers (docs/adapters.md).
+        return False
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        params = request.kv_transfer_params or {}
+        if not params.get("do_remote_prefill") or request.request_id in self.started:
+            return 0, False
+        count = len(request.prompt_token_ids) - num_computed_tokens
+        return count, count > 0
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        params = request.kv_transfer_params or {}
+        if num_external_tokens > 0 and params.get("do_remote_prefill") and \
+                request.request_id not in self.started:
+            n = len(request.prompt_token_ids)
+            self.started[request.request_id] = (list(blocks.get_block_ids()[0]),
+                                                n - num_external_tokens, n)
+            self.new_loads.append(request.request_id)
+
+    def build_connector_meta(self, scheduler_output):
+        return KVConnectorMetadata()
+
+    def request_finished(self, request, block_ids):
+        return False, None
+
+    def start_load_kv(self, forward_context, **kwargs):
+        pass
+
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        pass
+
+    def wait_for_save(self):
+        pass
+
+
+def kv_transfer_config(loads: dict):
+    from vllm.config import KVTransferConfig
+    kw = {}
+    if "kv_load_failure_policy" in getattr(KVTransferConfig, "__dataclass_fields__", {}):
+        kw["kv_load_failure_policy"] = loads["policy"]
+    return KVTransferConfig(kv_connector="FakeAsyncConnector", kv_role=loads.get("role", "kv_both"),
+                            kv_connector_module_path="vllm_diff", **kw)
 
 
 # ---- the simulated model runner --------------------------------------------------------------
@@ -168,6 +253,9 @@ class Runner:
         self.fps: dict[str, list[int]] = {}
         self.specs = specs
         self.checked_positions = 0
+        self.step = 0
+        self.loads_due: dict = {}   # req_id -> (step due, blocks, first, prompt len, bad index)
+        self.load_starts: list = []  # (step, req_id) of every load the scheduler started
 
     def _fp(self, rid: str, tokens, upto: int) -> list:
         fp = self.fps.setdefault(rid, [])
@@ -183,7 +271,44 @@ class Runner:
             raise KVError(f"request {rid}: position {p} is beyond its {len(t)} blocks")
         return self.kv[t[b]][p % self.bs]
 
+    def loads_pending(self) -> bool:
+        return bool(self.loads_due)
+
+    def _connector_output(self, sched):
+        """Start the loads the scheduler began this step, complete those due: their KV is
+        written up to the first bad block of a failed one, which is reported invalid."""
+        conn = getattr(sched, "connector", None)
+        if conn is None or not isinstance(conn, KVConnectorBase_V1) or \
+                not hasattr(conn, "new_loads"):
+            return None
+        for rid in conn.new_loads:
+            blocks, first, n = conn.started[rid]
+            ld = self.specs[rid]["load"]
+            bad = None
+            if ld["fail"]:
+                lo, hi = first // self.bs, -(-n // self.bs)
+                bad = lo + int(ld["bad"] * (hi - lo))
+            self.loads_due[rid] = (self.step + ld["delay"], blocks, first, n, bad)
+            self.load_starts.append((self.step, rid))
+        conn.new_loads.clear()
+        done = [rid for rid, v in self.loads_due.items() if v[0] <= self.step]
+        if not done:
+            return None
+        invalid = set()
+        for rid in done:
+            _, blocks, first, n, bad = self.loads_due.pop(rid)
+            upto = n if bad is None else min(n, bad * self.bs)
+            fp = self._fp(rid, self.specs[rid]["prompt"], n)
+            for p in range(first, upto):
+                self.kv[blocks[p // self.bs]][p % self.bs] = fp[p]
+            if bad is not None:
+                invalid.add(blocks[bad])
+        from vllm.v1.outputs import KVConnectorOutput
+        return KVConnectorOutput(finished_recving=set(done), invalid_block_ids=invalid)
+
     def run(self, sched, so) -> ModelRunnerOutput:
+        kvo = self._connector_output(sched)
+        self.step += 1
         c = so.scheduled_cached_reqs
         first: dict[str, int] = {}
         for n in so.scheduled_new_reqs:
@@ -242,6 +367,8 @@ class Runner:
             self.shuffle.shuffle(order)
             req_ids = [req_ids[i] for i in order]
             sampled = [sampled[i] for i in order]
+        if kvo is not None:
+            return make_mro(req_ids, sampled, kv_connector_output=kvo)
         return make_mro(req_ids, sampled)
 
     def _check_prefill_ids(self, sched, n) -> None:
@@ -302,9 +429,12 @@ def norm_step(so, eco) -> dict:
 
 
 TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
+ASYNC_KV_CONSUMER = False     # --async-kv-consumer: keep the connector's kv_both role in async
 
 
-def make_sched(kind: str, model: str, cfg: dict):
+def make_sched(kind: str, model: str, cfg: dict, loads: Optional[dict] = None):
+    if loads is not None:
+        cfg = dict(cfg, kv_transfer_config=kv_transfer_config(loads))
     vc, kv = make_configs(model, **cfg)
     kw = dict(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=cfg["block_size"],
               structured_output_manager=StructuredOutputManager(vc))
@@ -329,14 +459,15 @@ def run_result(kind, sched, runner, trace, streams, reasons, error, preemptions,
     if hasattr(sched, "shutdown") and kind != "vllm":
         sched.shutdown()
     return dict(trace=trace, streams=dict(streams), reasons=reasons, error=error,
-                preemptions=preemptions, checked=runner.checked_positions, **extra)
+                preemptions=preemptions, checked=runner.checked_positions,
+                load_starts=runner.load_starts, **extra)
 
 
 def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool = False) -> dict:
     if async_:
         return drive_async(kind, model, work, max_steps)
     cfg = work["cfg"]
-    sched = make_sched(kind, model, cfg)
+    sched = make_sched(kind, model, cfg, work.get("loads"))
     specs = {r["id"]: r for r in work["reqs"]}
     runner = Runner(cfg["num_blocks"], cfg["block_size"], specs,
                     shuffle_seed=work["seed"] if work.get("shuffle") else None)
@@ -352,7 +483,7 @@ def drive(kind: str, model: str, work: dict, max_steps: int = 6000, async_: bool
         while step < max_steps:
             while pending and pending[0]["arrive"] <= step:
                 sched.add_request(make_request(pending.popleft(), cfg["block_size"]))
-            if not pending and not sched.has_requests():
+            if not pending and not sched.has_requests() and not runner.loads_pending():
                 break
             so = sched.schedule()
             eco = sched.update_from_output(so, runner.run(sched, so))
@@ -380,7 +511,15 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
     iteration (EngineCore's input queue), so an abort often hits a request whose step is in
     flight. Each trace entry is one schedule() with the outputs of its own update."""
     cfg = dict(work["cfg"], async_scheduling=True)
-    sched = make_sched(kind, model, cfg)
+    loads = work.get("loads")
+    if loads is not None and not ASYNC_KV_CONSUMER:
+        # With async scheduling and a KV consumer role, vLLM 0.33+ defers freeing the blocks
+        # of a request whose step is in flight until every scheduled step has been updated
+        # (defer_block_free), which the library does not reproduce (docs/adapters.md): the
+        # async runs declare the connector a producer (it still hands nothing off:
+        # requires_kv_delivery is False), which changes nothing else here.
+        loads = dict(loads, role="kv_producer")
+    sched = make_sched(kind, model, cfg, loads)
     specs = {r["id"]: r for r in work["reqs"]}
     runner = Runner(cfg["num_blocks"], cfg["block_size"], specs, own_tokens=True,
                     shuffle_seed=work["seed"] if work.get("shuffle") else None)
@@ -401,9 +540,10 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
                 sched.finish_requests(aborts[it], RequestStatus.FINISHED_ABORTED)
                 for rid in aborts[it]:
                     reasons.setdefault(rid, "abort")
-            if not pending and not sched.has_requests() and not queue:
+            if not pending and not sched.has_requests() and not queue and \
+                    not runner.loads_pending():
                 break
-            if sched.has_requests():
+            if sched.has_requests() or runner.loads_pending():
                 overlapped += bool(queue)    # scheduled while the previous step is in flight
                 so = sched.schedule()
                 out = runner.run(sched, so)
@@ -490,7 +630,7 @@ def run_seed(model: str, seed: int, async_: bool = False) -> dict:
     return dict(seed=seed, diff=classify(a, b, work), preempt=(a["preemptions"], b["preemptions"]),
                 overlapped=(a.get("overlapped", 0), b.get("overlapped", 0)),
                 steps=(len(a["trace"]), len(b["trace"])), checked=(a["checked"], b["checked"]),
-                cfg=work["cfg"])
+                cfg=work["cfg"], loads=work.get("loads") is not None)
 
 
 def tiny_model_dir() -> str:
@@ -510,17 +650,23 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=2, help="details shown per cause")
     ap.add_argument("--async", dest="async_", action="store_true",
                     help="async scheduling (AsyncScheduler, one-step-lagged updates)")
+    ap.add_argument("--async-kv-consumer", action="store_true",
+                    help="async: the fake connector keeps its consumer role (vLLM then defers "
+                         "block frees, which Tandem does not reproduce)")
     ap.add_argument("--tandem-config", default="{}",
                     help="JSON: library keys set over the adapter's translation")
     ns = ap.parse_args(argv)
     import json
     TANDEM_OVERRIDES.update(json.loads(ns.tandem_config))
+    global ASYNC_KV_CONSUMER
+    ASYNC_KV_CONSUMER = ns.async_kv_consumer
     import vllm
     model = tiny_model_dir()
     causes = collections.defaultdict(list)
-    pv = pt = bad = ov = 0
+    pv = pt = bad = ov = nl = 0
     for seed in range(ns.first, ns.first + ns.seeds):
         r = run_seed(model, seed, ns.async_)
+        nl += r["loads"]
         pv += r["preempt"][0]
         pt += r["preempt"][1]
         ov += r["overlapped"][1]
@@ -529,7 +675,7 @@ def main(argv=None) -> int:
             causes[cause].append((seed, detail, r["cfg"]))
     print(f"vllm_diff vllm={vllm.__version__} {'async' if ns.async_ else 'sync'} "
           f"seeds={ns.seeds} divergent={bad} overlapped_schedules={ov} "
-          f"preemptions vllm={pv} tandem={pt}")
+          f"preemptions vllm={pv} tandem={pt} kv_load_seeds={nl}")
     for cause, items in sorted(causes.items(), key=lambda kv: -len(kv[1])):
         print(f"  {cause}: {len(items)} seeds ({', '.join(str(s) for s, _, _ in items[:12])}"
               f"{', ...' if len(items) > 12 else ''})")

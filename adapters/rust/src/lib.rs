@@ -121,6 +121,11 @@ pub enum Param {
     AsyncScheduling = 24,
     SloTtftUs = 25,
     SloTpotUs = 26,
+    LongPrefillNeedsChunking = 27,
+    CacheAwareWindow = 28,
+    CacheAwareThresholdPpm = 29,
+    MaxInflightKvLoads = 30,
+    KvLoadQueues = 31,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +172,10 @@ pub const FLAG_REMOTE_DECODE: u32 = 1 << 2;
 pub const FLAG_SKIP_PREFIX_CACHE: u32 = 1 << 3;
 /// SLO_ADAPTIVE may put the request last once it can no longer meet its TTFT.
 pub const FLAG_SLO_DEPRIORITIZE: u32 = 1 << 4;
+/// Read at most `prefix_hit_limit` tokens from the prefix cache (ABI 1.2).
+pub const FLAG_PREFIX_HIT_LIMIT: u32 = 1 << 5;
+/// With MaxInflightKvLoads: the request may load its KV remotely and waits in the load queue.
+pub const FLAG_MAY_LOAD_ASYNC: u32 = 1 << 6;
 /// `block_hashes` hold Tandem's own digests computed ahead by `tdm_prefix_digests` (ABI 1.3).
 pub const FLAG_PRECOMPUTED_DIGESTS: u32 = 1 << 7;
 

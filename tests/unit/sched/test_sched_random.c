@@ -172,6 +172,14 @@ static void random_config(world *w)
     w->s = tsd_newp(kv);
     if (chance(r, 30)) /* vLLM's async scheduling: output placeholders */
         assert_int_equal(tdm_sched_set_param(w->s, TDM_SCHED_ASYNC_SCHEDULING, 1), TDM_OK);
+    int64_t pol = 0;
+    assert_int_equal(tdm_sched_get_param(w->s, TDM_SCHED_POLICY, &pol), TDM_OK);
+    if (pol != TDM_POLICY_SLO_ADAPTIVE && chance(r, 40)) { /* vLLM 0.33/0.34's load queues */
+        assert_int_equal(tdm_sched_set_param(w->s, TDM_SCHED_KV_LOAD_QUEUES, 1), TDM_OK);
+        if (chance(r, 60))
+            assert_int_equal(tdm_sched_set_param(w->s, TDM_SCHED_MAX_INFLIGHT_KV_LOADS, 1 + below(r, 4)),
+                             TDM_OK);
+    }
     if (chance(r, 15)) { /* a custom policy: shortest prompt first, default victim */
         tdm_policy p;
         memset(&p, 0, sizeof(p));
@@ -215,6 +223,7 @@ static void op_add(world *w)
     if (chance(r, 10)) d.flags |= TDM_REQ_IGNORE_EOS;
     if (chance(r, 6)) d.flags |= TDM_REQ_REMOTE_PREFILL;
     else if (chance(r, 6)) d.flags |= TDM_REQ_REMOTE_DECODE;
+    if (chance(r, (d.flags & TDM_REQ_REMOTE_PREFILL) ? 80 : 3)) d.flags |= TDM_REQ_MAY_LOAD_ASYNC;
     if (chance(r, 5)) d.flags |= TDM_REQ_SKIP_PREFIX_CACHE;
     if (chance(r, 40)) d.flags |= TDM_REQ_SLO_DEPRIORITIZE;
     if (chance(r, 50)) d.ttft_slo = 0.05 * (double)(1 + below(r, 10));

@@ -130,7 +130,7 @@ class OutputsMixin:
             self._apply_outputs(ent, scheduler_output, model_runner_output, outputs)
         if self._errors:
             self._finish_errors(outputs)
-        self._connector_output(model_runner_output)
+        self._connector_output(model_runner_output, outputs)
         eco = {ci: EngineCoreOutputs(outputs=outs) for ci, outs in outputs.items()}
         if self.finished_req_ids_dict:
             for ci, fin in self.finished_req_ids_dict.items():
@@ -345,7 +345,7 @@ class OutputsMixin:
                 events=request.take_events() if self.log_stats else None,
                 trace_headers=request.trace_headers, **kw))
 
-    def _connector_output(self, model_runner_output) -> None:
+    def _connector_output(self, model_runner_output, outputs) -> None:
         kvo = getattr(model_runner_output, "kv_connector_output", None)
         if self.connector is None or kvo is None:
             return
@@ -356,17 +356,39 @@ class OutputsMixin:
             tid = self._id_of.get(req_id)
             if tid is None:
                 continue
+            if tid in self._recv_aborted:   # aborted while loading: its blocks are free now
+                reported = self._recv_aborted.pop(tid)
+                try:
+                    self.sched.remote_kv_done(tid, ok=True)
+                except TandemError:
+                    pass
+                if reported:
+                    self._forget(tid)
+                continue
             blocks = self.sched.request_blocks(tid)
             bad = [i for i, blk in enumerate(blocks) if blk in invalid]
             try:
                 if bad or req_id in failed:
                     valid = (bad[0] if bad else 0) * self.block_size
                     self.sched.remote_kv_done(tid, ok=False, num_valid_tokens=valid)
+                    failed_now = self.sched.request_info(tid).finish_reason == FinishReason.ERROR
                 else:
                     self.sched.remote_kv_done(tid, ok=True)
+                    failed_now = False
             except TandemError:
                 continue
             request = self.requests.get(req_id)
+            if failed_now and request is not None and not request.is_finished():
+                # --kv-load-failure-policy fail (vLLM's default): the library finished the
+                # request with an error; vLLM reports it in this update
+                request.status = RequestStatus.FINISHED_ERROR
+                self._free_request(request)
+                outputs[request.client_index].append(EngineCoreOutput(
+                    request_id=req_id, new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    events=request.take_events() if self.log_stats else None,
+                    trace_headers=request.trace_headers))
+                continue
             if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 request.status = RequestStatus.WAITING
         for req_id in (kvo.finished_sending or ()):

@@ -197,6 +197,10 @@ def describe_kv_caches(kv_caches: dict, facts: Optional[KVFacts] = None) -> VLLM
     f = facts or KVFacts()
     names = [n for n in (f.layer_names or kv_caches.keys()) if n in kv_caches]
     if not names:
+        if f.layer_names and kv_caches:
+            raise LayoutError(f"TandemConnector: none of the KV cache group's layers "
+                              f"({', '.join(list(f.layer_names)[:4])}) is among the registered "
+                              f"KV cache tensors ({', '.join(list(kv_caches)[:4])})")
         raise LayoutError("TandemConnector: no KV cache tensors")
     seen, tensors, kept = set(), [], []
     for n in names:

@@ -31,8 +31,9 @@ num_stale_output_tokens, is_prefill_chunk) and reports num_output_tokens with pl
 CachedRequestData as it does. Refused at start-up, naming the flag: pipeline-parallel batch
 queues (pipeline_parallel_size > 1), async scheduling together with speculative decoding,
 hybrid KV cache groups, and the scheduler options the library does not reproduce
-(--max-num-inflight-kv-loads, --prefill-schedule-interval, --long-prefill-token-threshold-
-adaptive; see _refuse_unmatched).
+(--prefill-schedule-interval, --long-prefill-token-threshold-adaptive; see
+_refuse_unmatched). --max-num-inflight-kv-loads (vLLM 0.34) is the library's
+max_inflight_kv_loads.
 
 vLLM 0.31-0.34 are supported, their differences detected by feature (the _HAS_* /
 _PREFILL_IDS_* probes below, SchedulerConfig fields, Request attributes); a newer vLLM starts
@@ -105,6 +106,13 @@ def _fields(cls) -> frozenset:
 _CRD_FIELDS = _fields(CachedRequestData)
 _HAS_RESUMED_IDS = "resumed_req_ids" in _CRD_FIELDS
 _HAS_ALL_TOKEN_IDS = "all_token_ids" in _CRD_FIELDS
+# vLLM 0.33+: received KV loads wait in kv_holding_waiting, and a load is admitted only if it
+# leaves in-flight prefills their blocks (_inflight_prefill_reserved_blocks)
+try:
+    from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
+    _HAS_KV_HOLDING = hasattr(_VllmScheduler, "_inflight_prefill_reserved_blocks")
+except ImportError:   # pragma: no cover
+    _HAS_KV_HOLDING = False
 _FROM_REQUEST = inspect.signature(NewRequestData.from_request).parameters
 _PREFILL_IDS_ARG = "prefill_token_ids" in _FROM_REQUEST
 _PREFILL_IDS_REQUIRED = (_PREFILL_IDS_ARG and _FROM_REQUEST["prefill_token_ids"].default
@@ -167,6 +175,20 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
         # EngineCore schedules step N+1 before it reports step N (vLLM's AsyncScheduler)
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
     }
+    # KV connector loads (P/D): vLLM 0.33+ queues received requests apart, ahead of the
+    # waiting ones, and admits a load only if it leaves in-flight prefills their blocks
+    # (detected by the scheduler's kv_holding_waiting queue); 0.34's
+    # --max-num-inflight-kv-loads caps the loads holding blocks and starts them while the
+    # batch is full; --kv-load-failure-policy (vLLM's default "fail") decides a failed load.
+    ktc = getattr(vllm_config, "kv_transfer_config", None)
+    if _HAS_KV_HOLDING and ktc is not None:   # only a KV connector loads
+        cfg["kv_load_queues"] = True
+    loads = getattr(sc, "max_num_inflight_kv_loads", None)
+    if loads:
+        cfg["max_inflight_kv_loads"] = int(loads)
+    if ktc is not None and getattr(ktc, "kv_load_failure_policy", None) is not None:
+        cfg["remote_kv_failure"] = ("fail" if ktc.kv_load_failure_policy == "fail"
+                                    else "recompute")
     # vLLM 0.34: the long-prefill threshold applies only with chunked prefill, and
     # cache-aware admission (a window of the waiting queue reordered by cached-prefix depth
     # once the KV cache is that full). Both are detected by the config fields 0.34 added.
@@ -196,8 +218,6 @@ def _refuse_unmatched(vllm_config) -> None:
                          "speculative decoding: run with --no-async-scheduling, or "
                          "without --speculative-config")
     unmatched = (
-        ("max_num_inflight_kv_loads", None, "--max-num-inflight-kv-loads",
-         "leave it unset (loads start when a running slot is free)"),
         ("long_prefill_token_threshold_adaptive", False,
          "--long-prefill-token-threshold-adaptive", "leave it off"),
         ("prefill_schedule_interval", 1, "--prefill-schedule-interval", "leave it at 1"),
@@ -266,12 +286,26 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             self.connector = KVConnectorFactory.create_connector(
                 config=vllm_config, role=KVConnectorRole.SCHEDULER,
                 kv_cache_config=kv_cache_config)
+            if self._async and bool(getattr(vllm_config.kv_transfer_config, "is_kv_consumer",
+                                            False)) and _HAS_KV_HOLDING:
+                # vLLM 0.33+ (defer_block_free): with steps in flight, a KV consumer's freed
+                # blocks return to the pool only once every scheduled step is updated
+                _logger.warning("TandemScheduler: with async scheduling and a KV consumer "
+                                "connector, vLLM returns freed blocks to the pool a step or "
+                                "two later than Tandem does (defer_block_free is not "
+                                "reproduced); run with --no-async-scheduling for vLLM's exact "
+                                "block reuse")
         cfg = tandem_config_from_vllm(vllm_config, kv_cache_config, block_size)
         # --additional-config '{"tandem": ...}' (tandem_config.py); None: vLLM's behaviour
         cfg, tandem_opts = _tandem_cli.configure(vllm_config, cfg)
         if tandem_config:
             cfg.update(tandem_config)
+        if cfg.get("policy") == "slo_adaptive":
+            # not vLLM's schedule anyway: the SLO-adaptive policy keeps its own queues (an
+            # explicit --max-num-inflight-kv-loads with it is refused by the library)
+            cfg.pop("kv_load_queues", None)
         self.tandem_config = cfg
+        self._load_queue = bool(cfg.get("max_inflight_kv_loads"))
         self.sched = _tandem_cli.create_scheduler(cfg, tandem_opts)
         from .kv_events import KVEventRelay
         self._kv_events = KVEventRelay(vllm_config, kv_cache_config, self.sched,
@@ -296,6 +330,7 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         self._held_new: list[Request] = []   # added while PAUSED_NEW
         self._pending: deque = deque()      # (SchedulerOutput, slots, tids) not yet updated
         self._held: set = set()       # tids whose blocks the connector sends (delay free)
+        self._recv_aborted: dict = {}  # tids aborted while their KV load was in flight
         self._errors: dict = {}        # req_id -> (Request, RequestError): finished next update
         self._fresh: set = set()       # slots with events / prefill stats to hand out
         self._num_special = 0          # live slots that need the per-request output path
@@ -431,6 +466,9 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
         params = request.kv_transfer_params or {}
         if params.get("do_remote_prefill") and not _skips_external_kv(request):
             r.remote_prefill = True
+        if self._load_queue:   # --max-num-inflight-kv-loads: the load queue (vLLM 0.34)
+            may = getattr(self.connector, "may_load_async", None)
+            r.may_load_async = bool(may(request)) if may is not None else r.remote_prefill
         if params.get("do_remote_decode"):
             r.remote_decode = True
 
@@ -479,6 +517,9 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
                         q.remove(request)
                 self._errors.pop(req_id, None)
             elif reason == FinishReason.ABORT:
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    # its blocks stay held until the connector reports the load done
+                    self._recv_aborted[tid] = False   # True once a batch reported it
                 self.sched.abort(tid)
             else:
                 self.sched.finish(tid, reason)
@@ -588,7 +629,11 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             req_id = self._req_of.get(tid)
             if req_id is not None:
                 self.finished_req_ids.add(req_id)
-                if tid not in self._held:     # held blocks: forgotten on finished_sending
+                # held blocks: forgotten on finished_sending, or (an aborted load) on
+                # finished_recving
+                if tid in self._recv_aborted:
+                    self._recv_aborted[tid] = True
+                elif tid not in self._held:
                     self._forget(tid)
         if self.connector is not None:
             for tid in recv:
