@@ -488,6 +488,7 @@ typedef struct ctx {
     size_t cap;
     int spent;
     uint32_t max_len, prefill_len;
+    double mean_osl;
     double w0;
 } ctx;
 
@@ -514,6 +515,7 @@ static void eval_point(const ctx *x, tdm_sim_deploy_point *p)
     if (rc == 0) {
         p->goodput_req_s = g.req_s;
         p->per_gpu = p->gpus ? g.req_s / p->gpus : 0;
+        p->goodput_tok_s_per_gpu = p->per_gpu * x->mean_osl;
         p->scale = g.scale;
         p->best_attainment = g.best_attainment;
         /* the figures at the goodput rate (or at the best attainment's when there is none) */
@@ -792,6 +794,7 @@ int tdm_sim_deploy_search(const tdm_sim_trace *t, const char *base_json, const t
     x.res = res;
     x.w0 = tdm_sim_wall();
     for (size_t i = 0; i < t->n; i++) {
+        x.mean_osl += (double)t->reqs[i].output_len / (double)t->n;
         uint32_t need = t->reqs[i].prompt_len + t->reqs[i].output_len;
         if (need > x.max_len) x.max_len = need;
         if (t->reqs[i].prompt_len + 1 > x.prefill_len) x.prefill_len = t->reqs[i].prompt_len + 1;

@@ -64,7 +64,11 @@ typedef struct tdm_sim_deploy_point {
     double best_attainment;
     /* one run at the goodput rate (or, when goodput is 0, at the best attainment's rate) */
     double ttft_p50, ttft_p90, ttft_p99, tpot_p50, tpot_p90, tpot_p99;   /* seconds */
-    double attainment, out_tok_s, out_tok_s_per_gpu, req_s;
+    double attainment, out_tok_s, out_tok_s_per_gpu, req_s;   /* measured over the run's
+                                    window (its start and drain included) */
+    double goodput_tok_s_per_gpu; /* goodput x the trace's mean output length / gpus: the
+                                    output rate served in steady state (aiconfigurator's
+                                    tokens/s/gpu) */
     int runs;
     char label[96];
     char why[200];

@@ -114,7 +114,8 @@ static int write_points_json(const char *path, const tdm_sim_deploy_result *r)
                      {"ttft_p99_s", p->ttft_p99}, {"tpot_p50_s", p->tpot_p50},
                      {"tpot_p90_s", p->tpot_p90}, {"tpot_p99_s", p->tpot_p99},
                      {"attainment", p->attainment}, {"request_throughput", p->req_s},
-                     {"output_tok_s_per_gpu", p->out_tok_s_per_gpu}};
+                     {"output_tok_s_per_gpu", p->out_tok_s_per_gpu},
+                     {"goodput_tok_s_per_gpu", p->goodput_tok_s_per_gpu}};
             for (size_t k = 0; k < sizeof F / sizeof F[0]; k++)
                 json_object_set_new(o, F[k].k, json_real(isfinite(F[k].v) ? F[k].v : 0));
             json_object_set_new(o, "runs", json_integer(p->runs));
@@ -303,8 +304,8 @@ int tdm_cmd_tune_deploy(int argc, char **argv)
             }
             ord[j] = i;
         }
-    printf("ranked by goodput per GPU (figures from one run at the goodput rate; no goodput: at the "
-           "rate of the best attainment):\n");
+    printf("ranked by goodput per GPU (tok/s/GPU: goodput x mean output tokens per GPU; latencies and "
+           "attainment from one run at the goodput rate, or with no goodput at the best attainment's):\n");
     printf("  %4s %-40s %4s %9s %9s %11s %15s %15s %7s %s\n", "rank", "deployment", "GPUs", "req/s",
            "req/s/GPU", "tok/s/GPU", "TTFT p50/p90 ms", "TPOT p50/p90 ms", "attain", "phase");
     for (size_t k = 0; k < nok && k < (size_t)top; k++) {
@@ -314,7 +315,7 @@ int tdm_cmd_tune_deploy(int argc, char **argv)
         ms2(t2, sizeof t2, q->tpot_p50, q->tpot_p90);
         if (q->tpot_p90 < 0.1) snprintf(t2, sizeof t2, "%.1f / %.1f", q->tpot_p50 * 1e3, q->tpot_p90 * 1e3);
         printf("  %4zu %-40s %4u %9.4g %9.4g %11.1f %15s %15s %7.3f %s\n", k + 1, q->label, q->gpus,
-               q->goodput_req_s, q->per_gpu, q->out_tok_s_per_gpu, t1, t2, q->attainment,
+               q->goodput_req_s, q->per_gpu, q->goodput_tok_s_per_gpu, t1, t2, q->attainment,
                q->phase ? "limits" : "topology");
     }
     if (nskip) printf("  (%zu candidates not evaluated: over the budget, or the run failed: --json)\n", nskip);
@@ -366,9 +367,9 @@ int tdm_cmd_tune_deploy(int argc, char **argv)
         rc = 1;
     }
     printf("tune best=%.6g req/s/gpu deployment=\"%s\" gpus=%u goodput=%.6g req/s ttft_p90_ms=%.1f "
-           "tpot_p90_ms=%.2f out_tok_s_per_gpu=%.1f evaluated=%d infeasible=%zu runs=%llu wall_s=%.1f\n",
+           "tpot_p90_ms=%.2f tok_s_per_gpu=%.1f evaluated=%d infeasible=%zu runs=%llu wall_s=%.1f\n",
            b->per_gpu, b->label, b->gpus, b->goodput_req_s, b->ttft_p90 * 1e3, b->tpot_p90 * 1e3,
-           b->out_tok_s_per_gpu, r.evaluated, ninf, (unsigned long long)r.runs, r.wall_s);
+           b->goodput_tok_s_per_gpu, r.evaluated, ninf, (unsigned long long)r.runs, r.wall_s);
 done:
     tdm_sim_deploy_result_free(&r);
     free(base);

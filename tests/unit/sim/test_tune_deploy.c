@@ -449,6 +449,7 @@ static void search__best_is_the_exhaustive_maximum(void **state)
     assert_true(b->ttft_p50 > 0 && b->ttft_p90 >= b->ttft_p50 && b->tpot_p90 >= b->tpot_p50);
     assert_true(b->attainment >= 0.9);
     assert_true(b->out_tok_s_per_gpu > 0);
+    assert_true(fabs(b->goodput_tok_s_per_gpu - b->per_gpu * 128) <= 1e-9 * b->goodput_tok_s_per_gpu);
     tdm_sim_deploy_result_free(&r);
     /* a budget of 3 stops there */
     o.budget = 3;
