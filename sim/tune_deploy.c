@@ -766,16 +766,16 @@ int tdm_sim_deploy_search(const tdm_sim_trace *t, const char *base_json, const t
 {
     memset(res, 0, sizeof *res);
     if (!t || !m || !h || !ro || !s || !o || t->n == 0) {
-        snprintf(err, errlen, "tune: missing argument");
+        snprintf(err, errlen, "deployment search: missing argument");
         return -1;
     }
     if (o->budget < 1 || o->budget > 100000 || o->refine < 0) {
-        snprintf(err, errlen, "tune: budget must be in [1, 100000] evaluations, refine >= 0");
+        snprintf(err, errlen, "budget must be in [1, 100000] evaluations, refine >= 0");
         return -1;
     }
     if (ro->concurrency) {
-        snprintf(err, errlen, "tune --gpus: deployments are ranked by goodput, a search over the "
-                              "arrival rate; closed loop (--concurrency) does not apply");
+        snprintf(err, errlen, "deployments are ranked by goodput, a search over the arrival rate; "
+                              "closed loop (--concurrency) does not apply");
         return -1;
     }
     ctx x;
@@ -806,8 +806,8 @@ int tdm_sim_deploy_search(const tdm_sim_trace *t, const char *base_json, const t
     if (tdm_sim_deploy_enumerate(s, m, is0, it0, &topo, &nt, err, errlen) != 0) return -1;
     if (nt == 0) {
         free(topo);
-        snprintf(err, errlen, "tune: no deployment of the TP degrees given fits %u GPUs and divides "
-                              "the model's %u attention heads", s->gpus, m->heads);
+        snprintf(err, errlen, "no deployment of the TP degrees given fits %u GPU%s and divides "
+                              "the model's %u attention heads", s->gpus, s->gpus == 1 ? "" : "s", m->heads);
         return -1;
     }
     for (size_t i = 0; i < nt; i++)
@@ -820,7 +820,7 @@ int tdm_sim_deploy_search(const tdm_sim_trace *t, const char *base_json, const t
     size_t ntopo = res->n, feasible = 0;
     for (size_t i = 0; i < ntopo; i++) feasible += !res->pts[i].infeasible;
     if (feasible == 0) {
-        int w = snprintf(err, errlen, "tune: no deployment fits %u GPUs:", s->gpus);
+        int w = snprintf(err, errlen, "no deployment fits %u GPU%s:", s->gpus, s->gpus == 1 ? "" : "s");
         for (size_t i = 0; i < ntopo && w > 0 && (size_t)w < errlen; i++)
             w += snprintf(err + w, errlen - (size_t)w, "%s %s: %s", i ? ";" : "", res->pts[i].label,
                           res->pts[i].why);
@@ -858,7 +858,7 @@ int tdm_sim_deploy_search(const tdm_sim_trace *t, const char *base_json, const t
             have = 1;
         }
     if (!have) {
-        snprintf(err, errlen, "tune: no deployment could be evaluated (%s: %s)", res->pts[0].label,
+        snprintf(err, errlen, "no deployment could be evaluated (%s: %s)", res->pts[0].label,
                  res->pts[0].why);
         goto fail;
     }

@@ -527,7 +527,7 @@ static void command__argument_errors_exit_2_with_a_message(void **state)
     /* nothing feasible: exit 1 with the reasons */
     assert_int_equal(SH("%s tune --gpus 1 --model llama-3.1-70b --max-requests 10 --quiet >/dev/null 2>%s",
                         g_tool, e), 1);
-    assert_true(file_has(e, "no deployment fits 1 GPUs"));
+    assert_true(file_has(e, "tandem tune: no deployment fits 1 GPU: agg 1x tp1"));
     assert_true(file_has(e, "leave no KV cache"));
     unlink(e);
 }
