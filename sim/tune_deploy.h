@@ -143,4 +143,8 @@ int tdm_sim_deploy_search(const tdm_sim_trace *t, const char *base_json, const t
                           tdm_sim_deploy_result *res, char *err, size_t errlen);
 void tdm_sim_deploy_result_free(tdm_sim_deploy_result *r);
 
+/* Internal (tune_deploy*.c): tp shards the model's attention heads as vLLM requires (query
+ * heads divide; KV heads divide or are replicated). */
+int tdm_sim__deploy_tp_fits(const tdm_sim_model *m, uint32_t tp);
+
 #endif
