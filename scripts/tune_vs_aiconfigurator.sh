@@ -35,12 +35,29 @@ run_case() {
     sed -n '/^ranked/,$p' "$OUT/$name.out"
 }
 
+# aiconfigurator 0.12.0's pick of a case (its best agg: replicas, TP, the vLLM flags its
+# generated command sets, its total concurrency) run by tandem sim in closed loop at that
+# concurrency: the step prices of the two tools at the same operating point.
+ac_pick() {
+    name=$1 model=$2 hw=$3 n=$4 tp=$5 seqs=$6 tokens=$7 conc=$8 isl=$9 osl=${10} ttft=${11} tpot=${12} nreq=${13}
+    printf '{"name": "aiconfigurator-%s", "scheduler": {"max_num_seqs": %s, "max_num_batched_tokens": %s},\n "deployment": {"mode": "colocated", "instances": %s, "tp": %s}}\n' \
+        "$name" "$seqs" "$tokens" "$n" "$tp" >"$OUT/ac-$name-pick.json"
+    echo "-- aiconfigurator's pick ($n x TP$tp, concurrency $conc) in tandem sim:"
+    "$B/tandem" sim "$OUT/ac-$name-pick.json" --model "$model" --hw "$B/tables/$hw.json" --isl "$isl" \
+        --osl "$osl" --concurrency "$conc" --max-requests "$nreq" --slo-ttft-ms "$ttft" --slo-tpot-ms "$tpot" \
+        --quiet --json "$OUT/ac-$name-closed.json" | sed -n '3,11p'
+}
+
 CASES=${*:-70b-h200 8b-h100 70b-h100}
 for c in $CASES; do
     case $c in
-    70b-h200) run_case 70b-h200 llama-3.1-70b h200_sxm h200 8 4000 500 600 40 1000 ;;
-    8b-h100) run_case 8b-h100 llama-3.1-8b h100_sxm h100-sxm 8 1024 1024 300 20 2000 ;;
-    70b-h100) run_case 70b-h100 llama-3.1-70b h100_sxm h100-sxm 8 8000 200 2000 50 600 ;;
+    70b-h200) run_case 70b-h200 llama-3.1-70b h200_sxm h200 8 4000 500 600 40 1000
+              ac_pick 70b-h200 llama-3.1-70b h200 2 4 512 6012 80 4000 500 600 40 800 ;;
+    8b-h100) run_case 8b-h100 llama-3.1-8b h100_sxm h100-sxm 8 1024 1024 300 20 2000
+             ac_pick 8b-h100 llama-3.1-8b h100-sxm 8 1 512 3036 1152 1024 1024 300 20 6000
+             ac_pick 8b-h100-tp2 llama-3.1-8b h100-sxm 4 2 512 3036 1152 1024 1024 300 20 6000 ;;
+    70b-h100) run_case 70b-h100 llama-3.1-70b h100_sxm h100-sxm 8 8000 200 2000 50 600
+              ac_pick 70b-h100 llama-3.1-70b h100-sxm 2 4 512 10012 24 8000 200 2000 50 600 ;;
     *) echo "unknown case $c" >&2; exit 2 ;;
     esac
 done
