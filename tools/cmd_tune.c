@@ -43,7 +43,9 @@ static const char USAGE[] =
     "  --top K         rows of the ranked table (default 10)\n"
     "  --out FILE      the best config: BASE with the searched keys set (a wrapper JSON)\n"
     "  BASE            a config (scheduler JSON or wrapper); its other keys and deployment are\n"
-    "                  kept (default: the library's defaults)\n";
+    "                  kept (default: the library's defaults)\n"
+    "  --gpus N        search deployments instead (xPyD pools, TP, batch limits) for N GPUs:\n"
+    "                  tandem tune --gpus N --help\n";
 
 static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
 {
@@ -112,6 +114,12 @@ static int write_points_json(const char *path, const char *base, const tdm_sim_t
 
 int tdm_cmd_tune(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--gpus")) { /* the deployment search */
+            if (tdm_cmd_tune_deploy) return tdm_cmd_tune_deploy(argc, argv);
+            fprintf(stderr, "tandem tune: --gpus: the deployment search is not built\n");
+            return 2;
+        }
     tdm_sim_tune_space space;
     tdm_sim_tune_space_default(&space);
     tdm_sim_tune_opts to;

@@ -15,6 +15,8 @@ TDM_WEAK int tdm_cmd_sim(int argc, char **argv);
 TDM_WEAK int tdm_cmd_ab(int argc, char **argv);
 TDM_WEAK int tdm_cmd_sweep(int argc, char **argv);
 TDM_WEAK int tdm_cmd_tune(int argc, char **argv);
+/* `tandem tune --gpus N`: the deployment search (cmd_tune_deploy.c), entered from tdm_cmd_tune */
+TDM_WEAK int tdm_cmd_tune_deploy(int argc, char **argv);
 TDM_WEAK int tdm_cmd_cost(int argc, char **argv);
 TDM_WEAK int tdm_cmd_fit(int argc, char **argv);
 TDM_WEAK int tdm_cmd_profile(int argc, char **argv);

@@ -20,7 +20,7 @@ int main(int argc, char **argv)
         {"sim", tdm_cmd_sim, "replay a trace through the scheduler on a cost model"},
         {"ab", tdm_cmd_ab, "compare scheduler configs on the same trace"},
         {"sweep", tdm_cmd_sweep, "grid over scheduler parameters, Pareto table and plot"},
-        {"tune", tdm_cmd_tune, "search the static scheduler parameters for the best goodput"},
+        {"tune", tdm_cmd_tune, "search the static scheduler parameters (or, with --gpus N, deployments) for the best goodput"},
         {"cost", tdm_cmd_cost, "the cost model as a calculator"},
         {"fit", tdm_cmd_fit, "fit the table cost model to a deployment's measured steps"},
         {"profile", tdm_cmd_profile, "measure GEMM and bandwidth rates with cuBLAS (GPU)"},
