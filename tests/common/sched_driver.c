@@ -226,8 +226,11 @@ void tsd_step(tdm_sched *s, double now, tdm_batch *b)
     int rc = tdm_sched_step(s, now, b);
     if (rc != TDM_OK) fail_msg("step -> %d: %s", rc, tdm_sched_errmsg(s));
 
-    int64_t mode = 0;
+    int64_t mode = 0, policy = 0;
     assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_MODE, &mode), TDM_OK);
+    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_POLICY, &policy), TDM_OK);
+    /* SLO_ADAPTIVE builds its own batch, decodes first, whatever the mode (docs/scheduler.md) */
+    if (policy == TDM_POLICY_SLO_ADAPTIVE) mode = TDM_MODE_DECODE_FIRST;
     int last_class = 0;
     uint64_t sum = 0;
     if (b->num_reqs) {
