@@ -8,7 +8,10 @@
 # --client-cpus 0" to choose); prints a serve_ab line per arm and the simulator's prediction of
 # each (sim_vs_real lines). adapters/python/tests_vllm_e2e/bench_serve.py; docs/simulator.md.
 BENCH_SERVE_TRACE    ?= $(abspath ../shared)/traces/azure2023_conv.csv
-BENCH_SERVE_REQUESTS ?= 120
+BENCH_SERVE_REQUESTS ?= 600
+# 600 requests from 4x the trace's rate: long enough that the sustained rate, not one burst,
+# sets each arm's knee (120 requests at the top rates were a single burst every arm cleared)
+BENCH_SERVE_SCALES   ?= 4,6,9,13.5,20.25,30.4,45.6,68.3
 BENCH_SERVE_SLO      ?= --slo-ttft-ms 2000 --slo-tpot-ms 50
 BENCH_SERVE_ARGS     ?=
 BENCH_SERVE_OUT      := $(BUILD)/bench-vllm-serve
@@ -20,7 +23,7 @@ bench-vllm-serve: lib tool $(VLLM_E2E_VENV)/.tandem-installed
 	  $(BUILD)/vllm-e2e/model >/dev/null
 	@$(PY_ENV) $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/bench_serve.py \
 	  $(abspath $(BUILD))/vllm-e2e/model $(BENCH_SERVE_OUT) --tool $(abspath $(TOOL)) \
-	  --trace $(BENCH_SERVE_TRACE) --requests $(BENCH_SERVE_REQUESTS) $(BENCH_SERVE_SLO) \
+	  --trace $(BENCH_SERVE_TRACE) --requests $(BENCH_SERVE_REQUESTS) --scales $(BENCH_SERVE_SCALES) $(BENCH_SERVE_SLO) \
 	  $(BENCH_SERVE_ARGS) 2>&1 | tee $(BENCH_SERVE_OUT)/run.log | \
 	  grep -E '^(bench|fit|tune|serve_ab|sim_vs_real)'; \
 	  echo "bench-vllm-serve: full log $(BENCH_SERVE_OUT)/run.log, servers' logs and results.json there"
