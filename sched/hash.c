@@ -171,6 +171,17 @@ int tdm__hash_block(const tdm__hasher *h, int algo, const tdm__digest *parent,
     return digest(h, algo, h->buf, len, out);
 }
 
+/* Entry e becomes the set's newer way holding (hdr, out, the serialized block); the entry
+ * that was there moves to the older way e2, whose entry is dropped. */
+static void memo_put_front(const tdm__hasher *h, unsigned char *e, unsigned char *e2,
+                           const unsigned char hdr[8], const tdm__digest *out, size_t len)
+{
+    memcpy(e2, e, MEMO_HDR + h->cap);
+    memcpy(e, hdr, 8);
+    memcpy(e + 8, out, sizeof(*out));
+    memcpy(e + MEMO_HDR, h->buf, len);
+}
+
 int tdm__hash_block_memo(tdm__hasher *h, int algo, const tdm__digest *parent, const int32_t *tokens,
                          uint32_t n, const tdm__digest *extra, tdm__digest *out)
 {
@@ -202,22 +213,13 @@ int tdm__hash_block_memo(tdm__hasher *h, int algo, const tdm__digest *parent, co
         unsigned char *w = way ? e2 : e;
         if (memcmp(w, hdr, 8) || memcmp(w + MEMO_HDR, h->buf, len)) continue;
         memcpy(out, w + 8, sizeof(*out));
-        if (way) { /* to the front: the first way's entry goes second */
-            memcpy(e2, e, MEMO_HDR + h->cap);
-            memcpy(e, hdr, 8);
-            memcpy(e + 8, out, sizeof(*out));
-            memcpy(e + MEMO_HDR, h->buf, len);
-        }
+        if (way) memo_put_front(h, e, e2, hdr, out, len); /* the first way's entry goes second */
         h->memo_hits++;
         return TDM_OK;
     }
-    h->memo_misses++;
     int rc = digest(h, algo, h->buf, len, out);
     if (rc) return rc;
-    memcpy(e2, e, MEMO_HDR + h->cap);
-    memcpy(e, hdr, 8);
-    memcpy(e + 8, out, sizeof(*out));
-    memcpy(e + MEMO_HDR, h->buf, len);
+    memo_put_front(h, e, e2, hdr, out, len);
     return TDM_OK;
 }
 

@@ -43,7 +43,7 @@ typedef struct tdm__hasher {
     uint64_t memo_seed;     /* key of the memo's slot hash, random per hasher */
     uint64_t *seen;         /* bit filter of the blocks seen since its last reset */
     uint32_t seen_n;        /* bits set in it */
-    uint64_t memo_hits, memo_misses;
+    uint64_t memo_hits;     /* digests the memo returned (tests) */
 } tdm__hasher;
 
 /* Check that libcrypto provides SHA-256. TDM_OK or TDM_E_INTERNAL (it does not: a broken

@@ -350,19 +350,13 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
     if (!r) return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
     tdm__digest *host = (tdm__digest *)(r + 1);
     tdm_token *prompt = (tdm_token *)((char *)(r + 1) + sz_host);
-    if (pre && nhost) {
+    if (d->block_hash_size && (nhost || !pre)) { /* precomputed ones only with prefix caching */
         for (uint32_t i = 0; i < d->num_block_hashes; i++)
             memcpy(&host[i], (const unsigned char *)d->block_hashes + (size_t)i * d->block_hash_size,
                    d->block_hash_size); /* the rest stays zero (calloc), as hash.c pads */
         r->host_hashes = host;
-        r->num_host_hashes = d->num_block_hashes; /* host_hash_size stays 0: Tandem's digests */
-    } else if (d->block_hash_size && !pre) {
-        for (uint32_t i = 0; i < d->num_block_hashes; i++)
-            memcpy(&host[i], (const unsigned char *)d->block_hashes + (size_t)i * d->block_hash_size,
-                   d->block_hash_size); /* the rest stays zero (calloc) */
-        r->host_hashes = host;
         r->num_host_hashes = d->num_block_hashes;
-        r->host_hash_size = d->block_hash_size;
+        if (!pre) r->host_hash_size = d->block_hash_size; /* precomputed: Tandem's digests, size 0 */
     }
     memcpy(prompt, d->prompt, (size_t)d->num_prompt_tokens * sizeof(tdm_token));
     if (d->num_stop_token_ids)
