@@ -18,7 +18,7 @@
 #include "../sim/fit.h"
 
 static const char USAGE[] =
-    "usage: tandem fit STEPS.csv --model M --out DIR [--holdout K] [--tp N] [--trim]\n"
+    "usage: tandem fit STEPS.csv --model M --out DIR [--holdout K] [--tp N] [--trim] [--score S]\n"
     "  STEPS.csv  a steps CSV (tandem sim --steps-csv; the vLLM adapter's \"steps_csv\")\n"
     "  --model M  the served model: a preset or a model JSON (a Hugging Face config.json works)\n"
     "  --out DIR  writes DIR/hw.json (the table cost model: tandem sim --hw DIR/hw.json),\n"
@@ -27,7 +27,11 @@ static const char USAGE[] =
     "  --holdout K  every K-th row is held out of the fit and scored (default 5: 20%)\n"
     "  --tp N     the engine's tensor-parallel degree (default: the model's)\n"
     "  --trim     drop the steps 5x further from the fit than the median (at least 10%) and\n"
-    "             fit again: the undisturbed engine (by default slow steps count, as in serving)\n";
+    "             fit again: the undisturbed engine (by default slow steps count, as in serving)\n"
+    "  --score S  also score every step of another steps CSV S (the same engine at another\n"
+    "             time or load) through the written tables: its per-step error and its measured\n"
+    "             total time over the predicted (> 1: the engine ran slower there than in\n"
+    "             STEPS.csv)\n";
 
 static int cmp_dbl(const void *a, const void *b)
 {
@@ -35,10 +39,12 @@ static int cmp_dbl(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The held-out rows through the table cost model loaded back from hwpath. */
-static int held_out_table_error(const char *hwpath, const tdm_sim_model *m,
-                                const tdm_sim_fit_row *rows, size_t n, unsigned holdout,
-                                double *mape, double *median, uint64_t *extrap)
+/* Rows start, start + stride, ... of rows[0..n) through the table cost model loaded back
+ * from hwpath: the mean and median relative error per step, the measured total time over the
+ * predicted (ratio; NULL to skip) and the steps beyond the tables. */
+static int table_error(const char *hwpath, const tdm_sim_model *m, const tdm_sim_fit_row *rows,
+                       size_t n, size_t start, size_t stride, double *mape, double *median,
+                       double *ratio, uint64_t *extrap)
 {
     char err[512];
     tdm_sim_hw hw;
@@ -49,18 +55,24 @@ static int held_out_table_error(const char *hwpath, const tdm_sim_model *m,
     tdm_sim_cost c;
     tdm_sim_cost_init(&c, m, &hw);
     size_t k = 0;
-    double *ape = malloc((n / holdout + 1) * sizeof *ape), s = 0;
-    if (!ape) return -1;
-    for (size_t i = holdout - 1; i < n; i += holdout) {
+    double *ape = malloc((n / stride + 1) * sizeof *ape), s = 0, meas = 0, pred = 0;
+    if (!ape) {
+        fprintf(stderr, "tandem fit: out of memory\n");
+        return -1;
+    }
+    for (size_t i = start; i < n; i += stride) {
         tdm_sim_shape sh;
         tdm_sim_fit_shape(&rows[i], &sh);
         double t = tdm_sim_cost_step(&c, &sh, NULL);
         ape[k] = fabs(t / rows[i].dur_s - 1);
         s += ape[k++];
+        meas += rows[i].dur_s;
+        pred += t;
     }
     qsort(ape, k, sizeof *ape, cmp_dbl);
     *mape = k ? s / (double)k : 0;
     *median = k ? tdm_sim_percentile_sorted(ape, k, 0.5) : 0;
+    if (ratio) *ratio = pred > 0 ? meas / pred : 0;
     *extrap = c.extrapolated_steps;
     free(ape);
     return 0;
@@ -68,7 +80,7 @@ static int held_out_table_error(const char *hwpath, const tdm_sim_model *m,
 
 int tdm_cmd_fit(int argc, char **argv)
 {
-    const char *csv = NULL, *model = NULL, *out = NULL;
+    const char *csv = NULL, *model = NULL, *out = NULL, *score = NULL;
     unsigned holdout = 5, tp = 0;
     int trim = 0;
     for (int i = 1; i < argc; i++) {
@@ -82,7 +94,7 @@ int tdm_cmd_fit(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--model") || !strcmp(a, "--out") || !strcmp(a, "--holdout") ||
-            !strcmp(a, "--tp")) {
+            !strcmp(a, "--tp") || !strcmp(a, "--score")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "tandem fit: %s needs a value\n%s", a, USAGE);
                 return 2;
@@ -90,6 +102,7 @@ int tdm_cmd_fit(int argc, char **argv)
             const char *v = argv[++i];
             if (!strcmp(a, "--model")) model = v;
             else if (!strcmp(a, "--out")) out = v;
+            else if (!strcmp(a, "--score")) score = v;
             else {
                 char *end;
                 long x = strtol(v, &end, 10);
@@ -160,7 +173,7 @@ int tdm_cmd_fit(int argc, char **argv)
     snprintf(path, sizeof path, "%s/hw.json", out);
     double tmape = 0, tmed = 0;
     uint64_t ex = 0;
-    if (held_out_table_error(path, &m, rows, n, holdout, &tmape, &tmed, &ex)) goto done;
+    if (table_error(path, &m, rows, n, holdout - 1, holdout, &tmape, &tmed, NULL, &ex)) goto done;
     printf("fit  %s: %zu steps; fitted on %zu (%zu timing outliers dropped), %zu held out "
            "(every %u-th)\n", csv, f.n_rows, f.n_fit, f.n_trimmed, f.n_held, holdout);
     printf("fit  step_us = %.1f + %.4g*tokens + %.4g*sampled_seqs + %.4g*decode_ctx/1e3 + "
@@ -176,6 +189,24 @@ int tdm_cmd_fit(int argc, char **argv)
            "held_out_total_ratio=%.4f fit_mape=%.4f overhead_us=%.2f token_us=%.4g seq_us=%.4g ctx_ns=%.4g attn_ps=%.4g\n",
            f.n_rows, f.n_held, tmape, tmed, f.held_total_ratio, f.fit_mape, f.overhead_us, f.token_us, f.seq_us,
            f.ctx_ns, f.attn_ps);
+    if (score) {
+        tdm_sim_fit_row *srows = NULL;
+        size_t sn = 0;
+        double smape = 0, smed = 0, sratio = 0;
+        uint64_t sex = 0;
+        if (tdm_sim_fit_read_csv(score, &srows, &sn, err, sizeof err)) {
+            fprintf(stderr, "tandem fit: --score: %s\n", err);
+            goto done;
+        }
+        int bad = table_error(path, &m, srows, sn, 0, 1, &smape, &smed, &sratio, &sex);
+        free(srows);
+        if (bad) goto done;
+        printf("fit  scored %s (%zu steps) through the written tables: per step mean %.1f%%, "
+               "median %.1f%%; measured total time %.3fx the predicted; %llu steps beyond the "
+               "tables\n", score, sn, 100 * smape, 100 * smed, sratio, (unsigned long long)sex);
+        printf("fit_score rows=%zu mape=%.4f median_ape=%.4f measured_over_predicted=%.4f\n", sn,
+               smape, smed, sratio);
+    }
     rc = 0;
 done:
     free(rows);

@@ -326,24 +326,50 @@ static void read_csv__errors_name_file_line_and_column(void **state)
 
 /* ---- the command ---- */
 
+/* rows[0..n) as a steps CSV (the adapter's columns) at a temporary path, durations times
+ * slow (the same engine running slower or faster). */
+static void write_steps_csv(char *path, size_t len, const char *name, const tdm_sim_fit_row *rows,
+                            int n, double slow)
+{
+    write_tmp(path, len, name, "");
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("instance,role,step,start_s,duration_s,prefill_tokens,prefill_reqs,decode_reqs,"
+          "decode_context_tokens,batch_tokens,running,waiting,kv_usage,preemptions,emit_seqs,"
+          "prefill_attn\n", f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "0,colocated,%d,0,%.9f,%llu,%u,%u,%llu,0,0,0,0,0,%u,%.0f\n", i + 1,
+                rows[i].dur_s * slow, (unsigned long long)rows[i].prefill_tokens,
+                rows[i].prefill_reqs, rows[i].decode_reqs, (unsigned long long)rows[i].decode_ctx,
+                rows[i].emit_seqs, rows[i].prefill_attn);
+    fclose(f);
+}
+
+/* The value after key in the first line of file path starting with prefix; -1 if none. */
+static double line_value(const char *path, const char *prefix, const char *key)
+{
+    char line[1024];
+    FILE *o = fopen(path, "r");
+    assert_non_null(o);
+    double v = -1;
+    while (fgets(line, sizeof line, o)) {
+        const char *k;
+        if (!strncmp(line, prefix, strlen(prefix)) && (k = strstr(line, key))) {
+            v = strtod(k + strlen(key), NULL);
+            break;
+        }
+    }
+    fclose(o);
+    return v;
+}
+
 static void fit_command__writes_tables_and_prints_held_out_error(void **state)
 {
     (void)state;
     NEED_TOOL();
     tdm_sim_fit_row *rows = synth(500, 7, TRUE_COEF, 0, 0.02, 0);
     char csv[256];
-    write_tmp(csv, sizeof csv, "cmd-steps.csv", "");
-    FILE *f = fopen(csv, "w");
-    assert_non_null(f);
-    fputs("instance,role,step,start_s,duration_s,prefill_tokens,prefill_reqs,decode_reqs,"
-          "decode_context_tokens,batch_tokens,running,waiting,kv_usage,preemptions,emit_seqs,"
-          "prefill_attn\n", f);
-    for (int i = 0; i < 500; i++)
-        fprintf(f, "0,colocated,%d,0,%.9f,%llu,%u,%u,%llu,0,0,0,0,0,%u,%.0f\n", i + 1, rows[i].dur_s,
-                (unsigned long long)rows[i].prefill_tokens, rows[i].prefill_reqs,
-                rows[i].decode_reqs, (unsigned long long)rows[i].decode_ctx, rows[i].emit_seqs,
-                rows[i].prefill_attn);
-    fclose(f);
+    write_steps_csv(csv, sizeof csv, "cmd-steps.csv", rows, 500, 1.0);
     char dir[] = "/tmp/tandem-fitcmd-XXXXXX", out[600];
     assert_non_null(mkdtemp(dir));
     snprintf(out, sizeof out, "%s/out.txt", dir);
@@ -381,6 +407,47 @@ static void fit_command__writes_tables_and_prints_held_out_error(void **state)
     free(rows);
 }
 
+/* --score: another CSV of the same engine, 25% slower, scored through the written tables */
+static void fit_command__scores_another_steps_csv(void **state)
+{
+    (void)state;
+    NEED_TOOL();
+    tdm_sim_fit_row *rows = synth(500, 11, TRUE_COEF, 0, 0.02, 0);
+    tdm_sim_fit_row *later = synth(300, 12, TRUE_COEF, 0, 0.02, 0);
+    char csv[256], slow[256], same[256];
+    write_steps_csv(csv, sizeof csv, "score-fit.csv", rows, 500, 1.0);
+    write_steps_csv(slow, sizeof slow, "score-slow.csv", later, 300, 1.25);
+    write_steps_csv(same, sizeof same, "score-same.csv", later, 300, 1.0);
+    char dir[] = "/tmp/tandem-fitscore-XXXXXX", out[600];
+    assert_non_null(mkdtemp(dir));
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    assert_int_equal(SH("%s fit %s --model llama-3-8b --out %s/t --score %s > %s", g_tool, csv, dir,
+                        slow, out), 0);
+    assert_int_equal((int)line_value(out, "fit_score ", "rows="), 300);
+    double r = line_value(out, "fit_score ", "measured_over_predicted=");
+    assert_true(r > 1.22 && r < 1.28);
+    double mape = line_value(out, "fit_score ", " mape=");
+    assert_true(mape > 0.18 && mape < 0.27);    /* 25% slower, 2% noise */
+    assert_int_equal(SH("%s fit %s --model llama-3-8b --out %s/t --score %s > %s", g_tool, csv, dir,
+                        same, out), 0);
+    r = line_value(out, "fit_score ", "measured_over_predicted=");
+    assert_true(r > 0.98 && r < 1.02);
+    /* without --score no fit_score line; a missing or malformed file fails naming it */
+    assert_int_equal(SH("%s fit %s --model llama-3-8b --out %s/t > %s", g_tool, csv, dir, out), 0);
+    assert_true(line_value(out, "fit_score ", "rows=") < 0);
+    assert_int_equal(SH("%s fit %s --model llama-3-8b --out %s/t --score /nonexistent.csv "
+                        "2>%s >/dev/null", g_tool, csv, dir, out), 1);
+    assert_int_equal(SH("grep -q 'tandem fit: --score: .*/nonexistent.csv' %s", out), 0);
+    assert_int_equal(SH("%s fit %s --model llama-3-8b --out %s/t --score 2>/dev/null", g_tool, csv,
+                        dir), 2);
+    assert_int_equal(SH("rm -rf %s", dir), 0);
+    unlink(csv);
+    unlink(slow);
+    unlink(same);
+    free(rows);
+    free(later);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -394,6 +461,7 @@ int main(void)
         cmocka_unit_test(read_csv__columns_by_name_and_legacy_files),
         cmocka_unit_test(read_csv__errors_name_file_line_and_column),
         cmocka_unit_test(fit_command__writes_tables_and_prints_held_out_error),
+        cmocka_unit_test(fit_command__scores_another_steps_csv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
