@@ -29,6 +29,16 @@ one; vLLM's CPU thread binding off) and the API servers and the client on the ot
 without the tokenizer, the HTTP streaming or the client in them; servers and client run at
 --nice (default -15 as root) so that other work on a shared machine yields to them. Only one
 arm is loaded at a time; the idle servers wait on their queues.
+With the arms, one more server takes its turn at every point: a calibration server
+(TandemScheduler in parity recording its own steps CSV and the serving path), so a second
+cost model is fitted on steps taken in the same minutes as the arms' (the engine's speed on
+a shared machine drifts by tens of percent between runs: `tandem fit --score` measures the
+recording run's fit on the calibration steps) and the simulator predicts every arm twice,
+on each fit (sim_vs_real, sim_vs_real_calib). The `noise` lines compare the servers that make
+the same decisions (vLLM's scheduler, parity, the calibration server) at each rate: the
+engine's own repeatability, the closest any prediction can be held to. The `fit  noise floor`
+line is the per-step error of predicting each held-out step by the mean of the steps of its
+exact shape, the least error a step-time model can have on that CSV.
 The client measures TTFT (send to first streamed token), TPOT ((last - first) / (tokens - 1))
 and ITL (the gaps between streamed chunks) per request. Prints a `serve_ab` line per arm and
 the simulator's prediction against each measured figure.
@@ -354,7 +364,7 @@ def run_arm(model, name, out_dir, reqs, scales, slo, deadline, **server_kw):
     return points
 
 
-def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, **pin):
+def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, serving_path=(), **pin):
     """Every arm's server up at once; at each rate scale (lowest first) each arm still on the
     ladder replays the workload in turn, the order rotated by one at each point, so a change
     of the machine's load between points falls on every arm alike rather than on whichever
@@ -378,7 +388,8 @@ def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, **pin):
                 break
             r = k % len(live)
             for name in live[r:] + live[:r]:
-                points[name].append(measure(servers[name], name, reqs, sc, slo, deadline))
+                points[name].append(measure(servers[name], name, reqs, sc, slo, deadline,
+                                            serving_path=name in serving_path))
             live = [n for n in live if points[n][-1]["attainment"] >= GOODPUT_TARGET]
     finally:
         for srv in servers.values():
@@ -389,12 +400,12 @@ def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, **pin):
 SERVING_PATH_POINTS = 3
 
 
-def serving_path_ms(record):
+def serving_path_ms(record, where="the recording run"):
     """The serving path the simulator adds before the scheduler (--frontend-ms), measured in the
     recording run: mean client TTFT minus the mean time the engine spent on it (queued to first
     token, vLLM's metrics), over the first SERVING_PATH_POINTS rates of the ladder, where
     requests rarely overlap and the serving path is not itself a queue. Measured in the
-    recording run, never in the arms it predicts."""
+    recording run (or the in-run calibration server), never in the arms it predicts."""
     pts = [p for p in record[:SERVING_PATH_POINTS] if "engine_ttft_mean" in p]
     if not pts:
         print("fit  serving path: not measured (no vLLM TTFT metrics): --frontend-ms 0", flush=True)
@@ -405,7 +416,7 @@ def serving_path_ms(record):
     svc = sum(cpu) / len(cpu)
     at = ",".join(f"{p['scale']:.3g}" for p in pts)
     print(f"fit  serving path: mean client TTFT minus the engine's time to the first token, "
-          f"scales {at} of the recording run: "
+          f"scales {at} of {where}: "
           f"{', '.join(f'{x:.1f}' for x in d)} ms -> --frontend-ms {ms:.1f}; CPU of the API "
           f"server and the client per request (their one core as a queue): "
           f"{', '.join(f'{x:.1f}' for x in cpu)} ms (--frontend-service-ms {svc:.1f} with --frontend-queue)",
@@ -428,6 +439,40 @@ def goodput(points, base_rate):
             return s * base_rate, ""
         prev = p
     return (prev["scale"] * base_rate if prev else 0.0), ">= (never missed)"
+
+
+def shape_noise_floor(steps_csv, holdout=5, min_seen=5):
+    """The per-step error no step-time model can beat on this CSV: every holdout-th step (the
+    rows `tandem fit` holds out) predicted by the mean time of the other steps of exactly its
+    shape (prefill tokens, prefill requests, decode requests, sampled sequences; decode
+    contexts ignored), for shapes seen at least min_seen times. Returns (scored, held out,
+    mean, median) relative errors."""
+    import statistics
+    key = ("prefill_tokens", "prefill_reqs", "decode_reqs", "emit_seqs")
+    rows = list(csv.DictReader(open(steps_csv)))
+    rows = [r for r in rows if int(r["prefill_tokens"]) + int(r["decode_reqs"]) > 0]
+    seen = {}
+    for i, r in enumerate(rows):
+        if i % holdout != holdout - 1:
+            seen.setdefault(tuple(r[k] for k in key), []).append(float(r["duration_s"]))
+    err, held = [], 0
+    for i, r in enumerate(rows):
+        if i % holdout == holdout - 1:
+            held += 1
+            g = seen.get(tuple(r[k] for k in key))
+            if g and len(g) >= min_seen:
+                err.append(abs(statistics.fmean(g) / float(r["duration_s"]) - 1))
+    if not err:
+        return 0, held, float("nan"), float("nan")
+    return len(err), held, statistics.fmean(err), statistics.median(err)
+
+
+def fit_score(fit_stdout):
+    """`tandem fit --score`'s machine-readable line as a dict (None without one)."""
+    for ln in fit_stdout.splitlines():
+        if ln.startswith("fit_score "):
+            return {k: float(v) for k, v in (x.split("=", 1) for x in ln.split()[1:])}
+    return None
 
 
 # ---- the simulator -----------------------------------------------------------------------------
@@ -453,6 +498,103 @@ def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, nam
     return pts
 
 
+def rel(s, r):
+    return s / r - 1 if r else float("nan")
+
+
+def compare(pred, res, g, base_rate, tag):
+    """Predicted against measured, per arm: at the highest rate the arm passed (its knee) the
+    p50s and p90s and the goodput; at every rate it passed, the TTFT and TPOT p50 errors
+    (their median |error| below and at the knee); then every pair of arms and the ranking."""
+    rows = []
+    for arm in res:
+        real_pts = res[arm]
+        ok = [p for p in real_pts if p["attainment"] >= GOODPUT_TARGET] or real_pts
+        rp = ok[-1]
+        sp = next(p for p in pred[arm] if abs(p["scale"] - rp["scale"]) < 1e-9)
+        cut = []
+        for p in pred[arm]:
+            cut.append(p)
+            if p["attainment"] < GOODPUT_TARGET:
+                break
+        sg = goodput(cut, base_rate)[0]
+        per_point = []
+        for q in ok:
+            sq = next(p for p in pred[arm] if abs(p["scale"] - q["scale"]) < 1e-9)
+            per_point.append({"scale": q["scale"], "ttft_p50": rel(sq["ttft_p50"], q["ttft_p50"]),
+                              "tpot_p50": rel(sq["tpot_p50"], q["tpot_p50"])})
+        rows.append({"arm": arm, "scale": rp["scale"], "real": rp, "sim": sp,
+                     "goodput_real": g[arm][0], "goodput_sim": sg, "points": per_point})
+
+        def fmt(k):
+            r, x = rp[k], sp[k]
+            return f"{k}={1e3 * x:.1f}/{1e3 * r:.1f}ms({100 * rel(x, r):+.0f}%)"
+        print(f"{tag} arm={arm} scale={rp['scale']:.3g} {fmt('ttft_p50')} {fmt('ttft_p90')} "
+              f"{fmt('tpot_p50')} {fmt('tpot_p90')} goodput={sg:.3f}/{g[arm][0]:.3f}req/s"
+              f"({100 * rel(sg, g[arm][0]):+.0f}%)  (predicted/measured)", flush=True)
+        for k in ("ttft_p50", "tpot_p50"):
+            errs = [p[k] for p in per_point]
+            med = sorted(abs(e) for e in errs)[len(errs) // 2] if errs else float("nan")
+            within = sum(1 for e in errs if abs(e) <= 0.15)
+            at = ",".join(f"{p['scale']:.3g}" for p in per_point)
+            print(f"{tag}_points arm={arm} {k} at scales {at}: "
+                  f"{' '.join(f'{100 * e:+.0f}%' for e in errs)}; median |error| {100 * med:.0f}%, "
+                  f"within 15% at {within} of {len(errs)}", flush=True)
+    gs = {r["arm"]: r["goodput_sim"] for r in rows}
+    names = list(res)
+    agree = True
+
+    def order(x, y):
+        return 0 if abs(x - y) <= 0.05 * max(x, y, 1e-9) else (1 if x > y else -1)
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            om, op = order(g[x][0], g[y][0]), order(gs[x], gs[y])
+            agree &= om == op
+            sym = {1: ">", -1: "<", 0: "="}
+            print(f"{tag} pair {x} {sym[om]} {y} measured ({g[x][0]:.2f} vs {g[y][0]:.2f} "
+                  f"req/s), {sym[op]} predicted ({gs[x]:.2f} vs {gs[y]:.2f})", flush=True)
+    rank_real = sorted(res, key=lambda k: -g[k][0])
+    rank_sim = sorted(res, key=lambda k: -gs[k])
+    print(f"{tag} ranking measured={','.join(rank_real)} predicted={','.join(rank_sim)} "
+          f"same={'yes' if agree else 'no'} (pairs within 5% are ties)", flush=True)
+    return rows
+
+
+def noise_floor(res, calib, identical):
+    """The engine's own repeatability: at each rate, the servers that make the same decisions
+    (vLLM's scheduler, TandemScheduler in parity, the in-run calibration server: the
+    differential tests hold them equal) measured against each other. A prediction cannot be
+    held closer than their spread."""
+    runs = {n: res[n] for n in identical if n in res}
+    if calib:
+        runs["calib"] = calib
+    if len(runs) < 2:
+        return
+    spreads = {"ttft_p50": [], "tpot_p50": []}
+    scales = sorted({p["scale"] for pts in runs.values() for p in pts})
+    for sc in scales:
+        at = {n: next((p for p in pts if abs(p["scale"] - sc) < 1e-9), None) for n, pts in runs.items()}
+        at = {n: p for n, p in at.items() if p is not None}
+        if len(at) < 2:
+            continue
+        passed = all(p["attainment"] >= GOODPUT_TARGET for p in at.values())
+        parts = []
+        for k in ("ttft_p50", "tpot_p50"):
+            v = [p[k] for p in at.values()]
+            lo, hi = min(v), max(v)
+            sp = hi / lo - 1 if lo > 0 else float("nan")
+            if passed:
+                spreads[k].append(sp)
+            parts.append(f"{k} {'/'.join(f'{1e3 * x:.1f}' for x in v)} ms (max/min {100 * sp:+.0f}%)")
+        print(f"noise scale={sc:.3g} servers={','.join(at)}{'' if passed else ' (past a knee)'}: "
+              f"{'; '.join(parts)}", flush=True)
+    for k, v in spreads.items():
+        if v:
+            print(f"noise summary {k}: max/min among servers deciding alike, rates all of them "
+                  f"passed: median {100 * sorted(v)[len(v) // 2]:+.0f}%, largest "
+                  f"{100 * max(v):+.0f}% ({len(v)} rates)", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -468,6 +610,10 @@ def main():
     ap.add_argument("--frontend-queue", action="store_true",
                     help="hand the simulator the serving path as a queue whose service is the "
                          "API server's and client's CPU per request (--frontend-service-ms)")
+    ap.add_argument("--no-calib", action="store_true",
+                    help="no in-run calibration server (TandemScheduler in parity recording its "
+                         "steps among the arms, point by point; the simulator's second prediction "
+                         "is fitted on it)")
     ap.add_argument("--engine-cpus", default=None,
                     help="CPUs of the engine cores (e.g. 1 or 2-3; default the last CPU)")
     ap.add_argument("--nice", type=int, default=-15 if os.geteuid() == 0 else 0,
@@ -528,6 +674,11 @@ def main():
     if fit.returncode:
         raise SystemExit("bench: tandem fit failed")
     cost = json.load(open(os.path.join(fit_dir, "sched_cost.json")))["cost_model"]
+    n_sc, n_held, nf_mean, nf_med = shape_noise_floor(steps)
+    print(f"fit  noise floor: the held-out steps each predicted by the mean time of the fitted "
+          f"steps of exactly its shape (prefill tokens and requests, decode requests, sampled "
+          f"sequences; {n_sc} of {n_held} held-out steps have a shape seen 5 times): per step "
+          f"mean {100 * nf_mean:.1f}%, median {100 * nf_med:.1f}%", flush=True)
     frontend_ms, svc_ms = serving_path_ms(record)
     # The serving path's CPU per request falls with the rate (32.6 ms at 1x to 13.8 ms at 25x
     # on a quiet machine: its per-request and idle costs are spread over more requests), and
@@ -568,10 +719,41 @@ def main():
             arm_kw[arm] = {"scheduler_cls": tandem_cls,
                            "tandem": {"config": best, "cost_model": cost}}
             sim_cfg[arm] = json.load(open(best))["scheduler"]
-    # 3. every arm's server up at once, the rate ladder interleaved point by point
-    res, failed = run_interleaved(a.model, a.out, arm_kw, reqs, scales, slo, a.deadline_s, **pin)
+    # 3. every arm's server up at once, the rate ladder interleaved point by point; with them a
+    #    calibration server (parity, recording its steps), whose steps were taken in the same
+    #    minutes as the arms' and so on the engine as fast or slow as it ran for them
+    steps_calib = os.path.abspath(os.path.join(a.out, "steps-calib.csv"))
+    if os.path.exists(steps_calib):
+        os.unlink(steps_calib)
+    if not a.no_calib:
+        arm_kw["calib"] = {"scheduler_cls": tandem_cls, "tandem": {"steps_csv": steps_calib}}
+    res, failed = run_interleaved(a.model, a.out, arm_kw, reqs, scales, slo, a.deadline_s,
+                                  serving_path=("calib",), **pin)
+    calib = res.pop("calib", None)
+    failed.pop("calib", None)
+    calib_fit, drift, frontend_ms_calib = None, None, None
+    if calib and os.path.exists(steps_calib):
+        # how fast the engine ran alongside the arms against the recording run the tuner and
+        # slo_adaptive's cost model came from (the same fit, written again, scoring the CSV)
+        sc = subprocess.run([a.tool, "fit", steps, "--model", mcfg, "--out", fit_dir,
+                             "--score", steps_calib], capture_output=True, text=True)
+        drift = fit_score(sc.stdout)
+        print("\n".join(ln for ln in sc.stdout.splitlines() if ln.startswith("fit  scored")),
+              flush=True)
+        print("calib ", end="")
+        frontend_ms_calib, _ = serving_path_ms(calib, "the calibration server")
+        calib_fit = os.path.join(a.out, "fit-calib")
+        cf = subprocess.run([a.tool, "fit", steps_calib, "--model", mcfg, "--out", calib_fit],
+                            capture_output=True, text=True)
+        print("\n".join("calib " + ln for ln in cf.stdout.splitlines()
+                        if ln.startswith(("fit  step_us", "fit  held-out"))), flush=True)
+        if cf.returncode:
+            print(cf.stderr, flush=True)
+            calib_fit = None
     for arm in ("vllm", "parity"):
         sim_cfg.setdefault(arm, dict(sched_base))
+    # the arms that decide exactly as vLLM's scheduler does (tuned too when the tuner kept the base)
+    identical = ["vllm", "parity"] + (["tuned"] if sim_cfg.get("tuned") == sched_base else [])
     # ---- report ----
     g = {arm: goodput(res[arm], base_rate) for arm in res}
     ref = g.get("vllm", (0, ""))[0]
@@ -596,50 +778,17 @@ def main():
         pts = sim_points(a.tool, sim_cfg[arm], trace, hw, mcfg, scales, slo, a.out, arm,
                          frontend_ms, frontend_svc_ms)
         pred[arm] = pts
-    cmp_rows = []
-    for arm in res:
-        real_pts = res[arm]
-        # compare at the highest rate the arm passed in the real run (the last point otherwise)
-        ok = [p for p in real_pts if p["attainment"] >= GOODPUT_TARGET] or real_pts
-        rp = ok[-1]
-        sp = next(p for p in pred[arm] if abs(p["scale"] - rp["scale"]) < 1e-9)
-        trunc = [p for p in pred[arm]]
-        cut = []
-        for p in trunc:
-            cut.append(p)
-            if p["attainment"] < GOODPUT_TARGET:
-                break
-        sg = goodput(cut, base_rate)[0]
-        row = {"arm": arm, "scale": rp["scale"], "real": rp, "sim": sp, "goodput_real": g[arm][0],
-               "goodput_sim": sg}
-        cmp_rows.append(row)
-        def fmt(k):
-            r, s = rp[k], sp[k]
-            return f"{k}={1e3 * s:.1f}/{1e3 * r:.1f}ms({100 * (s / r - 1):+.0f}%)"
-        print(f"sim_vs_real arm={arm} scale={rp['scale']:.3g} {fmt('ttft_p50')} {fmt('ttft_p90')} "
-              f"{fmt('tpot_p50')} {fmt('tpot_p90')} goodput={sg:.3f}/{g[arm][0]:.3f}req/s"
-              f"({100 * (sg / g[arm][0] - 1) if g[arm][0] else float('nan'):+.0f}%)  (predicted/measured)",
-              flush=True)
-    # ranking: every pair of arms; a difference under 5% of the larger counts as a tie
-    gs = {r["arm"]: r["goodput_sim"] for r in cmp_rows}
-    names = list(res)
-    agree = True
-
-    def order(x, y):
-        return 0 if abs(x - y) <= 0.05 * max(x, y, 1e-9) else (1 if x > y else -1)
-    for i, x in enumerate(names):
-        for y in names[i + 1:]:
-            om, op = order(g[x][0], g[y][0]), order(gs[x], gs[y])
-            agree &= om == op
-            sym = {1: ">", -1: "<", 0: "="}
-            print(f"sim_vs_real pair {x} {sym[om]} {y} measured ({g[x][0]:.2f} vs {g[y][0]:.2f} "
-                  f"req/s), {sym[op]} predicted ({gs[x]:.2f} vs {gs[y]:.2f})", flush=True)
-    rank_real = sorted(res, key=lambda k: -g[k][0])
-    rank_sim = sorted(res, key=lambda k: -gs[k])
-    print(f"sim_vs_real ranking measured={','.join(rank_real)} predicted={','.join(rank_sim)} "
-          f"same={'yes' if agree else 'no'} (pairs within 5% are ties)", flush=True)
+    cmp_rows = compare(pred, res, g, base_rate, "sim_vs_real")
+    calib_cmp, pred_calib = None, None
+    if calib_fit:
+        pred_calib = {arm: sim_points(a.tool, sim_cfg[arm], trace, os.path.join(calib_fit, "hw.json"),
+                                      mcfg, scales, slo, a.out, "calib-" + arm, frontend_ms_calib)
+                      for arm in res}
+        calib_cmp = compare(pred_calib, res, g, base_rate, "sim_vs_real_calib")
+    noise_floor(res, calib, identical)
     json.dump({"real": res, "record": record, "frontend_ms": frontend_ms,
                "frontend_service_ms": frontend_svc_ms, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
+               "calib": calib, "sim_calib": pred_calib, "frontend_ms_calib": frontend_ms_calib, "compare_calib": calib_cmp, "drift": drift,
                "slo": slo, "scales": scales, "sim_cfg": sim_cfg},
               open(os.path.join(a.out, "results.json"), "w"), indent=1)
     return 0
