@@ -50,6 +50,7 @@ import json
 import math
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -246,6 +247,7 @@ class Server:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"   # our pinning, not vLLM's
 
         def pre():   # in the child, before exec
+            os.setsid()   # a process group of its own: stop() ends the EngineCore with it
             if engine_cpus:
                 os.sched_setaffinity(0, engine_cpus)
             if nice:
@@ -267,13 +269,21 @@ class Server:
         return None
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        """SIGTERM to the server's process group (the API server and the EngineCore it
+        spawned), SIGKILL to what is left after 60 s."""
+        def signal_group(sig):
             try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        signal_group(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(1)
+        signal_group(signal.SIGKILL)   # the EngineCore too, if it outlived its parent
+        self.proc.wait()
         self.log.close()
 
 
@@ -595,7 +605,13 @@ def noise_floor(res, calib, identical):
                   f"{100 * max(v):+.0f}% ({len(v)} rates)", flush=True)
 
 
+def _stop_on_signal(signum, frame):
+    # SIGTERM (kill, a CI timeout) as Ctrl-C: the servers' finally blocks stop them
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main():
+    signal.signal(signal.SIGTERM, _stop_on_signal)
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("out")
