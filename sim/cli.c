@@ -48,6 +48,8 @@ const char tdm_sim_cli_common_usage[] =
     "                        freeing and the next send, not counted in TTFT (default 0)\n"
     "  --desync              closed loop: the first wave's slots are refilled at random\n"
     "                        times over its lifetime (an out-of-phase start)\n"
+    "  --warmup-drain        closed loop: the measured phase starts once every warm-up\n"
+    "                        request has finished, with N sends at once (aiperf's phases)\n"
     "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
     "metrics and output:\n"
     "  --slo-ttft-ms X       TTFT SLO (default 500)\n"
@@ -146,6 +148,7 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
         else if (!strcmp(a, "--goodput")) c->goodput = 1;
         else if (!strcmp(a, "--no-clip")) c->no_clip = 1;
         else if (!strcmp(a, "--desync")) c->ropts.desync = 1;
+        else if (!strcmp(a, "--warmup-drain")) c->ropts.warmup_drain = 1;
         else if (a[0] != '-' || !strcmp(a, "-")) {
             if (c->npos == TDM_SIM_CLI_MAXPOS) {
                 fprintf(stderr, "tandem %s: too many arguments\n", argv[0]);
@@ -288,6 +291,11 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
     if (c->ropts.concurrency && c->goodput) {
         fprintf(stderr, "tandem %s: --goodput searches an arrival rate; it has no meaning in "
                         "closed loop (--concurrency)\n", argv[0]);
+        return -1;
+    }
+    if (c->ropts.warmup_drain && !c->ropts.concurrency) {
+        fprintf(stderr, "tandem %s: --warmup-drain is an option of the closed loop "
+                        "(--concurrency)\n", argv[0]);
         return -1;
     }
     /* closed loop on a synthetic workload: send as fast as slots free (vllm bench serve's

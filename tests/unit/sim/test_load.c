@@ -1,7 +1,8 @@
 /*
  * test_load.c -- the load the simulator offers and what it records: closed-loop load (never
  * more than `concurrency` requests in flight, each later request sent at the finish of an
- * earlier one, or a client's delay after it; the desynchronized start), the warm-up rule (the first requests sent are left out of every metric), SLO
+ * earlier one, or a client's delay after it; the desynchronized start; aiperf's drained
+ * warm-up and measured burst), the warm-up rule (the first requests sent are left out of every metric), SLO
  * classes reaching the scheduler (the slo policy serves by deadline and so differs from FCFS),
  * the per-step CSV and Chrome trace (one track per instance, KV transfers as slices), and the
  * prefill-first baseline mode run end to end.
@@ -235,6 +236,68 @@ static void desync__breaks_the_lockstep_of_equal_requests(void **state)
     assert_int_equal(distinct[0], 0);               /* lockstep: every first token shared */
     assert_true(distinct[1] >= 3 * (t.n - 16) / 4); /* out of phase: most are alone */
     assert_true(b.sum.ttft.p50 < 0.5 * a.sum.ttft.p50);
+    free(f);
+    tdm_sim_result_free(&a);
+    tdm_sim_result_free(&b);
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+}
+
+/* aiperf's phases (warmup_drain): the first measured request is sent only when the last
+ * warm-up request finishes, the measured phase starts with `concurrency` sends at that
+ * instant (a burst on an idle engine: its prompts queue for the token budget, and that
+ * queueing is measured), and with desync the burst's slots are refilled at random times over
+ * the time since the burst. Without the option the measured phase follows the warm-up. */
+static void warmup_drain__measured_phase_starts_with_a_burst(void **state)
+{
+    (void)state;
+    tdm_sim_trace t;
+    fixed(&t, 96, 1024, 64, 0, INFINITY);
+    tdm_sim_config c;
+    config("{\"max_num_batched_tokens\": 2048}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    o.concurrency = 8;
+    o.warmup = 16;
+    o.desync = 1;
+    tdm_sim_result a, b;
+    run(&t, &c, &o, &a);
+    o.warmup_drain = 1;
+    run(&t, &c, &o, &b);
+    assert_int_equal(b.sum.completed, t.n - 16); /* the measured ones */
+    assert_int_equal(b.sum.warmup, 16);
+    double wend_a = 0, wend_b = 0;
+    for (size_t k = 0; k < 16; k++) {
+        wend_a = a.reqs[k].finish > wend_a ? a.reqs[k].finish : wend_a;
+        wend_b = b.reqs[k].finish > wend_b ? b.reqs[k].finish : wend_b;
+    }
+    assert_true(a.reqs[16].arrival < wend_a); /* no drain: sent while warm-ups run */
+    for (size_t k = 16; k < 24; k++)          /* drained: the burst at the last finish */
+        assert_true(b.reqs[k].arrival == wend_b);
+    double *f = sorted_finishes(&b, t.n);
+    for (size_t k = 24; k < 32; k++) { /* the burst's refills: desynchronized since it */
+        double g = b.reqs[k].arrival - f[k - 8];
+        assert_true(f[k - 8] >= wend_b);
+        assert_true(g >= 0 && g <= f[k - 8] - wend_b + 1e-12);
+    }
+    for (size_t k = 16; k < t.n; k++) assert_true(b.reqs[k].arrival >= wend_b);
+    /* 8 prompts of 1024 tokens under a 2048-token budget: at least 4 prefill steps, so the
+     * burst's first tokens come at >= 4 different times, the last >= 3 steps after the first */
+    size_t distinct = 0;
+    double t0 = INFINITY, t1 = 0;
+    for (size_t i = 16; i < 24; i++) {
+        int seen = 0;
+        for (size_t j = 16; j < i && !seen; j++)
+            seen = b.reqs[j].first_token == b.reqs[i].first_token;
+        distinct += !seen;
+        t0 = b.reqs[i].first_token < t0 ? b.reqs[i].first_token : t0;
+        t1 = b.reqs[i].first_token > t1 ? b.reqs[i].first_token : t1;
+    }
+    assert_true(distinct >= 4);
+    assert_true(t1 - t0 >= 3 * (t0 - wend_b) * 0.9);
+    /* the burst's queueing is in the measured TTFT: the mean grows, and more than the median */
+    assert_true(b.sum.ttft.mean > 1.2 * a.sum.ttft.mean);
+    assert_true(b.sum.ttft.mean > b.sum.ttft.p50);
     free(f);
     tdm_sim_result_free(&a);
     tdm_sim_result_free(&b);
@@ -607,6 +670,7 @@ int main(void)
         cmocka_unit_test(frontend_service__queues_requests_past_its_rate),
         cmocka_unit_test(client_jitter__delays_sends_not_ttft),
         cmocka_unit_test(desync__breaks_the_lockstep_of_equal_requests),
+        cmocka_unit_test(warmup_drain__measured_phase_starts_with_a_burst),
         cmocka_unit_test(closed_loop__at_most_concurrency_in_flight),
         cmocka_unit_test(warmup__requests_left_out_of_the_metrics),
         cmocka_unit_test(slo_classes__slo_policy_serves_by_deadline),
