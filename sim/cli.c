@@ -17,6 +17,8 @@ const char tdm_sim_cli_common_usage[] =
     "  --format F            azure | vidur | mooncake | lengths | tandem (default: detected)\n"
     "  --isl N, --osl N      synthetic fixed lengths (no --trace): N prompt / output tokens\n"
     "  --len-range R         with --isl/--osl: each length uniform in [N(1-R), N(1+R)]\n"
+    "  --dataset-entries N   with --isl: prompts drawn from N distinct ones, shuffled per pass\n"
+    "                        (aiperf --num-dataset-entries): repeats hit the prefix cache\n"
     "  --arrival A           trace | poisson | gamma (length-only files: poisson)\n"
     "  --rate R              req/s of synthetic arrivals, or inf (builtin: 20; with\n"
     "                        --concurrency and a synthetic workload: inf)\n"
@@ -187,6 +189,9 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
                 else c->topts.osl = (uint32_t)v;
             } else if (!strcmp(a, "--len-range")) {
                 if (num(a, s, 0, 0.999, &c->topts.len_range)) return -1;
+            } else if (!strcmp(a, "--dataset-entries")) {
+                if (num(a, s, 1, 1e7, &v)) return -1;
+                c->topts.dataset_entries = (uint32_t)v;
             } else if (!strcmp(a, "--concurrency")) {
                 if (num(a, s, 1, 1e7, &v)) return -1;
                 c->ropts.concurrency = (uint32_t)v;
@@ -275,8 +280,8 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
     }
     c->ropts.progress = !c->quiet && isatty(2);
     c->ropts.slo_classes = c->slo_cls;
-    if ((c->topts.osl || c->topts.len_range > 0) && !c->topts.isl) {
-        fprintf(stderr, "tandem %s: --osl and --len-range need --isl\n", argv[0]);
+    if ((c->topts.osl || c->topts.len_range > 0 || c->topts.dataset_entries) && !c->topts.isl) {
+        fprintf(stderr, "tandem %s: --osl, --len-range and --dataset-entries need --isl\n", argv[0]);
         return -1;
     }
     if (c->topts.isl && c->trace) {

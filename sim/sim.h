@@ -97,6 +97,11 @@ typedef struct tdm_sim_trace_opts {
      * each length uniform in [L * (1 - range), L * (1 + range)], 0 = exactly L */
     uint32_t isl, osl;
     double len_range;
+    /* with isl: each request's prompt (and lengths) is one of this many distinct prompts,
+     * taken in a shuffled order that is reshuffled after each pass, as aiperf samples its
+     * synthetic dataset (--num-dataset-entries, default 100 there; shuffle sampling), so a
+     * repeated prompt hits the prefix cache; 0 = every prompt unique (the default) */
+    uint32_t dataset_entries;
 } tdm_sim_trace_opts;
 
 void tdm_sim_trace_opts_init(tdm_sim_trace_opts *o);

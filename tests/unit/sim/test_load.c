@@ -330,6 +330,79 @@ static void fixed__lengths_and_range(void **state)
     tdm_sim_trace_free(&t);
 }
 
+static uint64_t prompt_digest(const tdm_sim_trace *t, size_t i, tdm_token *buf)
+{
+    tdm_sim_trace_tokens(t, i, buf);
+    uint64_t h = 1469598103934665603ull ^ t->reqs[i].prompt_len;
+    for (uint32_t k = 0; k < t->reqs[i].prompt_len; k++) h = (h ^ (uint64_t)buf[k]) * 1099511628211ull;
+    return h;
+}
+
+/* aiperf's synthetic dataset (dataset_entries): the requests' prompts are N distinct ones,
+ * each pass of N consecutive requests uses every one once in a shuffled order (a different
+ * order each pass), equal prompts have equal tokens and lengths, and in a run the repeats
+ * hit the prefix cache; without it every prompt is unique and nothing hits. */
+static void dataset_entries__repeat_prompts_per_pass(void **state)
+{
+    (void)state;
+    tdm_sim_trace_opts to;
+    tdm_sim_trace_opts_init(&to);
+    to.isl = 1000;
+    to.osl = 16;
+    to.len_range = 0.3;
+    to.max_requests = 250;
+    to.rate = INFINITY;
+    to.dataset_entries = 40;
+    tdm_sim_trace t, u;
+    char err[TDM_SIM_ERRLEN];
+    if (tdm_sim_trace_load(NULL, &to, &t, err, sizeof err) != 0) fail_msg("%s", err);
+    to.dataset_entries = 0;
+    if (tdm_sim_trace_load(NULL, &to, &u, err, sizeof err) != 0) fail_msg("%s", err);
+    tdm_token *buf = malloc(1400 * sizeof *buf);
+    uint64_t *d = malloc(t.n * sizeof *d);
+    assert_non_null(buf);
+    assert_non_null(d);
+    for (size_t i = 0; i < t.n; i++) d[i] = prompt_digest(&t, i, buf);
+    size_t distinct = 0, same_order = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        size_t j = 0;
+        while (j < i && d[j] != d[i]) j++;
+        if (j == i) distinct++;
+        else assert_int_equal(t.reqs[j].output_len, t.reqs[i].output_len);
+        if (i >= 40 && i < 80) same_order += d[i] == d[i - 40];
+        /* within a pass every prompt once */
+        for (size_t k = i - i % 40; k < i; k++) assert_true(d[k] != d[i]);
+    }
+    assert_int_equal(distinct, 40);
+    assert_true(same_order < 10); /* the second pass is reshuffled */
+    size_t udist = 0;
+    for (size_t i = 0; i < u.n; i++) {
+        uint64_t x = prompt_digest(&u, i, buf);
+        size_t j = 0;
+        while (j < i && prompt_digest(&u, j, buf) != x) j++;
+        udist += j == i;
+    }
+    assert_int_equal(udist, u.n);
+    tdm_sim_config c;
+    config("{\"max_num_batched_tokens\": 8192, \"enable_prefix_caching\": true}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    o.concurrency = 8;
+    tdm_sim_result a, b;
+    run(&t, &c, &o, &a);
+    run(&u, &c, &o, &b);
+    assert_true(a.sum.prefix_hit_rate > 0.7); /* 210 of 250 repeat a cached prompt */
+    assert_true(b.sum.prefix_hit_rate == 0);
+    assert_true(a.sum.ttft.mean < 0.5 * b.sum.ttft.mean);
+    free(buf);
+    free(d);
+    tdm_sim_result_free(&a);
+    tdm_sim_result_free(&b);
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+    tdm_sim_trace_free(&u);
+}
+
 static void closed_loop__at_most_concurrency_in_flight(void **state)
 {
     (void)state;
@@ -671,6 +744,7 @@ int main(void)
         cmocka_unit_test(client_jitter__delays_sends_not_ttft),
         cmocka_unit_test(desync__breaks_the_lockstep_of_equal_requests),
         cmocka_unit_test(warmup_drain__measured_phase_starts_with_a_burst),
+        cmocka_unit_test(dataset_entries__repeat_prompts_per_pass),
         cmocka_unit_test(closed_loop__at_most_concurrency_in_flight),
         cmocka_unit_test(warmup__requests_left_out_of_the_metrics),
         cmocka_unit_test(slo_classes__slo_policy_serves_by_deadline),
