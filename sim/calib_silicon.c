@@ -4,10 +4,14 @@
  * `make calibrate` into build/; never committed). Each vLLM aggregated row of a model the
  * simulator knows (Llama-3.1-8B/70B) on a GPU it has tables for (H100 SXM, H200 SXM) is a
  * closed-loop benchmark run at a fixed ISL/OSL and concurrency with fp8 weights; the row is
- * replayed the same way (`tandem sim --hw <tables>.json --precision fp8 --tp N
- * --isl I --osl O --concurrency C --desync --client-jitter-ms J --frontend-ms F`, vLLM's
- * default scheduler keys, bf16 KV as vLLM keeps it without --kv-cache-dtype) and its TTFT and
- * TPOT medians compared with the measured ones. The rows split in two halves by a hash of
+ * replayed as aiperf runs it (`tandem sim --hw <tables>.json --precision fp8 --tp N
+ * --isl I --osl O --concurrency C --warmup 2C --warmup-drain --desync --client-jitter-ms J
+ * --frontend-ms F`: 2 C warm-up requests, all finished before the measured phase starts
+ * with C sends at once; vLLM's default scheduler keys, bf16 KV as vLLM keeps it without
+ * --kv-cache-dtype), and the predicted TTFT and TPOT means are compared with the measured
+ * ones (the rows' silicon_ttft_ms and silicon_tpot_ms are aiperf's means: aiconfigurator's
+ * tools fill them from mean_ttft and mean_tpot, and its TTFT correction for concurrency is the
+ * mean over N rounds whose first queues as a burst). The rows split in two halves by a hash of
  * their id: the serving path (J, F) was chosen on the fitting half only, and make calibrate
  * scores the other; every other constant of the model comes from the sources cited in
  * docs/cost_model.md. The figure is the median over the rows of |predicted - measured| /
@@ -21,7 +25,8 @@
 
 /* The benchmark of aiconfigurator's generator (bench_run.sh.j2 in the aiconfigurator 0.12
  * wheel): aiperf at concurrency C, 20 C requests measured after 2 C warm-up requests, fixed
- * lengths (stddev 0), ignore_eos. */
+ * lengths (stddev 0), ignore_eos. aiperf starts the measured phase once the warm-up has
+ * returned (its docs, warmup.md), with C sends at once. */
 #define BENCH_ROUNDS 20
 #define BENCH_WARMUP_ROUNDS 2
 
@@ -92,12 +97,13 @@ static int replay(const char *model, const char *hwjson, unsigned tp, unsigned i
     o.client_jitter_s = jitter_s;
     o.desync = 1;
     o.warmup = (int64_t)conc * BENCH_WARMUP_ROUNDS;
+    o.warmup_drain = 1;
     o.keep_requests = 0;
     tdm_sim_result r;
     int rc = tdm_sim_run(&t, &c, &o, &r, err, errlen);
     if (rc == 0) {
-        *ttft = r.sum.ttft.p50;
-        *tpot = r.sum.tpot.p50;
+        *ttft = r.sum.ttft.mean;
+        *tpot = r.sum.tpot.mean;
         tdm_sim_result_free(&r);
     }
     tdm_sim_config_free(&c);
@@ -186,8 +192,9 @@ int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double fr
     out->silicon_ttft_mape = median(et, n);
     out->silicon_tpot_mape = median(ep, n);
     if (f && n)
-        fprintf(f, "silicon: %zu %s rows, frontend %.1f ms, client jitter %.0f ms, desynchronized start, "
-                   "median |error| TTFT p50 %.1f%% (predicted low on %.0f%%), TPOT p50 %.1f%%\n", n,
+        fprintf(f, "silicon: %zu %s rows, frontend %.1f ms, client jitter %.0f ms, drained warm-up, "
+                   "desynchronized refill, median |error| mean TTFT %.1f%% (predicted low on %.0f%%), "
+                   "mean TPOT %.1f%%\n", n,
                 rows == TDM_SIM_SILICON_FIT ? "fitting" : rows == TDM_SIM_SILICON_CHECK ? "held-out" : "(all)",
                 1e3 * frontend_s, 1e3 * jitter_s, 100 * out->silicon_ttft_mape,
                 100 * out->silicon_ttft_low, 100 * out->silicon_tpot_mape);

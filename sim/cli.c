@@ -17,6 +17,8 @@ const char tdm_sim_cli_common_usage[] =
     "  --format F            azure | vidur | mooncake | lengths | tandem (default: detected)\n"
     "  --isl N, --osl N      synthetic fixed lengths (no --trace): N prompt / output tokens\n"
     "  --len-range R         with --isl/--osl: each length uniform in [N(1-R), N(1+R)]\n"
+    "  --dataset-entries N   with --isl: prompts drawn from N distinct ones, shuffled per pass\n"
+    "                        (aiperf --num-dataset-entries): repeats hit the prefix cache\n"
     "  --arrival A           trace | poisson | gamma (length-only files: poisson)\n"
     "  --rate R              req/s of synthetic arrivals, or inf (builtin: 20; with\n"
     "                        --concurrency and a synthetic workload: inf)\n"
@@ -48,6 +50,8 @@ const char tdm_sim_cli_common_usage[] =
     "                        freeing and the next send, not counted in TTFT (default 0)\n"
     "  --desync              closed loop: the first wave's slots are refilled at random\n"
     "                        times over its lifetime (an out-of-phase start)\n"
+    "  --warmup-drain        closed loop: the measured phase starts once every warm-up\n"
+    "                        request has finished, with N sends at once (aiperf's phases)\n"
     "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
     "metrics and output:\n"
     "  --slo-ttft-ms X       TTFT SLO (default 500)\n"
@@ -146,6 +150,7 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
         else if (!strcmp(a, "--goodput")) c->goodput = 1;
         else if (!strcmp(a, "--no-clip")) c->no_clip = 1;
         else if (!strcmp(a, "--desync")) c->ropts.desync = 1;
+        else if (!strcmp(a, "--warmup-drain")) c->ropts.warmup_drain = 1;
         else if (a[0] != '-' || !strcmp(a, "-")) {
             if (c->npos == TDM_SIM_CLI_MAXPOS) {
                 fprintf(stderr, "tandem %s: too many arguments\n", argv[0]);
@@ -184,6 +189,9 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
                 else c->topts.osl = (uint32_t)v;
             } else if (!strcmp(a, "--len-range")) {
                 if (num(a, s, 0, 0.999, &c->topts.len_range)) return -1;
+            } else if (!strcmp(a, "--dataset-entries")) {
+                if (num(a, s, 1, 1e7, &v)) return -1;
+                c->topts.dataset_entries = (uint32_t)v;
             } else if (!strcmp(a, "--concurrency")) {
                 if (num(a, s, 1, 1e7, &v)) return -1;
                 c->ropts.concurrency = (uint32_t)v;
@@ -272,8 +280,8 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
     }
     c->ropts.progress = !c->quiet && isatty(2);
     c->ropts.slo_classes = c->slo_cls;
-    if ((c->topts.osl || c->topts.len_range > 0) && !c->topts.isl) {
-        fprintf(stderr, "tandem %s: --osl and --len-range need --isl\n", argv[0]);
+    if ((c->topts.osl || c->topts.len_range > 0 || c->topts.dataset_entries) && !c->topts.isl) {
+        fprintf(stderr, "tandem %s: --osl, --len-range and --dataset-entries need --isl\n", argv[0]);
         return -1;
     }
     if (c->topts.isl && c->trace) {
@@ -288,6 +296,11 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
     if (c->ropts.concurrency && c->goodput) {
         fprintf(stderr, "tandem %s: --goodput searches an arrival rate; it has no meaning in "
                         "closed loop (--concurrency)\n", argv[0]);
+        return -1;
+    }
+    if (c->ropts.warmup_drain && !c->ropts.concurrency) {
+        fprintf(stderr, "tandem %s: --warmup-drain is an option of the closed loop "
+                        "(--concurrency)\n", argv[0]);
         return -1;
     }
     /* closed loop on a synthetic workload: send as fast as slots free (vllm bench serve's

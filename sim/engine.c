@@ -72,6 +72,7 @@ typedef struct eng {
     size_t done;
     uint32_t inflight;         /* sent and not finished (closed loop) */
     size_t sent, warmup;
+    double burst_t;            /* warmup_drain: when the measured phase's burst was sent */
     double cls_ttft[TDM_SIM_MAX_SLO_CLASSES + 1], cls_tpot[TDM_SIM_MAX_SLO_CLASSES + 1];
     char *err;
     size_t errlen;
@@ -312,14 +313,28 @@ static double frontend_s(const eng *e, uint64_t id)
  * (not counted in its TTFT). The first wave (the first `concurrency` sends) leaves at once;
  * with desync, the next `concurrency` sends (the first wave's slots refilled) leave at a
  * uniformly random fraction of `now` (about one request lifetime), so the loop starts out of
- * phase; every later send waits an exponential delay of mean client_jitter_s. */
+ * phase; every later send waits an exponential delay of mean client_jitter_s. With
+ * warmup_drain the measured phase starts the same way: its first wave leaves at once (at
+ * burst_t), and with desync its refills leave at a random fraction of the time since. */
 static double client_delay_s(const eng *e, uint64_t id, double now)
 {
     size_t k = e->sent - 1, conc = e->o->concurrency; /* k: this request's send index */
-    if (k < conc) return 0;
+    size_t b = e->o->warmup_drain ? e->warmup : 0;    /* the measured phase's first send */
+    if (k < conc || (b && k >= b && k < b + conc)) return 0;
     double u = (double)(tdm_sim_mix64(id * 0xbf58476d1ce4e5b9ull + 29) >> 11) / 9007199254740992.0;
     if (e->o->desync && k < 2 * conc) return u * now;
+    if (e->o->desync && b && k >= b + conc && k < b + 2 * conc) return u * (now - e->burst_t);
     return e->o->client_jitter_s > 0 ? -e->o->client_jitter_s * log1p(-u) : 0;
+}
+
+/* Closed loop: whether a slot is free for the next send. With warmup_drain the first
+ * measured request waits until no warm-up request is in flight. */
+static int slot_free(const eng *e)
+{
+    uint32_t conc = e->o->concurrency;
+    if (!conc) return 1;
+    if (e->inflight >= conc) return 0;
+    return !(e->o->warmup_drain && e->warmup && e->sent == e->warmup && e->inflight);
 }
 
 /* Send the requests due at `now`: every arrival up to now (open loop), or in closed loop
@@ -328,7 +343,7 @@ static int deliver(eng *e, size_t *next, double now)
 {
     const tdm_sim_trace *t = e->t;
     uint32_t conc = e->o->concurrency;
-    while (*next < t->n && t->reqs[*next].arrival <= now && (!conc || e->inflight < conc)) {
+    while (*next < t->n && t->reqs[*next].arrival <= now && slot_free(e)) {
         size_t id = *next;
         live *l = live_open(e, id);
         if (!l) {
@@ -338,6 +353,7 @@ static int deliver(eng *e, size_t *next, double now)
         tdm_sim_req_out *o = &l->o;
         if (conc) o->arrival = now;
         o->warmup = e->sent < e->warmup;
+        if (e->sent == e->warmup) e->burst_t = now;
         e->sent++;
         e->inflight++;
         if (conc) o->arrival = now + client_delay_s(e, id, now);
@@ -607,7 +623,7 @@ static int loop(eng *e)
         for (size_t i = 0; i < e->ninst; i++)
             if (!e->in[i].busy && try_step(e, &e->in[i], now) != 0) goto out;
         double tn = INFINITY;
-        if (next < t->n && (!e->o->concurrency || e->inflight < e->o->concurrency))
+        if (next < t->n && slot_free(e))
             tn = t->reqs[next].arrival > now ? t->reqs[next].arrival : now;
         for (size_t i = 0; i < e->ninst; i++)
             if (e->in[i].busy && e->in[i].step_end < tn) tn = e->in[i].step_end;

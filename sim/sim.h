@@ -97,6 +97,11 @@ typedef struct tdm_sim_trace_opts {
      * each length uniform in [L * (1 - range), L * (1 + range)], 0 = exactly L */
     uint32_t isl, osl;
     double len_range;
+    /* with isl: each request's prompt (and lengths) is one of this many distinct prompts,
+     * taken in a shuffled order that is reshuffled after each pass, as aiperf samples its
+     * synthetic dataset (--num-dataset-entries, default 100 there; shuffle sampling), so a
+     * repeated prompt hits the prefix cache; 0 = every prompt unique (the default) */
+    uint32_t dataset_entries;
 } tdm_sim_trace_opts;
 
 void tdm_sim_trace_opts_init(tdm_sim_trace_opts *o);
@@ -266,11 +271,14 @@ typedef struct tdm_sim_cost {
 #define TDM_SIM_ALLREDUCE_ALPHA_S 12e-6
 /* The serving path of the silicon check's closed loops (seconds): the frontend before the
  * scheduler (HTTP, tokenization, the hop to the engine core; counted in TTFT) and the
- * client's exponential jitter between a slot freeing and the next send (not counted), both
- * with the desynchronized start. Chosen on the fitting half of aiconfigurator's silicon rows
- * only (sim/calib_silicon.c, docs/cost_model.md); the held-out half is scored with them. */
-#define TDM_SIM_FRONTEND_S 0.020
-#define TDM_SIM_CLIENT_JITTER_S 1.0
+ * client's exponential jitter between a slot freeing and the next send (not counted). The
+ * frontend is the serving path `make bench-vllm-serve` measured (mean client TTFT minus
+ * vLLM's queued-to-first-token time: 6.6 ms; on the fitting half of the silicon rows any value
+ * from 2.5 to 20 ms gives 13-15%); no client jitter: with aiperf's drained warm-up and the
+ * desynchronized refill of the measured burst none is needed (1000 ms, the value chosen
+ * before, gives 22% on the fitting half). docs/cost_model.md, Silicon check. */
+#define TDM_SIM_FRONTEND_S 0.0066
+#define TDM_SIM_CLIENT_JITTER_S 0.0
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);
@@ -436,6 +444,12 @@ typedef struct tdm_sim_run_opts {
      * benchmark's steady state is measured (0 = off; both off by default). */
     double client_jitter_s;
     int desync;
+    /* closed loop with a warm-up, aiperf's phase boundary: the first measured request is sent
+     * only once every warm-up request has finished, and the measured phase then starts with
+     * `concurrency` sends at once (a burst on an idle engine, whose queueing is measured);
+     * with desync, the sends that refill that burst's slots are spread as the first wave's
+     * are (0 = off, the default: the measured phase follows the warm-up without a gap) */
+    int warmup_drain;
     /* the serving path as one server (an API server process): each request holds it this long,
      * in the order sent, before its frontend_s delay starts, so that past the server's rate
      * requests queue before they reach the scheduler (0 = no queue, the default) */

@@ -195,13 +195,58 @@ int tdm_sim_trace_fixed(tdm_sim_trace *t, const tdm_sim_trace_opts *o)
                  o->len_range);
     else
         snprintf(t->name, sizeof t->name, "fixed:isl=%u,osl=%u", o->isl, o->osl ? o->osl : 1);
-    for (size_t i = 0; i < n; i++) {
-        tdm_sim_req r = {0};
-        r.prompt_len = draw_len(&rng, o->isl, o->len_range);
-        r.output_len = draw_len(&rng, o->osl ? o->osl : 1, o->len_range);
-        if (tdm_sim_trace_push(t, &r, NULL, 0) != 0) return -1;
+    uint32_t ne = o->dataset_entries;
+    if (!ne) {
+        for (size_t i = 0; i < n; i++) {
+            tdm_sim_req r = {0};
+            r.prompt_len = draw_len(&rng, o->isl, o->len_range);
+            r.output_len = draw_len(&rng, o->osl ? o->osl : 1, o->len_range);
+            if (tdm_sim_trace_push(t, &r, NULL, 0) != 0) return -1;
+        }
+        return 0;
     }
-    return 0;
+    /* ne distinct prompts: entry e's tokens are named by hash ids (e + 1) << 24 | block, so
+     * the same entry gives the same tokens; requests take the entries in a shuffled order,
+     * reshuffled after each pass (aiperf's shuffle sampler) */
+    size_t slen = strlen(t->name);
+    snprintf(t->name + slen, sizeof t->name - slen, ",entries=%u", ne);
+    t->hash_block = 512;
+    uint32_t *len = malloc(2 * (size_t)ne * sizeof *len), *perm = malloc((size_t)ne * sizeof *perm);
+    uint64_t *h = NULL;
+    int rc = -1;
+    if (!len || !perm) goto out;
+    uint32_t maxb = 0;
+    for (uint32_t e = 0; e < ne; e++) {
+        len[2 * e] = draw_len(&rng, o->isl, o->len_range);
+        len[2 * e + 1] = draw_len(&rng, o->osl ? o->osl : 1, o->len_range);
+        uint32_t nb = (len[2 * e] + t->hash_block - 1) / t->hash_block;
+        maxb = nb > maxb ? nb : maxb;
+        perm[e] = e;
+    }
+    h = malloc((maxb ? maxb : 1) * sizeof *h);
+    if (!h) goto out;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = (uint32_t)(i % ne);
+        if (k == 0) /* a new pass: Fisher-Yates */
+            for (uint32_t j = ne - 1; j > 0; j--) {
+                uint32_t m = (uint32_t)(tdm_sim_rng_next(&rng) % (j + 1u)), x = perm[j];
+                perm[j] = perm[m];
+                perm[m] = x;
+            }
+        uint32_t e = perm[k];
+        tdm_sim_req r = {0};
+        r.prompt_len = len[2 * e];
+        r.output_len = len[2 * e + 1];
+        uint32_t nb = (r.prompt_len + t->hash_block - 1) / t->hash_block;
+        for (uint32_t b = 0; b < nb; b++) h[b] = ((uint64_t)e + 1) << 24 | b;
+        if (tdm_sim_trace_push(t, &r, h, nb) != 0) goto out;
+    }
+    rc = 0;
+out:
+    free(len);
+    free(perm);
+    free(h);
+    return rc;
 }
 
 /* The embedded default: a chat workload with log-normal prompt and output lengths (medians

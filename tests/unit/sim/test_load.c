@@ -1,7 +1,8 @@
 /*
  * test_load.c -- the load the simulator offers and what it records: closed-loop load (never
  * more than `concurrency` requests in flight, each later request sent at the finish of an
- * earlier one, or a client's delay after it; the desynchronized start), the warm-up rule (the first requests sent are left out of every metric), SLO
+ * earlier one, or a client's delay after it; the desynchronized start; aiperf's drained
+ * warm-up and measured burst), the warm-up rule (the first requests sent are left out of every metric), SLO
  * classes reaching the scheduler (the slo policy serves by deadline and so differs from FCFS),
  * the per-step CSV and Chrome trace (one track per instance, KV transfers as slices), and the
  * prefill-first baseline mode run end to end.
@@ -242,6 +243,68 @@ static void desync__breaks_the_lockstep_of_equal_requests(void **state)
     tdm_sim_trace_free(&t);
 }
 
+/* aiperf's phases (warmup_drain): the first measured request is sent only when the last
+ * warm-up request finishes, the measured phase starts with `concurrency` sends at that
+ * instant (a burst on an idle engine: its prompts queue for the token budget, and that
+ * queueing is measured), and with desync the burst's slots are refilled at random times over
+ * the time since the burst. Without the option the measured phase follows the warm-up. */
+static void warmup_drain__measured_phase_starts_with_a_burst(void **state)
+{
+    (void)state;
+    tdm_sim_trace t;
+    fixed(&t, 96, 1024, 64, 0, INFINITY);
+    tdm_sim_config c;
+    config("{\"max_num_batched_tokens\": 2048}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    o.concurrency = 8;
+    o.warmup = 16;
+    o.desync = 1;
+    tdm_sim_result a, b;
+    run(&t, &c, &o, &a);
+    o.warmup_drain = 1;
+    run(&t, &c, &o, &b);
+    assert_int_equal(b.sum.completed, t.n - 16); /* the measured ones */
+    assert_int_equal(b.sum.warmup, 16);
+    double wend_a = 0, wend_b = 0;
+    for (size_t k = 0; k < 16; k++) {
+        wend_a = a.reqs[k].finish > wend_a ? a.reqs[k].finish : wend_a;
+        wend_b = b.reqs[k].finish > wend_b ? b.reqs[k].finish : wend_b;
+    }
+    assert_true(a.reqs[16].arrival < wend_a); /* no drain: sent while warm-ups run */
+    for (size_t k = 16; k < 24; k++)          /* drained: the burst at the last finish */
+        assert_true(b.reqs[k].arrival == wend_b);
+    double *f = sorted_finishes(&b, t.n);
+    for (size_t k = 24; k < 32; k++) { /* the burst's refills: desynchronized since it */
+        double g = b.reqs[k].arrival - f[k - 8];
+        assert_true(f[k - 8] >= wend_b);
+        assert_true(g >= 0 && g <= f[k - 8] - wend_b + 1e-12);
+    }
+    for (size_t k = 16; k < t.n; k++) assert_true(b.reqs[k].arrival >= wend_b);
+    /* 8 prompts of 1024 tokens under a 2048-token budget: at least 4 prefill steps, so the
+     * burst's first tokens come at >= 4 different times, the last >= 3 steps after the first */
+    size_t distinct = 0;
+    double t0 = INFINITY, t1 = 0;
+    for (size_t i = 16; i < 24; i++) {
+        int seen = 0;
+        for (size_t j = 16; j < i && !seen; j++)
+            seen = b.reqs[j].first_token == b.reqs[i].first_token;
+        distinct += !seen;
+        t0 = b.reqs[i].first_token < t0 ? b.reqs[i].first_token : t0;
+        t1 = b.reqs[i].first_token > t1 ? b.reqs[i].first_token : t1;
+    }
+    assert_true(distinct >= 4);
+    assert_true(t1 - t0 >= 3 * (t0 - wend_b) * 0.9);
+    /* the burst's queueing is in the measured TTFT: the mean grows, and more than the median */
+    assert_true(b.sum.ttft.mean > 1.2 * a.sum.ttft.mean);
+    assert_true(b.sum.ttft.mean > b.sum.ttft.p50);
+    free(f);
+    tdm_sim_result_free(&a);
+    tdm_sim_result_free(&b);
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+}
+
 static void fixed__lengths_and_range(void **state)
 {
     (void)state;
@@ -265,6 +328,79 @@ static void fixed__lengths_and_range(void **state)
     assert_true(lo < 600 && hi > 1400); /* the range is used, not just its centre */
     assert_true(t.reqs[t.n - 1].arrival > 10); /* 500 requests at 10 req/s */
     tdm_sim_trace_free(&t);
+}
+
+static uint64_t prompt_digest(const tdm_sim_trace *t, size_t i, tdm_token *buf)
+{
+    tdm_sim_trace_tokens(t, i, buf);
+    uint64_t h = 1469598103934665603ull ^ t->reqs[i].prompt_len;
+    for (uint32_t k = 0; k < t->reqs[i].prompt_len; k++) h = (h ^ (uint64_t)buf[k]) * 1099511628211ull;
+    return h;
+}
+
+/* aiperf's synthetic dataset (dataset_entries): the requests' prompts are N distinct ones,
+ * each pass of N consecutive requests uses every one once in a shuffled order (a different
+ * order each pass), equal prompts have equal tokens and lengths, and in a run the repeats
+ * hit the prefix cache; without it every prompt is unique and nothing hits. */
+static void dataset_entries__repeat_prompts_per_pass(void **state)
+{
+    (void)state;
+    tdm_sim_trace_opts to;
+    tdm_sim_trace_opts_init(&to);
+    to.isl = 1000;
+    to.osl = 16;
+    to.len_range = 0.3;
+    to.max_requests = 250;
+    to.rate = INFINITY;
+    to.dataset_entries = 40;
+    tdm_sim_trace t, u;
+    char err[TDM_SIM_ERRLEN];
+    if (tdm_sim_trace_load(NULL, &to, &t, err, sizeof err) != 0) fail_msg("%s", err);
+    to.dataset_entries = 0;
+    if (tdm_sim_trace_load(NULL, &to, &u, err, sizeof err) != 0) fail_msg("%s", err);
+    tdm_token *buf = malloc(1400 * sizeof *buf);
+    uint64_t *d = malloc(t.n * sizeof *d);
+    assert_non_null(buf);
+    assert_non_null(d);
+    for (size_t i = 0; i < t.n; i++) d[i] = prompt_digest(&t, i, buf);
+    size_t distinct = 0, same_order = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        size_t j = 0;
+        while (j < i && d[j] != d[i]) j++;
+        if (j == i) distinct++;
+        else assert_int_equal(t.reqs[j].output_len, t.reqs[i].output_len);
+        if (i >= 40 && i < 80) same_order += d[i] == d[i - 40];
+        /* within a pass every prompt once */
+        for (size_t k = i - i % 40; k < i; k++) assert_true(d[k] != d[i]);
+    }
+    assert_int_equal(distinct, 40);
+    assert_true(same_order < 10); /* the second pass is reshuffled */
+    size_t udist = 0;
+    for (size_t i = 0; i < u.n; i++) {
+        uint64_t x = prompt_digest(&u, i, buf);
+        size_t j = 0;
+        while (j < i && prompt_digest(&u, j, buf) != x) j++;
+        udist += j == i;
+    }
+    assert_int_equal(udist, u.n);
+    tdm_sim_config c;
+    config("{\"max_num_batched_tokens\": 8192, \"enable_prefix_caching\": true}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    o.concurrency = 8;
+    tdm_sim_result a, b;
+    run(&t, &c, &o, &a);
+    run(&u, &c, &o, &b);
+    assert_true(a.sum.prefix_hit_rate > 0.7); /* 210 of 250 repeat a cached prompt */
+    assert_true(b.sum.prefix_hit_rate == 0);
+    assert_true(a.sum.ttft.mean < 0.5 * b.sum.ttft.mean);
+    free(buf);
+    free(d);
+    tdm_sim_result_free(&a);
+    tdm_sim_result_free(&b);
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+    tdm_sim_trace_free(&u);
 }
 
 static void closed_loop__at_most_concurrency_in_flight(void **state)
@@ -607,6 +743,8 @@ int main(void)
         cmocka_unit_test(frontend_service__queues_requests_past_its_rate),
         cmocka_unit_test(client_jitter__delays_sends_not_ttft),
         cmocka_unit_test(desync__breaks_the_lockstep_of_equal_requests),
+        cmocka_unit_test(warmup_drain__measured_phase_starts_with_a_burst),
+        cmocka_unit_test(dataset_entries__repeat_prompts_per_pass),
         cmocka_unit_test(closed_loop__at_most_concurrency_in_flight),
         cmocka_unit_test(warmup__requests_left_out_of_the_metrics),
         cmocka_unit_test(slo_classes__slo_policy_serves_by_deadline),

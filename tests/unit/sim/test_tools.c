@@ -143,6 +143,18 @@ static void sim_command__malformed_trace_names_line_and_column(void **state)
     unlink(out);
 }
 
+/* The closed loop's aiperf options: --warmup-drain needs --concurrency and
+ * --dataset-entries needs --isl (argument errors exit 2); together they run. */
+static void sim_command__aiperf_options(void **state)
+{
+    (void)state;
+    NEED_TOOL();
+    assert_int_equal(SH("%s sim --warmup-drain --quiet >/dev/null 2>&1", g_tool), 2);
+    assert_int_equal(SH("%s sim --dataset-entries 10 --quiet >/dev/null 2>&1", g_tool), 2);
+    assert_int_equal(SH("%s sim --isl 512 --osl 8 --dataset-entries 5 --concurrency 4 --max-requests 40 "
+                        "--warmup-drain --desync --quiet >/dev/null 2>&1", g_tool), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -151,6 +163,7 @@ int main(void)
         cmocka_unit_test(ab_command__plot_writes_a_png),
         cmocka_unit_test(sim_command__requests_csv_and_demo),
         cmocka_unit_test(sim_command__malformed_trace_names_line_and_column),
+        cmocka_unit_test(sim_command__aiperf_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
