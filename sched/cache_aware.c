@@ -9,7 +9,6 @@
  * `cache_aware_threshold`. The cost is one prefix-cache probe per request in the window
  * (no block is taken, no reference, no event); the scratch array grows to the window once.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "sched_internal.h"
@@ -39,11 +38,31 @@ static uint32_t cached_depth(const tdm_sched *s, const tdm__req *r)
     return h * bs;
 }
 
-static int by_depth(const void *a, const void *b)
+/* Whether x goes before y: deeper cached prefix first, then window position (a total order:
+ * positions differ). */
+static inline bool before(const ca_slot *x, const ca_slot *y)
 {
-    const ca_slot *x = a, *y = b;
-    if (x->depth != y->depth) return x->depth > y->depth ? -1 : 1;
-    return x->pos < y->pos ? -1 : x->pos > y->pos;
+    return x->depth != y->depth ? x->depth > y->depth : x->pos < y->pos;
+}
+
+/* Sort v[0..n) by `before` with tmp[0..n) as room: a bottom-up merge sort, so that a step
+ * never allocates (glibc's qsort mallocs its own buffer from 1 KiB, 64 slots, up). The
+ * result is in v. */
+static void sort_slots(ca_slot *v, ca_slot *tmp, uint32_t n)
+{
+    ca_slot *src = v, *dst = tmp;
+    for (uint32_t w = 1; w < n; w *= 2) {
+        for (uint32_t lo = 0; lo < n; lo += 2 * w) {
+            uint32_t mid = TDM_MIN(lo + w, n), hi = TDM_MIN(lo + 2 * w, n), i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) dst[k++] = before(&src[j], &src[i]) ? src[j++] : src[i++];
+            while (i < mid) dst[k++] = src[i++];
+            while (j < hi) dst[k++] = src[j++];
+        }
+        ca_slot *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != v) memcpy(v, src, (size_t)n * sizeof(*v));
 }
 
 void tdm__cache_aware_reorder(tdm_sched *s)
@@ -56,9 +75,10 @@ void tdm__cache_aware_reorder(tdm_sched *s)
     double usage = total ? 1.0 - (double)s->pool.num_free / (double)total : 0.0;
     if (usage < (double)s->prm.cache_aware_threshold_ppm / 1e6) return;
     uint32_t n = TDM_MIN(window, s->waiting.len);
-    /* The scratch holds the window twice: the slots, then the requests in their new order.
-     * It only grows (to the largest window seen); failing that, nothing is reordered. */
-    if (tdm__vec_reserve(&s->ca_scratch, 2 * n, sizeof(ca_slot))) return;
+    /* The scratch holds the window three times: the slots, the requests in their new order,
+     * and the sort's room. It only grows (to the largest window seen); failing that, nothing
+     * is reordered. */
+    if (tdm__vec_reserve(&s->ca_scratch, 3 * n, sizeof(ca_slot))) return;
     ca_slot *slots = s->ca_scratch.data;
     ca_slot *head = slots + n;
     uint32_t nslots = 0, i = 0;
@@ -75,7 +95,7 @@ void tdm__cache_aware_reorder(tdm_sched *s)
     /* The slots' window positions, in order (head[k].pos is free for it), then the slots
      * sorted by depth go to those positions. */
     for (uint32_t k = 0; k < nslots; k++) head[k].pos = slots[k].pos;
-    qsort(slots, nslots, sizeof(*slots), by_depth);
+    sort_slots(slots, slots + 2 * (size_t)n, nslots);
     for (uint32_t k = 0; k < nslots; k++) head[head[k].pos].req = slots[k].req;
     /* Relink: the window's nodes out, then back at the front in the new order. */
     for (uint32_t k = 0; k < n; k++) tdm__list_remove(&s->waiting, s->waiting.head);

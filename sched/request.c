@@ -57,7 +57,7 @@ void tdm__run_cache_free(tdm_sched *s)
 void tdm__req_destroy(tdm_sched *s, tdm__req *r)
 {
     if (r->run_mem) run_buf_put(s, r->run_mem, r->run_class);
-    tdm__free(r);
+    tdm__free(r->alloc);
 }
 
 /* Allocate the arrays a request needs once admitted, sized for its whole life so that no

@@ -344,16 +344,23 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
     uint32_t nhost = ((d->block_hash_size && !pre) || s->prm.enable_prefix_caching)
                          ? d->num_prompt_tokens / (uint32_t)s->prm.block_size : 0;
     size_t sz_host = (size_t)nhost * sizeof(tdm__digest);
-    size_t sz = sizeof(tdm__req) + sz_host +
+    size_t sz = TDM__REQ_ALIGN - 1 + sizeof(tdm__req) + sz_host +
                 ((size_t)d->num_prompt_tokens + d->num_stop_token_ids) * sizeof(tdm_token);
-    tdm__req *r = tdm__calloc(1, sz);
-    if (!r) return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
+    /* Only the record and the host digests need zeros: the prompt and stop ids are copied
+     * over their room, and Tandem's own digests are written whole (not zeroing a prompt's
+     * kilobytes saves the add about a tenth of its instructions without digests). */
+    void *mem = tdm__malloc(sz);
+    if (!mem) return tdm__fail(&s->err, TDM_E_NOMEM, "add %llu: out of memory", (unsigned long long)d->id);
+    tdm__req *r = (tdm__req *)(((uintptr_t)mem + TDM__REQ_ALIGN - 1) & ~(uintptr_t)(TDM__REQ_ALIGN - 1));
+    memset(r, 0, sizeof(*r));
+    r->alloc = mem;
     tdm__digest *host = (tdm__digest *)(r + 1);
     tdm_token *prompt = (tdm_token *)((char *)(r + 1) + sz_host);
     if (d->block_hash_size && (nhost || !pre)) { /* precomputed ones only with prefix caching */
+        memset(host, 0, sz_host);
         for (uint32_t i = 0; i < d->num_block_hashes; i++)
             memcpy(&host[i], (const unsigned char *)d->block_hashes + (size_t)i * d->block_hash_size,
-                   d->block_hash_size); /* the rest stays zero (calloc), as hash.c pads */
+                   d->block_hash_size); /* the rest stays zero, as hash.c pads */
         r->host_hashes = host;
         r->num_host_hashes = d->num_block_hashes;
         if (!pre) r->host_hash_size = d->block_hash_size; /* precomputed: Tandem's digests, size 0 */

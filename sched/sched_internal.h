@@ -20,6 +20,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "block_pool.h"
@@ -43,38 +44,14 @@ typedef struct tdm__list {
 enum { HOLD_NONE = 0, HOLD_SEND = 1, HOLD_RECV = 2 };
 
 struct tdm__req {
-    /* ---- hot: read or written for every scheduled request in every step and update;
-     * kept together so that a request costs two or three cache lines per step ---- */
+    /* ---- hot: read or written for every scheduled request in every step and update, in
+     * three cache lines: the record is allocated on a 64-byte boundary (TDM__REQ_ALIGN).
+     * Line 1 holds what the update's validation pass reads (the id, the stamp and the
+     * awaited steps: that pass runs over the whole report before anything is applied, so it
+     * touches one line of each request) and the counters that every step and update read;
+     * line 2 the rest of what a step reads, so that a step touches two lines of a request;
+     * line 3 what only the update (stop checks, timings) and rarer paths use. ---- */
     uint64_t id;
-    uint32_t state;            /* tdm_req_state */
-    uint32_t flags;            /* TDM_REQ_* */
-    uint32_t num_prompt;
-    uint32_t num_tokens;       /* prompt + outputs */
-    uint32_t cap_tokens;
-    uint32_t num_computed;
-    uint32_t num_spec;         /* drafts waiting to be scheduled */
-    uint32_t num_spec_sched;   /* drafts scheduled in the last step (verified by update) */
-    uint32_t num_placeholders; /* async scheduling: tokens of steps in flight whose samples
-                                  have not come (vLLM's num_output_placeholders) */
-    uint32_t max_tokens, min_tokens;
-    int32_t eos;
-    uint32_t num_stop;
-    uint32_t num_blocks, cap_blocks;
-    uint32_t num_cached_blocks; /* leading blocks already offered to the prefix cache */
-    uint32_t entry;            /* its index in the step's entries when sched_step == step */
-    uint32_t run_index;        /* position in the running array */
-    bool in_flight;            /* scheduled to produce a token whose update has not come */
-    bool ever_admitted;
-    bool remote_done;          /* remote KV received (or given up) */
-    bool reported;             /* its finish was reported in a batch (it may be destroyed) */
-    uint8_t queue;             /* TDM__Q_*: the waiting container of a WAITING/PREEMPTED request */
-    bool kvl_prefill;          /* kv_load_queues: admitted and still prefilling (its remaining
-                                  blocks are reserved against new remote-KV loads) */
-    bool kvl_promote;          /* kv_load_queues: its load ended, not yet seen by a step */
-    uint32_t kvl_cache_upto;   /* ... then its blocks are cached up to this token (0: freed) */
-    tdm_token *tokens;         /* NULL until admitted; capacity cap_tokens */
-    uint32_t *blocks;
-    uint64_t sched_step;       /* step in which it was last scheduled */
     uint64_t update_stamp;     /* duplicate detection within one update */
     /* Scheduled steps whose update has not come yet, oldest first (updates arrive in step
      * order): pend_n of them; bit i of pend_bits says whether the i-th newest one reached the
@@ -82,9 +59,43 @@ struct tdm__req {
      * bring sampled tokens. Steps older than the newest 64 never do (see update.c). */
     uint64_t pend_bits;
     uint32_t pend_n;
+    uint32_t state;            /* tdm_req_state */
+    uint32_t flags;            /* TDM_REQ_* */
+    uint32_t num_spec_sched;   /* drafts scheduled in the last step (verified by update) */
+    uint32_t num_tokens;       /* prompt + outputs */
+    uint32_t num_computed;
+    uint32_t num_placeholders; /* async scheduling: tokens of steps in flight whose samples
+                                  have not come (vLLM's num_output_placeholders) */
+    uint32_t num_prompt;
+    uint32_t cap_tokens;
+    uint32_t max_tokens;
+    /* line 2 */
+    uint64_t sched_step;       /* step in which it was last scheduled */
     uint64_t pend_step;        /* the step of the newest awaited one */
+    double first_sched;
+    tdm_token *tokens;         /* NULL until admitted; capacity cap_tokens */
+    uint32_t *blocks;
+    uint32_t num_spec;         /* drafts waiting to be scheduled */
+    uint32_t num_blocks, cap_blocks;
+    uint32_t num_cached_blocks; /* leading blocks already offered to the prefix cache */
+    uint32_t entry;            /* its index in the step's entries when sched_step == step */
+    bool in_flight;            /* scheduled to produce a token whose update has not come */
+    bool kvl_prefill;          /* kv_load_queues: admitted and still prefilling (its remaining
+                                  blocks are reserved against new remote-KV loads) */
+    /* line 3 */
+    uint32_t min_tokens;
+    int32_t eos;
+    uint32_t num_stop;
+    uint32_t run_index;        /* position in the running array */
+    uint32_t kvl_cache_upto;   /* kv_load_queues: when its load ended, its blocks are cached up
+                                  to this token (0: freed) */
+    bool ever_admitted;
+    bool remote_done;          /* remote KV received (or given up) */
+    bool reported;             /* its finish was reported in a batch (it may be destroyed) */
+    uint8_t queue;             /* TDM__Q_*: the waiting container of a WAITING/PREEMPTED request */
+    bool kvl_promote;          /* kv_load_queues: its load ended, not yet seen by a step */
     uint64_t batch_mark;       /* update stamp: in the batch a named update reports */
-    double first_sched, first_token, last_token, max_gap;
+    double first_token, last_token, max_gap;
 
     /* ---- cold ---- */
     uint32_t finish_reason;    /* tdm_finish_reason */
@@ -123,7 +134,13 @@ struct tdm__req {
     uint32_t ad_long_index;    /* SLO_ADAPTIVE: position in the longest-prefill heap */
     bool ad_in_long;           /* SLO_ADAPTIVE: in that heap (flagged, on time, no token yet) */
     void *run_mem;             /* the allocation holding tokens, blocks, hashes, spec */
+    void *alloc;               /* the allocation holding this record (freed by tdm__req_destroy) */
 };
+
+#define TDM__REQ_ALIGN 64u     /* the record's alignment: its hot part in three cache lines */
+_Static_assert(offsetof(tdm__req, sched_step) == 64 && offsetof(tdm__req, min_tokens) == 128 &&
+               offsetof(tdm__req, max_gap) + sizeof(double) <= 192,
+               "tdm__req: the hot fields' cache lines moved (see the struct's comment)");
 
 typedef struct tdm__params {
     int64_t max_num_batched_tokens;

@@ -143,6 +143,14 @@ static bool slo_lost(const tdm_sched *s, const tdm__req *r, double now)
     return now - r->first_token > tpot * (double)(r->max_tokens - 1);
 }
 
+/* slo_lost for a request with its first token (first_token >= 0) whose TPOT target tpot
+ * (> 0) the caller has: the same answer without the checks the caller has made. */
+static inline bool decode_slo_lost(const tdm_sched *s, const tdm__req *r, double now, double tpot)
+{
+    if (r->ad_late || r->first_token > ttft_deadline(s, r)) return true;
+    return r->max_tokens >= 2 && now - r->first_token > tpot * (double)(r->max_tokens - 1);
+}
+
 uint32_t tdm__ad_victim(tdm_sched *s)
 {
     uint32_t best = s->num_running - 1;
@@ -256,12 +264,13 @@ double tdm__ad_target(tdm_sched *s, double now, const tdm_step_shape *dec)
     double hard = INFINITY, soft = INFINITY, full = INFINITY, gmin = INFINITY;
     double dstep = tdm__cost_estimate(s, dec) * s->ad_ratio; /* a decode-only step */
     double mout = mean_output(s);
+    double tpot_default = (double)s->prm.slo_tpot_us * 1e-6; /* tdm__ad_tpot's, hoisted */
     for (uint32_t i = 0; i < s->num_running; i++) {
         tdm__req *r = s->running[i];
         if (r->first_token < 0 || r->num_computed + 1 < r->num_tokens) continue;
-        double tpot = tdm__ad_tpot(s, r);
+        double tpot = r->tpot_slo > 0 ? r->tpot_slo : tpot_default;
         if (tpot <= 0) continue;
-        if ((r->flags & TDM_REQ_SLO_DEPRIORITIZE) && slo_lost(s, r, now)) continue;
+        if ((r->flags & TDM_REQ_SLO_DEPRIORITIZE) && decode_slo_lost(s, r, now, tpot)) continue;
         double g = tpot * AD_TPOT_MARGIN;
         double k = (double)(r->num_tokens - r->num_prompt); /* outputs so far, >= 1 */
         double allow = r->first_token + k * g - now;          /* due time of the next token */

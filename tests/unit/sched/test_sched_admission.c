@@ -241,6 +241,45 @@ static void cache_aware__preempted_request_keeps_its_place(void **state)
     tsd_done(s);
 }
 
+/* A window wider than 64 requests (the reorder sorts them itself; glibc's qsort allocated
+ * from 64 slots up): 100 waiting requests whose prompts share 0 to 3 blocks of a cached
+ * 64-token prefix, the depths interleaved in arrival order, are admitted one per step
+ * deepest first, arrival order among equals. */
+static void cache_aware__wide_window_deepest_first_in_arrival_order(void **state)
+{
+    (void)state;
+    enum { N = 100 };
+    tdm_sched *s = tsd_new("{\"block_size\": 16, \"num_blocks\": 2048, \"max_num_seqs\": 1,"
+                           " \"cache_aware_window\": 128, \"cache_aware_threshold\": 0}");
+    tdm_token p[64], q[60];
+    tsd_prompt(1, 64, p);
+    double now = 1.0;
+    cache_prompt(s, 1, p, 64, &now);
+    for (uint32_t j = 0; j < N; j++) {
+        uint32_t shared = 16 * ((j * 7) % 4); /* 0, 48, 32, 16, 0, ... tokens of p */
+        memcpy(q, p, shared * sizeof(*p));
+        tsd_prompt(1000 + j, 60 - shared, q + shared);
+        assert_int_equal(tsd_add_tokens(s, 100 + j, q, 60, 1), TDM_OK);
+    }
+    uint64_t order[N];
+    uint32_t got = 0;
+    for (int step = 0; step < 20 * N && got < N; step++) {
+        tdm_batch b;
+        tsd_step(s, now, &b);
+        for (uint32_t i = 0; i < b.num_reqs; i++)
+            if (b.kinds[i] == TDM_ENTRY_NEW) order[got++] = b.req_ids[i];
+        tsd_update(s, &b, 7, now + 0.001, NULL);
+        now += 0.01;
+    }
+    assert_int_equal(got, N);
+    uint32_t k = 0;
+    for (uint32_t depth = 4; depth-- > 0;)
+        for (uint32_t j = 0; j < N; j++)
+            if ((j * 7) % 4 == depth) assert_int_equal(order[k++], 100 + j);
+    tsd_run(s, 50, &now);
+    tsd_done(s);
+}
+
 static void config__new_parameters_round_trip(void **state)
 {
     (void)state;
@@ -279,6 +318,7 @@ int main(void)
         TSD_TEST(cache_aware__deepest_cached_prefix_first),
         TSD_TEST(cache_aware__not_below_threshold_nor_with_priority),
         TSD_TEST(cache_aware__preempted_request_keeps_its_place),
+        TSD_TEST(cache_aware__wide_window_deepest_first_in_arrival_order),
         TSD_TEST(config__new_parameters_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
