@@ -225,7 +225,7 @@ typedef enum tdm_sched_param {
                                               and no such queue (default). Implies
                                               KV_LOAD_QUEUES. Only while the scheduler holds
                                               no request */
-    TDM_SCHED_KV_LOAD_QUEUES = 31          /* ["kv_load_queues"] 0/1: vLLM 0.33+'s remote-KV
+    TDM_SCHED_KV_LOAD_QUEUES = 31,         /* ["kv_load_queues"] 0/1: vLLM 0.33+'s remote-KV
                                               admission: a request whose KV arrived (or failed)
                                               waits in a queue drained before the waiting
                                               queue, in load-start order (priority order with
@@ -236,6 +236,20 @@ typedef enum tdm_sched_param {
                                               no valid block frees its blocks and looks the
                                               prefix cache up again. Default 0. Only while the
                                               scheduler holds no request */
+    TDM_SCHED_DEFER_BLOCK_FREE = 32        /* ["defer_block_free"] 0/1: vLLM 0.33+'s
+                                              defer_block_free (async scheduling or pipeline
+                                              parallelism with a KV consumer connector): the
+                                              blocks of a request finished or preempted while
+                                              a step of it is in flight go back to the pool
+                                              only once every batch returned so far has been
+                                              reported by an update, in the order freed (tail
+                                              blocks first); a running request with a step in
+                                              flight is never preempted (the running pass ends
+                                              instead). An update counts as one batch's report
+                                              when it lists a request or names a batch: report
+                                              each batch in one update. Default 0. Only while
+                                              the scheduler holds no request and no block
+                                              waits */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */

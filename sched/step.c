@@ -290,6 +290,12 @@ static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, 
         for (;;) {
             if (allocate(s, r, (uint32_t)n, 0, 0, c->look, false, false, 0)) break;
             uint32_t v = tdm__policy_victim(s);
+            if (!tdm__dfr_can_free(s, s->running[v])) {
+                /* defer_block_free: the victim has a step in flight, so preempting it frees
+                 * no block now; the running pass ends here (vLLM 0.33+) */
+                c->stop_running = true;
+                return;
+            }
             bool self = s->running[v] == r;
             preempt_at(c, v);
             /* r preempted itself: the requests after it rank higher (priority) and may still
@@ -498,6 +504,7 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
     }
     s->out_block_offsets[s->num_entries] = pos;
     s->latest_awaited = s->num_entries > 0;
+    if (s->num_entries && s->prm.defer_block_free) tdm__dfr_batch_returned(s);
     s->out_blocks.len = pos;
     s->scheduled_tokens += total;
 
@@ -531,7 +538,7 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: batch is NULL or its struct_size is too small");
     if (!isfinite(now) || now < 0)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: now (%g) must be finite and >= 0", now);
-    if (reserve_outputs(s) || tdm__batch_reserve(s))
+    if (reserve_outputs(s) || tdm__batch_reserve(s) || tdm__dfr_reserve(s))
         return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
     tdm__batch_keep(s); /* the last batch, if it awaits a named report, before it is overwritten */
     if (now > s->now) s->now = now;
