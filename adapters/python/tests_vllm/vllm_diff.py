@@ -429,7 +429,7 @@ def norm_step(so, eco) -> dict:
 
 
 TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
-ASYNC_KV_CONSUMER = False     # --async-kv-consumer: keep the connector's kv_both role in async
+ASYNC_KV_CONSUMER = True      # --async-kv-producer: declare the connector a producer in async
 
 
 def make_sched(kind: str, model: str, cfg: dict, loads: Optional[dict] = None):
@@ -513,11 +513,10 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
     cfg = dict(work["cfg"], async_scheduling=True)
     loads = work.get("loads")
     if loads is not None and not ASYNC_KV_CONSUMER:
-        # With async scheduling and a KV consumer role, vLLM 0.33+ defers freeing the blocks
-        # of a request whose step is in flight until every scheduled step has been updated
-        # (defer_block_free), which the library does not reproduce (docs/adapters.md): the
-        # async runs declare the connector a producer (it still hands nothing off:
-        # requires_kv_delivery is False), which changes nothing else here.
+        # --async-kv-producer: the connector declared a producer (it still hands nothing off:
+        # requires_kv_delivery is False), so that vLLM 0.33+ frees blocks at once instead of
+        # deferring them while a step is in flight (defer_block_free, which the library
+        # reproduces with its defer_block_free; the default kv_both role is a consumer).
         loads = dict(loads, role="kv_producer")
     sched = make_sched(kind, model, cfg, loads)
     specs = {r["id"]: r for r in work["reqs"]}
@@ -651,15 +650,17 @@ def main(argv=None) -> int:
     ap.add_argument("--async", dest="async_", action="store_true",
                     help="async scheduling (AsyncScheduler, one-step-lagged updates)")
     ap.add_argument("--async-kv-consumer", action="store_true",
-                    help="async: the fake connector keeps its consumer role (vLLM then defers "
-                         "block frees, which Tandem does not reproduce)")
+                    help="async: the fake connector keeps its kv_both (consumer) role, so vLLM "
+                         "defers block frees (the default)")
+    ap.add_argument("--async-kv-producer", action="store_true",
+                    help="async: the fake connector is declared a producer (no deferred frees)")
     ap.add_argument("--tandem-config", default="{}",
                     help="JSON: library keys set over the adapter's translation")
     ns = ap.parse_args(argv)
     import json
     TANDEM_OVERRIDES.update(json.loads(ns.tandem_config))
     global ASYNC_KV_CONSUMER
-    ASYNC_KV_CONSUMER = ns.async_kv_consumer
+    ASYNC_KV_CONSUMER = ns.async_kv_consumer or not ns.async_kv_producer
     import vllm
     model = tiny_model_dir()
     causes = collections.defaultdict(list)

@@ -111,8 +111,10 @@ _HAS_ALL_TOKEN_IDS = "all_token_ids" in _CRD_FIELDS
 try:
     from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
     _HAS_KV_HOLDING = hasattr(_VllmScheduler, "_inflight_prefill_reserved_blocks")
+    # vLLM 0.33+: a KV consumer's blocks freed with batches in flight wait for their updates
+    _HAS_DEFER_BLOCK_FREE = hasattr(_VllmScheduler, "_drain_deferred_frees")
 except ImportError:   # pragma: no cover
-    _HAS_KV_HOLDING = False
+    _HAS_KV_HOLDING = _HAS_DEFER_BLOCK_FREE = False
 _FROM_REQUEST = inspect.signature(NewRequestData.from_request).parameters
 _PREFILL_IDS_ARG = "prefill_token_ids" in _FROM_REQUEST
 _PREFILL_IDS_REQUIRED = (_PREFILL_IDS_ARG and _FROM_REQUEST["prefill_token_ids"].default
@@ -186,6 +188,13 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
     loads = getattr(sc, "max_num_inflight_kv_loads", None)
     if loads:
         cfg["max_inflight_kv_loads"] = int(loads)
+    # vLLM 0.33+'s defer_block_free: with overlapping batches (async scheduling or pipeline
+    # parallelism) and a consumer connector, the blocks of a request freed while a step of it
+    # is in flight go back to the pool only once every batch scheduled so far is updated
+    concurrent = int(getattr(vllm_config, "max_concurrent_batches", 1) or 1)
+    if (_HAS_DEFER_BLOCK_FREE and ktc is not None and concurrent > 1 and
+            bool(getattr(ktc, "is_kv_consumer", False))):
+        cfg["defer_block_free"] = True
     if ktc is not None and getattr(ktc, "kv_load_failure_policy", None) is not None:
         cfg["remote_kv_failure"] = ("fail" if ktc.kv_load_failure_policy == "fail"
                                     else "recompute")
@@ -286,15 +295,6 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             self.connector = KVConnectorFactory.create_connector(
                 config=vllm_config, role=KVConnectorRole.SCHEDULER,
                 kv_cache_config=kv_cache_config)
-            if self._async and bool(getattr(vllm_config.kv_transfer_config, "is_kv_consumer",
-                                            False)) and _HAS_KV_HOLDING:
-                # vLLM 0.33+ (defer_block_free): with steps in flight, a KV consumer's freed
-                # blocks return to the pool only once every scheduled step is updated
-                _logger.warning("TandemScheduler: with async scheduling and a KV consumer "
-                                "connector, vLLM returns freed blocks to the pool a step or "
-                                "two later than Tandem does (defer_block_free is not "
-                                "reproduced); run with --no-async-scheduling for vLLM's exact "
-                                "block reuse")
         cfg = tandem_config_from_vllm(vllm_config, kv_cache_config, block_size)
         # --additional-config '{"tandem": ...}' (tandem_config.py); None: vLLM's behaviour
         cfg, tandem_opts = _tandem_cli.configure(vllm_config, cfg)
