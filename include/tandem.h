@@ -236,7 +236,7 @@ typedef enum tdm_sched_param {
                                               no valid block frees its blocks and looks the
                                               prefix cache up again. Default 0. Only while the
                                               scheduler holds no request */
-    TDM_SCHED_DEFER_BLOCK_FREE = 32        /* ["defer_block_free"] 0/1: vLLM 0.33+'s
+    TDM_SCHED_DEFER_BLOCK_FREE = 32,       /* ["defer_block_free"] 0/1: vLLM 0.33+'s
                                               defer_block_free (async scheduling or pipeline
                                               parallelism with a KV consumer connector): the
                                               blocks of a request finished or preempted while
@@ -250,6 +250,15 @@ typedef enum tdm_sched_param {
                                               each batch in one update. Default 0. Only while
                                               the scheduler holds no request and no block
                                               waits */
+    TDM_SCHED_DECODE_STAGGER = 33          /* ["decode_stagger"] async scheduling only: a
+                                              request scheduled in step t in a step that
+                                              samples (a decode, or the chunk completing its
+                                              prompt) is not scheduled again from the running
+                                              queue before step t + N (vLLM's AsyncScheduler
+                                              with N = pipeline_parallel_size:
+                                              next_decode_eligible_step); steps are counted
+                                              by tdm_sched_step calls, empty ones included.
+                                              1..1024; default 1 (no gate) */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */

@@ -66,6 +66,7 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_MAX_INFLIGHT_KV_LOADS, "max_inflight_kv_loads", K_INT, 0, 1 << 24, OFF(max_inflight_kv_loads), NULL, true },
     { TDM_SCHED_KV_LOAD_QUEUES, "kv_load_queues", K_BOOL, 0, 1, OFF(kv_load_queues), NULL, true },
     { TDM_SCHED_DEFER_BLOCK_FREE, "defer_block_free", K_BOOL, 0, 1, OFF(defer_block_free), NULL, true },
+    { TDM_SCHED_DECODE_STAGGER, "decode_stagger", K_INT, 1, 1024, OFF(decode_stagger), NULL, false },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {
@@ -96,6 +97,7 @@ void tdm__params_default(tdm__params *p)
     p->remote_kv_failure = TDM_REMOTE_KV_RECOMPUTE;
     p->delay_free_timeout_ms = 120000;
     p->continue_after_self_preemption = 1;
+    p->decode_stagger = 1;
     p->kv_events_capacity = 4096;
     p->cache_aware_threshold_ppm = 500000; /* vLLM's cache_aware_admission_threshold 0.5 */
     /* A Llama-3-8B-on-H100-like default; hosts and the simulator install their own. */

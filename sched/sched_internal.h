@@ -75,6 +75,7 @@ struct tdm__req {
     tdm_token *tokens;         /* NULL until admitted; capacity cap_tokens */
     uint32_t *blocks;
     uint64_t sched_step;       /* step in which it was last scheduled */
+    uint64_t decode_step;      /* async: the last step that scheduled it to sample */
     uint64_t update_stamp;     /* duplicate detection within one update */
     /* Scheduled steps whose update has not come yet, oldest first (updates arrive in step
      * order): pend_n of them; bit i of pend_bits says whether the i-th newest one reached the
@@ -158,6 +159,7 @@ typedef struct tdm__params {
     int64_t max_inflight_kv_loads;       /* vLLM 0.34's load cap and load queue; 0 = none */
     int64_t kv_load_queues;              /* vLLM 0.33+'s received-KV queue and load gate */
     int64_t defer_block_free;            /* vLLM 0.33+'s defer_block_free (deferred_free.c) */
+    int64_t decode_stagger;              /* async: steps between a request's sampling steps */
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;

@@ -257,6 +257,12 @@ static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, 
         (*i)++;
         return;
     }
+    /* Async scheduling with pipeline parallelism: a request sampled in step t waits until step
+     * t + decode_stagger (vLLM's next_decode_eligible_step); 1 = the next step, no gate. */
+    if (r->decode_step && s->step_no < r->decode_step + (uint64_t)s->prm.decode_stagger) {
+        (*i)++;
+        return;
+    }
     /* The tokens to compute run to the end of the known tokens plus the placeholders of the
      * steps in flight (async scheduling; none otherwise). Without placeholders, a step in
      * flight leaves nothing: drafts are verified only after the token they follow is known. */
@@ -498,7 +504,10 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
         r->in_flight = r->num_computed >= (uint64_t)r->num_tokens + r->num_placeholders;
         if (r->in_flight) r->kvl_prefill = false;
         /* Async scheduling: a step that samples holds a placeholder per token it may bring. */
-        if (r->in_flight && s->prm.async_scheduling) r->num_placeholders += 1 + e->num_spec;
+        if (r->in_flight && s->prm.async_scheduling) {
+            r->num_placeholders += 1 + e->num_spec;
+            r->decode_step = s->step_no;
+        }
         tdm__pend_push(r, r->in_flight, s->step_no); /* the update that may report this entry */
         if (r->first_sched < 0) r->first_sched = c->now;
     }

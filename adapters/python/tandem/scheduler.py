@@ -53,6 +53,7 @@ class Param(IntEnum):
     MAX_INFLIGHT_KV_LOADS = 30
     KV_LOAD_QUEUES = 31
     DEFER_BLOCK_FREE = 32
+    DECODE_STAGGER = 33
 
 
 class PrefixHash(IntEnum):

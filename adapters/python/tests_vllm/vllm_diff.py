@@ -430,12 +430,17 @@ def norm_step(so, eco) -> dict:
 
 TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
 ASYNC_KV_CONSUMER = True      # --async-kv-producer: declare the connector a producer in async
+PP = 1                        # --pp N: N pipeline stages (async: N + 1 batches in flight)
 
 
 def make_sched(kind: str, model: str, cfg: dict, loads: Optional[dict] = None):
     if loads is not None:
         cfg = dict(cfg, kv_transfer_config=kv_transfer_config(loads))
+    pp = cfg.get("pp", 1)
+    cfg = {k: v for k, v in cfg.items() if k != "pp"}
     vc, kv = make_configs(model, **cfg)
+    if pp > 1:   # pipeline stages: EngineCore keeps max_concurrent_batches batches in flight
+        vc.parallel_config.pipeline_parallel_size = pp
     kw = dict(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=cfg["block_size"],
               structured_output_manager=StructuredOutputManager(vc))
     if kind == "vllm":
@@ -510,7 +515,7 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
     output to update_from_output. Arrivals and aborts are processed at the start of an
     iteration (EngineCore's input queue), so an abort often hits a request whose step is in
     flight. Each trace entry is one schedule() with the outputs of its own update."""
-    cfg = dict(work["cfg"], async_scheduling=True)
+    cfg = dict(work["cfg"], async_scheduling=True, pp=PP)
     loads = work.get("loads")
     if loads is not None and not ASYNC_KV_CONSUMER:
         # --async-kv-producer: the connector declared a producer (it still hands nothing off:
@@ -550,7 +555,8 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
                 preemptions += len(entry["preempted"])
                 trace.append(entry)
                 queue.appendleft((so, out, entry))
-                if len(queue) < 2 and (so.total_num_scheduled_tokens > 0 or sched.has_requests()):
+                if len(queue) < PP + 1 and (so.total_num_scheduled_tokens > 0 or
+                                            sched.has_requests()):
                     it += 1
                     continue
             elif not queue:
@@ -654,13 +660,18 @@ def main(argv=None) -> int:
                          "defers block frees (the default)")
     ap.add_argument("--async-kv-producer", action="store_true",
                     help="async: the fake connector is declared a producer (no deferred frees)")
+    ap.add_argument("--pp", type=int, default=1,
+                    help="async: pipeline_parallel_size (its batch queue holds pp + 1 batches)")
     ap.add_argument("--tandem-config", default="{}",
                     help="JSON: library keys set over the adapter's translation")
     ns = ap.parse_args(argv)
     import json
     TANDEM_OVERRIDES.update(json.loads(ns.tandem_config))
-    global ASYNC_KV_CONSUMER
+    global ASYNC_KV_CONSUMER, PP
     ASYNC_KV_CONSUMER = ns.async_kv_consumer or not ns.async_kv_producer
+    PP = ns.pp
+    if PP > 1 and not ns.async_:
+        ap.error("--pp needs --async (TandemScheduler runs PP with async scheduling only)")
     import vllm
     model = tiny_model_dir()
     causes = collections.defaultdict(list)
@@ -674,7 +685,8 @@ def main(argv=None) -> int:
         bad += bool(r["diff"])
         for cause, detail in r["diff"]:
             causes[cause].append((seed, detail, r["cfg"]))
-    print(f"vllm_diff vllm={vllm.__version__} {'async' if ns.async_ else 'sync'} "
+    print(f"vllm_diff vllm={vllm.__version__} {'async' if ns.async_ else 'sync'}"
+          f"{f' pp={PP}' if PP > 1 else ''} "
           f"seeds={ns.seeds} divergent={bad} overlapped_schedules={ov} "
           f"preemptions vllm={pv} tandem={pt} kv_load_seeds={nl}")
     for cause, items in sorted(causes.items(), key=lambda kv: -len(kv[1])):

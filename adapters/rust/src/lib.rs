@@ -127,6 +127,7 @@ pub enum Param {
     MaxInflightKvLoads = 30,
     KvLoadQueues = 31,
     DeferBlockFree = 32,
+    DecodeStagger = 33,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
