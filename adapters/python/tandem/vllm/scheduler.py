@@ -117,10 +117,13 @@ try:
     # vLLM 0.33+: a KV consumer's blocks freed with batches in flight wait for their updates
     _HAS_DEFER_BLOCK_FREE = hasattr(_VllmScheduler, "_drain_deferred_frees")
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsync
-    # AsyncScheduler's PP decode cadence (next_decode_eligible_step, decode_stagger)
+    # AsyncScheduler's PP decode cadence (next_decode_eligible_step, decode_stagger); vLLM
+    # 0.31-0.33 apply it only with Model Runner V2 (0.34 has no other)
     _HAS_DECODE_STAGGER = "decode_stagger" in _VllmAsync.__init__.__code__.co_names
+    _STAGGER_NEEDS_MRV2 = "use_v2_model_runner" in \
+        _VllmAsync._update_after_schedule.__code__.co_names
 except ImportError:   # pragma: no cover
-    _HAS_KV_HOLDING = _HAS_DEFER_BLOCK_FREE = _HAS_DECODE_STAGGER = False
+    _HAS_KV_HOLDING = _HAS_DEFER_BLOCK_FREE = _HAS_DECODE_STAGGER = _STAGGER_NEEDS_MRV2 = False
 _FROM_REQUEST = inspect.signature(NewRequestData.from_request).parameters
 _PREFILL_IDS_ARG = "prefill_token_ids" in _FROM_REQUEST
 _PREFILL_IDS_REQUIRED = (_PREFILL_IDS_ARG and _FROM_REQUEST["prefill_token_ids"].default
@@ -204,7 +207,8 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
     # AsyncScheduler with pipeline parallelism: a request sampled in a step is next
     # scheduled pipeline_parallel_size steps later (next_decode_eligible_step)
     pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
-    if pp > 1 and cfg["async_scheduling"] and _HAS_DECODE_STAGGER:
+    if pp > 1 and cfg["async_scheduling"] and _HAS_DECODE_STAGGER and (
+            not _STAGGER_NEEDS_MRV2 or bool(getattr(vllm_config, "use_v2_model_runner", False))):
         cfg["decode_stagger"] = pp
     if ktc is not None and getattr(ktc, "kv_load_failure_policy", None) is not None:
         cfg["remote_kv_failure"] = ("fail" if ktc.kv_load_failure_policy == "fail"
