@@ -430,7 +430,7 @@ def norm_step(so, eco) -> dict:
 
 TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
 ASYNC_KV_CONSUMER = True      # --async-kv-producer: declare the connector a producer in async
-PP = 1                        # --pp N: N pipeline stages (async: N + 1 batches in flight)
+PP = 1                        # --pp N: N pipeline stages (batches in flight: EngineCore's)
 
 
 def make_sched(kind: str, model: str, cfg: dict, loads: Optional[dict] = None):
@@ -524,6 +524,9 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
         # reproduces with its defer_block_free; the default kv_both role is a consumer).
         loads = dict(loads, role="kv_producer")
     sched = make_sched(kind, model, cfg, loads)
+    # EngineCore's batch queue: max_concurrent_batches (2; pp + 1 with PP, or pp on vLLM
+    # 0.31-0.33's Model Runner V1)
+    qsize = sched.vllm_config.max_concurrent_batches
     specs = {r["id"]: r for r in work["reqs"]}
     runner = Runner(cfg["num_blocks"], cfg["block_size"], specs, own_tokens=True,
                     shuffle_seed=work["seed"] if work.get("shuffle") else None)
@@ -555,7 +558,7 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
                 preemptions += len(entry["preempted"])
                 trace.append(entry)
                 queue.appendleft((so, out, entry))
-                if len(queue) < PP + 1 and (so.total_num_scheduled_tokens > 0 or
+                if len(queue) < qsize and (so.total_num_scheduled_tokens > 0 or
                                             sched.has_requests()):
                     it += 1
                     continue
@@ -661,7 +664,8 @@ def main(argv=None) -> int:
     ap.add_argument("--async-kv-producer", action="store_true",
                     help="async: the fake connector is declared a producer (no deferred frees)")
     ap.add_argument("--pp", type=int, default=1,
-                    help="async: pipeline_parallel_size (its batch queue holds pp + 1 batches)")
+                    help="async: pipeline_parallel_size (the batch queue holds "
+                         "max_concurrent_batches: pp + 1, or pp on 0.31-0.33's MRV1)")
     ap.add_argument("--tandem-config", default="{}",
                     help="JSON: library keys set over the adapter's translation")
     ns = ap.parse_args(argv)
