@@ -225,7 +225,7 @@ typedef enum tdm_sched_param {
                                               and no such queue (default). Implies
                                               KV_LOAD_QUEUES. Only while the scheduler holds
                                               no request */
-    TDM_SCHED_KV_LOAD_QUEUES = 31          /* ["kv_load_queues"] 0/1: vLLM 0.33+'s remote-KV
+    TDM_SCHED_KV_LOAD_QUEUES = 31,         /* ["kv_load_queues"] 0/1: vLLM 0.33+'s remote-KV
                                               admission: a request whose KV arrived (or failed)
                                               waits in a queue drained before the waiting
                                               queue, in load-start order (priority order with
@@ -236,6 +236,29 @@ typedef enum tdm_sched_param {
                                               no valid block frees its blocks and looks the
                                               prefix cache up again. Default 0. Only while the
                                               scheduler holds no request */
+    TDM_SCHED_DEFER_BLOCK_FREE = 32,       /* ["defer_block_free"] 0/1: vLLM 0.33+'s
+                                              defer_block_free (async scheduling or pipeline
+                                              parallelism with a KV consumer connector): the
+                                              blocks of a request finished or preempted while
+                                              a step of it is in flight go back to the pool
+                                              only once every batch returned so far has been
+                                              reported by an update, in the order freed (tail
+                                              blocks first); a running request with a step in
+                                              flight is never preempted (the running pass ends
+                                              instead). An update counts as one batch's report
+                                              when it lists a request or names a batch: report
+                                              each batch in one update. Default 0. Only while
+                                              the scheduler holds no request and no block
+                                              waits */
+    TDM_SCHED_DECODE_STAGGER = 33          /* ["decode_stagger"] async scheduling only: a
+                                              request scheduled in step t in a step that
+                                              samples (a decode, or the chunk completing its
+                                              prompt) is not scheduled again from the running
+                                              queue before step t + N (vLLM's AsyncScheduler
+                                              with N = pipeline_parallel_size:
+                                              next_decode_eligible_step); steps are counted
+                                              by tdm_sched_step calls, empty ones included.
+                                              1..1024; default 1 (no gate) */
 } tdm_sched_param;
 
 /* The block digest of the prefix cache (see docs/scheduler.md, "Block hashes"). */

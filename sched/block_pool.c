@@ -183,21 +183,32 @@ void tdm__pool_alloc(tdm__pool *p, uint32_t *out, uint32_t n)
         p->blk[b].refcnt = 1;
         out[k] = b;
     }
+    p->num_refs += n;
 }
 
 void tdm__pool_touch(tdm__pool *p, uint32_t b)
 {
+    p->num_refs++;
     if (p->blk[b].refcnt++ == 0) q_unlink(p, b);
+}
+
+static inline void release_one(tdm__pool *p, uint32_t b)
+{
+    if (--p->blk[b].refcnt != 0) return;
+    if (p->blk[b].hashed) q_append(p, b);
+    else q_prepend(p, b);
 }
 
 void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n)
 {
-    for (uint32_t k = n; k-- > 0;) {
-        uint32_t b = blocks[k];
-        if (--p->blk[b].refcnt != 0) continue;
-        if (p->blk[b].hashed) q_append(p, b);
-        else q_prepend(p, b);
-    }
+    p->num_refs -= n;
+    for (uint32_t k = n; k-- > 0;) release_one(p, blocks[k]);
+}
+
+void tdm__pool_release_in_order(tdm__pool *p, const uint32_t *blocks, uint32_t n)
+{
+    p->num_refs -= n;
+    for (uint32_t k = 0; k < n; k++) release_one(p, blocks[k]);
 }
 
 void tdm__pool_reset_cache(tdm__pool *p)

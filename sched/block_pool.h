@@ -37,6 +37,8 @@ typedef struct tdm__pool {
     uint32_t num_blocks;   /* including the null block */
     uint32_t num_free;     /* blocks in the free queue */
     uint32_t num_hashed;   /* blocks carrying a hash (in use or free) */
+    uint64_t num_refs;     /* references held: the sum of the refcounts, the null block's
+                              excluded (bounds the deferred-free queue, deferred_free.c) */
     tdm__pool_block *blk;  /* num_blocks + 1 (the sentinel), 64-byte aligned */
     void *blk_mem;         /* the allocation holding blk */
     /* hash index: open addressing, linear probing, backward-shift deletion. A slot holds the
@@ -68,6 +70,10 @@ void tdm__pool_touch(tdm__pool *p, uint32_t block);
  * blocks reaching 0 go to the free queue: hashed ones to the tail (kept longest), others to
  * the head (reused first). Going backwards, a request's tail blocks are evicted first. */
 void tdm__pool_release(tdm__pool *p, const uint32_t *blocks, uint32_t n);
+
+/* Drop one reference on each of blocks[0..n), from the first to the last (the order in
+ * which they go back to the free queue; tdm__pool_release goes backwards). */
+void tdm__pool_release_in_order(tdm__pool *p, const uint32_t *blocks, uint32_t n);
 
 /* Look up a digest (all 32 bytes compared): the cached block id, or TDM__NO_BLOCK. */
 uint32_t tdm__pool_lookup(const tdm__pool *p, tdm__digest h);

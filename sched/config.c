@@ -65,6 +65,8 @@ static const param_desc PARAMS[] = {
     { TDM_SCHED_CACHE_AWARE_THRESHOLD_PPM, "cache_aware_threshold", K_FRACTION_PPM, 0, 1000000, OFF(cache_aware_threshold_ppm), NULL, false },
     { TDM_SCHED_MAX_INFLIGHT_KV_LOADS, "max_inflight_kv_loads", K_INT, 0, 1 << 24, OFF(max_inflight_kv_loads), NULL, true },
     { TDM_SCHED_KV_LOAD_QUEUES, "kv_load_queues", K_BOOL, 0, 1, OFF(kv_load_queues), NULL, true },
+    { TDM_SCHED_DEFER_BLOCK_FREE, "defer_block_free", K_BOOL, 0, 1, OFF(defer_block_free), NULL, true },
+    { TDM_SCHED_DECODE_STAGGER, "decode_stagger", K_INT, 1, 1024, OFF(decode_stagger), NULL, false },
 };
 
 static const struct { const char *name; size_t off; } COST_KEYS[] = {
@@ -95,6 +97,7 @@ void tdm__params_default(tdm__params *p)
     p->remote_kv_failure = TDM_REMOTE_KV_RECOMPUTE;
     p->delay_free_timeout_ms = 120000;
     p->continue_after_self_preemption = 1;
+    p->decode_stagger = 1;
     p->kv_events_capacity = 4096;
     p->cache_aware_threshold_ppm = 500000; /* vLLM's cache_aware_admission_threshold 0.5 */
     /* A Llama-3-8B-on-H100-like default; hosts and the simulator install their own. */
@@ -155,6 +158,11 @@ static int commit(tdm_sched *s, const tdm__params *np)
                          "num_blocks, block_size, enable_prefix_caching, max_model_len, "
                          "num_lookahead_tokens and prefix_hash can only change while the scheduler "
                          "holds no request (%u held)", s->map_len);
+    if ((reshape || np->defer_block_free != s->prm.defer_block_free) && (s->map_len || s->dfr.len))
+        return tdm__fail(&s->err, TDM_E_STATE,
+                         "%s can only change while the scheduler holds no request (%u held) and no "
+                         "block waits in the deferred-free queue (%u waiting)",
+                         reshape ? "the KV pool's shape" : "defer_block_free", s->map_len, s->dfr.len);
     if (np->async_scheduling != s->prm.async_scheduling && s->map_len)
         return tdm__fail(&s->err, TDM_E_STATE,
                          "async_scheduling can only change while the scheduler holds no request "
@@ -214,6 +222,7 @@ static int commit(tdm_sched *s, const tdm__params *np)
     s->pool.ev = s->kv.ready ? &s->kv : NULL;
     if (emit_clear && s->pool.ev) tdm__kv_cleared(s->pool.ev);
     if (repolicy && s->prm.policy == TDM_POLICY_CUSTOM) tdm__policy_drop(s);
+    if (np->defer_block_free != s->prm.defer_block_free) s->dfr.batches = s->dfr.reported = 0;
     s->prm = *np;
     s->run_cache_max = (uint32_t)TDM_MIN((int64_t)1 << 16, 2 * np->max_num_seqs);
     return TDM_OK;

@@ -133,6 +133,30 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
             CHECK(0, "request %llu has invalid state %u", (unsigned long long)r->id, r->state);
         }
     }
+    /* Blocks waiting in the deferred-free queue each hold one reference. */
+    const tdm__dfr *d = &s->dfr;
+    CHECK(!d->len || s->prm.defer_block_free, "%u deferred blocks with defer_block_free off", d->len);
+    CHECK(d->reported <= d->batches, "%llu batches reported of %llu returned",
+          (unsigned long long)d->reported, (unsigned long long)d->batches);
+    uint64_t run_blocks = 0, prev_fence = 0;
+    for (uint32_t i = 0; i < d->rlen; i++) {
+        const tdm__dfr_run *run = &d->runs[(d->rhead + i) % d->rcap];
+        CHECK(run->count > 0 && run->fence > d->reported && run->fence >= prev_fence && run->fence <= d->batches,
+              "deferred run %u: %u blocks fenced at %llu (reported %llu, returned %llu, previous fence %llu)",
+              i, run->count, (unsigned long long)run->fence, (unsigned long long)d->reported,
+              (unsigned long long)d->batches, (unsigned long long)prev_fence);
+        prev_fence = run->fence;
+        run_blocks += run->count;
+    }
+    CHECK(run_blocks == d->len, "deferred runs hold %llu blocks, the ring %u", (unsigned long long)run_blocks,
+          d->len);
+    for (uint32_t i = 0; i < d->len; i++) {
+        uint32_t b = d->blocks[(d->head + i) % d->cap];
+        CHECK(b > 0 && b < nb, "the deferred-free queue holds invalid block %u", b);
+        refs[b]++;
+        if (refs[b] > 1)
+            CHECK(p->blk[b].hashed, "deferred block %u has another holder but is not a cached (hashed) block", b);
+    }
     CHECK(live == s->map_len, "id map counts %u requests, %u found", s->map_len, live);
     CHECK(n_wait == tdm__waiting_len(s), "%u waiting requests, queue length %u", n_wait, tdm__waiting_len(s));
     CHECK(n_kvl == tdm__kvl_waiting(s), "%u requests in load queues, their lengths %u", n_kvl,
@@ -157,7 +181,13 @@ int tdm__sched_check(const tdm_sched *s, char *msg, size_t msg_len)
     }
     CHECK(nfree == p->num_free, "free queue holds %u blocks, counter says %u", nfree, p->num_free);
     uint32_t in_use = 0;
-    for (uint32_t b = 1; b < nb; b++) in_use += p->blk[b].refcnt != 0;
+    uint64_t total_refs = 0;
+    for (uint32_t b = 1; b < nb; b++) {
+        in_use += p->blk[b].refcnt != 0;
+        total_refs += p->blk[b].refcnt;
+    }
+    CHECK(total_refs == p->num_refs, "blocks hold %llu references, the pool counts %llu",
+          (unsigned long long)total_refs, (unsigned long long)p->num_refs);
     CHECK(nfree + in_use == nb - 1, "free %u + in use %u != total %u", nfree, in_use, nb - 1);
 
     /* The hash index maps only to hashed blocks, and every hashed block is indexed. */

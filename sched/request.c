@@ -120,10 +120,13 @@ void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r)
     }
 }
 
-/* Release the request's blocks (tail first: its last blocks are evicted first). */
+/* Release the request's blocks (tail first: its last blocks are evicted first); with
+ * defer_block_free, those of a request with a step in flight wait in the deferred-free queue
+ * until every batch returned so far is reported (deferred_free.c). */
 void tdm__req_free_blocks(tdm_sched *s, tdm__req *r)
 {
-    tdm__pool_release(&s->pool, r->blocks, r->num_blocks);
+    if (tdm__dfr_can_free(s, r) || !tdm__dfr_defer(s, r->blocks, r->num_blocks))
+        tdm__pool_release(&s->pool, r->blocks, r->num_blocks);
     r->num_blocks = 0;
     r->num_cached_blocks = 0;
 }

@@ -176,6 +176,7 @@ void tdm_sched_destroy(tdm_sched *s)
     tdm__vec_free(&s->upd_stop);
     tdm__vec_free(&s->upd_reqs);
     if (s->pool_ready) tdm__pool_free(&s->pool);
+    tdm__dfr_free(&s->dfr);
     tdm__kv_free(&s->kv);
     tdm__free(s);
     tdm__handle_release();
@@ -474,6 +475,7 @@ int tdm_sched_finish(tdm_sched *s, uint64_t id, tdm_finish_reason reason)
         return tdm__fail(&s->err, TDM_E_INVAL, "finish %llu: invalid reason %d", (unsigned long long)id, (int)reason);
     tdm__req *r = live(s, id, "finish");
     if (!r) return TDM_E_NOT_FOUND;
+    if (tdm__dfr_reserve(s)) return tdm__fail(&s->err, TDM_E_NOMEM, "finish: out of memory for the deferred-free queue");
     /* A host-finished request never hands its blocks to a remote decode unless it stopped. */
     tdm__finish(s, r, (uint32_t)reason, s->now);
     return TDM_OK;
@@ -484,6 +486,7 @@ int tdm_sched_abort(tdm_sched *s, uint64_t id)
     if (!s) return TDM_E_INVAL;
     tdm__req *r = live(s, id, "abort");
     if (!r) return TDM_E_NOT_FOUND;
+    if (tdm__dfr_reserve(s)) return tdm__fail(&s->err, TDM_E_NOMEM, "abort: out of memory for the deferred-free queue");
     tdm__finish(s, r, TDM_FINISH_ABORT, s->now);
     return TDM_OK;
 }
@@ -551,6 +554,8 @@ int tdm_sched_remote_kv_done(tdm_sched *s, uint64_t id, int ok, uint32_t num_val
     if (r->state != TDM_STATE_WAITING_REMOTE_KV && !aborted_recv)
         return tdm__fail(&s->err, TDM_E_STATE, "remote_kv_done: request %llu is not waiting for remote KV",
                          (unsigned long long)id);
+    if (tdm__dfr_reserve(s))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "remote_kv_done: out of memory for the deferred-free queue");
     if (aborted_recv) {
         tdm__release_held(s, r);
         return TDM_OK;
@@ -593,6 +598,7 @@ int tdm_sched_release(tdm_sched *s, uint64_t id)
     if (r->state != TDM_STATE_FINISHED_HELD || r->hold != HOLD_SEND)
         return tdm__fail(&s->err, TDM_E_STATE, "release: request %llu does not hold blocks for a remote decode",
                          (unsigned long long)id);
+    if (tdm__dfr_reserve(s)) return tdm__fail(&s->err, TDM_E_NOMEM, "release: out of memory for the deferred-free queue");
     tdm__release_held(s, r);
     return TDM_OK;
 }
@@ -643,6 +649,16 @@ int tdm_sched_reset_prefix_cache(tdm_sched *s, int reset_running)
     if (s->remote.len || s->held.len)
         return tdm__fail(&s->err, TDM_E_STATE, "reset_prefix_cache: %u requests hold blocks for a KV transfer",
                          s->remote.len + s->held.len);
+    if (s->prm.defer_block_free) {
+        /* vLLM fails the reset while blocks wait for steps in flight; so does Tandem, before
+         * preempting anything */
+        uint32_t in_flight = 0;
+        for (uint32_t i = 0; i < s->num_running; i++) in_flight += s->running[i]->pend_n != 0;
+        if (s->dfr.len || in_flight)
+            return tdm__fail(&s->err, TDM_E_STATE, "reset_prefix_cache: %u blocks wait for steps in "
+                             "flight (defer_block_free) and %u running requests have a step in flight; "
+                             "report every batch first", s->dfr.len, in_flight);
+    }
     /* Preempt running requests from the tail so that, prepended one by one, they end up in
      * the waiting queue in their running order. */
     while (s->num_running) {

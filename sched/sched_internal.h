@@ -98,6 +98,8 @@ struct tdm__req {
     double first_token, last_token, max_gap;
 
     /* ---- cold ---- */
+    uint64_t decode_step;      /* async: the last step that scheduled it to sample (read by a
+                                  step only with decode_stagger, i.e. pipeline parallelism) */
     uint32_t finish_reason;    /* tdm_finish_reason */
     uint32_t hold;             /* HOLD_*: why a finished request still holds blocks */
     const tdm_token *prompt;   /* points into this allocation; `tokens` once admitted */
@@ -174,6 +176,8 @@ typedef struct tdm__params {
     int64_t cache_aware_threshold_ppm;   /* ... once KV usage reaches this */
     int64_t max_inflight_kv_loads;       /* vLLM 0.34's load cap and load queue; 0 = none */
     int64_t kv_load_queues;              /* vLLM 0.33+'s received-KV queue and load gate */
+    int64_t defer_block_free;            /* vLLM 0.33+'s defer_block_free (deferred_free.c) */
+    int64_t decode_stagger;              /* async: steps between a request's sampling steps */
     /* the built-in linear step-cost model (decode-first TBT budget) */
     double cost_base_us, cost_prefill_token_us, cost_decode_req_us, cost_context_token_ns,
         cost_attn_token2_ps;
@@ -195,6 +199,24 @@ typedef struct tdm__vec {
     uint32_t len, cap;
 } tdm__vec;
 
+/* The deferred-free queue (deferred_free.c): the blocks of requests freed while a step
+ * of theirs was in flight, in the order they will go back to the pool, each run of them
+ * fenced by the count of non-empty batches returned when it was freed. Two rings that grow
+ * only when reserved (tdm__dfr_reserve), before the call that may fill them. */
+typedef struct tdm__dfr_run {
+    uint64_t fence;            /* released once this many non-empty batches are reported */
+    uint32_t count;            /* blocks of the ring's next `count` */
+} tdm__dfr_run;
+
+typedef struct tdm__dfr {
+    uint32_t *blocks;          /* ring of block ids */
+    uint32_t cap, head, len;
+    tdm__dfr_run *runs;        /* ring of runs, fences non-decreasing */
+    uint32_t rcap, rhead, rlen;
+    uint64_t batches;          /* non-empty batches returned (vLLM's sched_step_seq) */
+    uint64_t reported;         /* of those, reported by an update (processed_step_seq) */
+} tdm__dfr;
+
 /* A batch awaiting a named report (tdm_sched_update_step), kept past the step that made
  * it: its step and request ids. */
 #define TDM__KEPT_BATCHES 8u
@@ -210,6 +232,7 @@ struct tdm_sched {
     bool pool_ready;
     tdm__hasher hasher;        /* block digests (prm.prefix_hash) */
     tdm__kv_events kv;         /* KV event queue (prm.enable_kv_events) */
+    tdm__dfr dfr;              /* deferred block frees (prm.defer_block_free) */
 
     /* id -> request: open addressing, linear probing, backward-shift deletion */
     tdm__req **map;
@@ -346,6 +369,19 @@ uint64_t tdm__kvl_reserved_blocks(const tdm_sched *s);      /* blocks a new load
  * request from kv_hold (tdm__kvl_promote), as vLLM does at that point. */
 void tdm__kvl_received(tdm_sched *s, tdm__req *r, uint32_t cache_upto);
 void tdm__kvl_promote(tdm_sched *s, tdm__req *r);
+
+/* deferred block frees (deferred_free.c) */
+int tdm__dfr_reserve(tdm_sched *s);                 /* room for every reference held */
+void tdm__dfr_batch_returned(tdm_sched *s);         /* a non-empty batch was returned */
+void tdm__dfr_batch_reported(tdm_sched *s);         /* an update reported one */
+bool tdm__dfr_defer(tdm_sched *s, const uint32_t *blocks, uint32_t n);
+void tdm__dfr_free(tdm__dfr *d);
+/* Whether r's blocks may go back to the pool now: no step of r is in flight, or blocks are
+ * not deferred (vLLM's _request_blocks_can_be_freed). */
+static inline bool tdm__dfr_can_free(const tdm_sched *s, const tdm__req *r)
+{
+    return !s->prm.defer_block_free || !r->pend_n;
+}
 
 /* policy */
 void tdm__policy_view(const tdm__req *r, tdm_request_view *v);

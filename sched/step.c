@@ -257,6 +257,12 @@ static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, 
         (*i)++;
         return;
     }
+    /* Async scheduling with pipeline parallelism: a request sampled in step t waits until step
+     * t + decode_stagger (vLLM's next_decode_eligible_step); 1 = the next step, no gate. */
+    if (r->decode_step && s->step_no < r->decode_step + (uint64_t)s->prm.decode_stagger) {
+        (*i)++;
+        return;
+    }
     /* The tokens to compute run to the end of the known tokens plus the placeholders of the
      * steps in flight (async scheduling; none otherwise). Without placeholders, a step in
      * flight leaves nothing: drafts are verified only after the token they follow is known. */
@@ -290,6 +296,12 @@ static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, 
         for (;;) {
             if (allocate(s, r, (uint32_t)n, 0, 0, c->look, false, false, 0)) break;
             uint32_t v = tdm__policy_victim(s);
+            if (!tdm__dfr_can_free(s, s->running[v])) {
+                /* defer_block_free: the victim has a step in flight, so preempting it frees
+                 * no block now; the running pass ends here (vLLM 0.33+) */
+                c->stop_running = true;
+                return;
+            }
             bool self = s->running[v] == r;
             preempt_at(c, v);
             /* r preempted itself: the requests after it rank higher (priority) and may still
@@ -492,12 +504,16 @@ static void finalize(tdm_sched *s, step_ctx *c, tdm_batch *out)
         r->in_flight = r->num_computed >= (uint64_t)r->num_tokens + r->num_placeholders;
         if (r->in_flight) r->kvl_prefill = false;
         /* Async scheduling: a step that samples holds a placeholder per token it may bring. */
-        if (r->in_flight && s->prm.async_scheduling) r->num_placeholders += 1 + e->num_spec;
+        if (r->in_flight && s->prm.async_scheduling) {
+            r->num_placeholders += 1 + e->num_spec;
+            r->decode_step = s->step_no;
+        }
         tdm__pend_push(r, r->in_flight, s->step_no); /* the update that may report this entry */
         if (r->first_sched < 0) r->first_sched = c->now;
     }
     s->out_block_offsets[s->num_entries] = pos;
     s->latest_awaited = s->num_entries > 0;
+    if (s->num_entries && s->prm.defer_block_free) tdm__dfr_batch_returned(s);
     s->out_blocks.len = pos;
     s->scheduled_tokens += total;
 
@@ -531,7 +547,7 @@ int tdm_sched_step(tdm_sched *s, double now, tdm_batch *out)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: batch is NULL or its struct_size is too small");
     if (!isfinite(now) || now < 0)
         return tdm__fail(&s->err, TDM_E_INVAL, "step: now (%g) must be finite and >= 0", now);
-    if (reserve_outputs(s) || tdm__batch_reserve(s))
+    if (reserve_outputs(s) || tdm__batch_reserve(s) || tdm__dfr_reserve(s))
         return tdm__fail(&s->err, TDM_E_NOMEM, "step: out of memory");
     tdm__batch_keep(s); /* the last batch, if it awaits a named report, before it is overwritten */
     if (now > s->now) s->now = now;

@@ -268,6 +268,11 @@ static int update(tdm_sched *s, const tdm_step_output *o, tdm_update_result *res
     if (tdm__vec_reserve(&s->upd_ids, n, sizeof(uint64_t)) || tdm__vec_reserve(&s->upd_new, n, sizeof(uint32_t)) ||
         tdm__vec_reserve(&s->upd_reason, n, 1) || tdm__vec_reserve(&s->upd_stop, n, sizeof(int32_t)))
         return tdm__fail(&s->err, TDM_E_NOMEM, "update: out of memory");
+    if (tdm__dfr_reserve(s))
+        return tdm__fail(&s->err, TDM_E_NOMEM, "update: out of memory for the deferred-free queue");
+    /* defer_block_free: this update reports the oldest non-empty batch not yet reported; the
+     * blocks freed while it was in flight go back now, before this report frees any */
+    if (s->prm.defer_block_free && (batch || n)) tdm__dfr_batch_reported(s);
     if (o->now > s->now) s->now = o->now;
     double now = o->now;
     rows out = { s->upd_ids.data, s->upd_new.data, s->upd_reason.data, s->upd_stop.data, 0 };

@@ -52,6 +52,8 @@ class Param(IntEnum):
     CACHE_AWARE_THRESHOLD_PPM = 29
     MAX_INFLIGHT_KV_LOADS = 30
     KV_LOAD_QUEUES = 31
+    DEFER_BLOCK_FREE = 32
+    DECODE_STAGGER = 33
 
 
 class PrefixHash(IntEnum):

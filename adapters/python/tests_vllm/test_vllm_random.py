@@ -49,6 +49,32 @@ def test_random_workloads_match_vllm_async(tiny_model, first, count):
     assert steps > count and checked > 0 and overlapped > count
 
 
+PP_SEEDS = int(os.environ.get("VLLM_DIFF_PP_SEEDS", "60"))
+PP_GROUPS = [(FIRST + g, min(GROUP, PP_SEEDS - g)) for g in range(0, PP_SEEDS, GROUP)]
+
+
+@pytest.mark.parametrize("pp", [2, 3])
+@pytest.mark.parametrize("first,count", PP_GROUPS,
+                         ids=[f"seeds{f}-{f + n - 1}" for f, n in PP_GROUPS])
+def test_random_workloads_match_vllm_async_pipeline_parallel(tiny_model, first, count, pp,
+                                                             monkeypatch):
+    """Async scheduling with pp pipeline stages: EngineCore keeps pp + 1 batches in flight and
+    AsyncScheduler spaces a request's decodes by pp steps (next_decode_eligible_step); the
+    adapter sets the library's decode_stagger (VLLM_DIFF_PP_SEEDS seeds, default 60)."""
+    monkeypatch.setattr(vllm_diff, "PP", pp)
+    bad, checked, steps, overlapped = [], 0, 0, 0
+    for seed in range(first, first + count):
+        r = vllm_diff.run_seed(tiny_model, seed, async_=True)
+        checked += sum(r["checked"])
+        steps += r["steps"][0]
+        overlapped += min(r["overlapped"])
+        for cause, detail in r["diff"]:
+            bad.append(f"seed {seed} [{cause}] {r['cfg']}\n    {detail[:800]}")
+    assert not bad, f"{len(bad)} difference(s) from vLLM's AsyncScheduler (pp={pp}):\n" + \
+        "\n".join(bad)
+    assert steps > count and checked > 0 and overlapped > count
+
+
 def test_kv_check_catches_a_wrong_prefix(tiny_model):
     """The runner's fingerprint check fails when a scheduler claims KV it does not have."""
     work = vllm_diff.draw(3)

@@ -52,8 +52,9 @@ def test_refuses_pipeline_parallelism_and_async_with_spec_naming_the_flags():
             scheduler_config=SimpleNamespace(async_scheduling=async_),
             parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
             speculative_config=spec, num_lookahead_tokens=0)
-    with pytest.raises(ValueError, match="--pipeline-parallel-size 1"):
-        tsched._refuse_unmatched(cfg(pp=2))
+    with pytest.raises(ValueError, match="--no-async-scheduling.*--pipeline-parallel-size 1"):
+        tsched._refuse_unmatched(cfg(pp=2))                # synchronous PP
+    tsched._refuse_unmatched(cfg(pp=2, async_=True))    # PP with async scheduling: fine
     with pytest.raises(ValueError, match="--no-async-scheduling"):
         tsched._refuse_unmatched(cfg(async_=True, spec=object()))
     tsched._refuse_unmatched(cfg(spec=object()))      # spec decoding without async: fine
@@ -193,11 +194,37 @@ def test_max_num_inflight_kv_loads_is_passed_to_the_library(tiny_model):
         s.shutdown()
 
 
+@pytest.mark.parametrize("role", ["kv_both", "kv_consumer", "kv_producer"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_defer_block_free_follows_vllm(tiny_model, role, async_scheduling):
+    """vLLM 0.33+ defers block frees with overlapping batches and a consumer connector; the
+    adapter turns the library's defer_block_free on exactly when vLLM's own scheduler (the
+    same configuration) has it on; older vLLMs have neither."""
+    import vllm_diff
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    loads = {"role": role, "policy": "recompute"}
+    cfg = dict(async_scheduling=async_scheduling,
+               kv_transfer_config=vllm_diff.kv_transfer_config(loads))
+    vc, kv = make_configs(tiny_model, **cfg)
+    kw = dict(vllm_config=vc, kv_cache_config=kv, log_stats=False, block_size=16,
+              structured_output_manager=StructuredOutputManager(vc))
+    ref = (AsyncScheduler if async_scheduling else Scheduler)(**kw)
+    vllm_defers = bool(getattr(ref, "defer_block_free", False))
+    assert vllm_defers == (async_scheduling and role != "kv_producer" and
+                           hasattr(Scheduler, "_drain_deferred_frees"))
+    s = TandemScheduler(**kw)
+    try:
+        assert bool(s.tandem_config.get("defer_block_free", False)) == vllm_defers
+    finally:
+        s.shutdown()
+
+
 def test_async_decode_cadence_never_holds_a_request_with_one_pipeline_stage(tiny_model):
     """vLLM 0.34's AsyncScheduler makes a decode wait until next_decode_eligible_step, set to
     current_step + pipeline_parallel_size when it is scheduled; with one stage that is always
-    the next schedule() call, so the gate never holds a request back and the library (which
-    refuses PP > 1) has nothing to reproduce. Checked on vLLM's own AsyncScheduler: before
+    the next schedule() call, so the gate never holds a request back (with PP the library's
+    decode_stagger reproduces it: test_vllm_random's PP groups). Checked on vLLM's own AsyncScheduler: before
     every schedule(), no running request is ineligible for the step it is about to make."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     vc, kv = make_configs(tiny_model, async_scheduling=True, max_num_seqs=4,

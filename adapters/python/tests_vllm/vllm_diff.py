@@ -429,13 +429,18 @@ def norm_step(so, eco) -> dict:
 
 
 TANDEM_OVERRIDES: dict = {}   # --tandem-config: library keys over the adapter's translation
-ASYNC_KV_CONSUMER = False     # --async-kv-consumer: keep the connector's kv_both role in async
+ASYNC_KV_CONSUMER = True      # --async-kv-producer: declare the connector a producer in async
+PP = 1                        # --pp N: N pipeline stages (batches in flight: EngineCore's)
 
 
 def make_sched(kind: str, model: str, cfg: dict, loads: Optional[dict] = None):
     if loads is not None:
         cfg = dict(cfg, kv_transfer_config=kv_transfer_config(loads))
+    pp = cfg.get("pp", 1)
+    cfg = {k: v for k, v in cfg.items() if k != "pp"}
     vc, kv = make_configs(model, **cfg)
+    if pp > 1:   # pipeline stages: EngineCore keeps max_concurrent_batches batches in flight
+        vc.parallel_config.pipeline_parallel_size = pp
     kw = dict(vllm_config=vc, kv_cache_config=kv, log_stats=True, block_size=cfg["block_size"],
               structured_output_manager=StructuredOutputManager(vc))
     if kind == "vllm":
@@ -510,16 +515,18 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
     output to update_from_output. Arrivals and aborts are processed at the start of an
     iteration (EngineCore's input queue), so an abort often hits a request whose step is in
     flight. Each trace entry is one schedule() with the outputs of its own update."""
-    cfg = dict(work["cfg"], async_scheduling=True)
+    cfg = dict(work["cfg"], async_scheduling=True, pp=PP)
     loads = work.get("loads")
     if loads is not None and not ASYNC_KV_CONSUMER:
-        # With async scheduling and a KV consumer role, vLLM 0.33+ defers freeing the blocks
-        # of a request whose step is in flight until every scheduled step has been updated
-        # (defer_block_free), which the library does not reproduce (docs/adapters.md): the
-        # async runs declare the connector a producer (it still hands nothing off:
-        # requires_kv_delivery is False), which changes nothing else here.
+        # --async-kv-producer: the connector declared a producer (it still hands nothing off:
+        # requires_kv_delivery is False), so that vLLM 0.33+ frees blocks at once instead of
+        # deferring them while a step is in flight (defer_block_free, which the library
+        # reproduces with its defer_block_free; the default kv_both role is a consumer).
         loads = dict(loads, role="kv_producer")
     sched = make_sched(kind, model, cfg, loads)
+    # EngineCore's batch queue: max_concurrent_batches (2; pp + 1 with PP, or pp on vLLM
+    # 0.31-0.33's Model Runner V1)
+    qsize = sched.vllm_config.max_concurrent_batches
     specs = {r["id"]: r for r in work["reqs"]}
     runner = Runner(cfg["num_blocks"], cfg["block_size"], specs, own_tokens=True,
                     shuffle_seed=work["seed"] if work.get("shuffle") else None)
@@ -551,7 +558,8 @@ def drive_async(kind: str, model: str, work: dict, max_steps: int = 6000) -> dic
                 preemptions += len(entry["preempted"])
                 trace.append(entry)
                 queue.appendleft((so, out, entry))
-                if len(queue) < 2 and (so.total_num_scheduled_tokens > 0 or sched.has_requests()):
+                if len(queue) < qsize and (so.total_num_scheduled_tokens > 0 or
+                                            sched.has_requests()):
                     it += 1
                     continue
             elif not queue:
@@ -651,15 +659,23 @@ def main(argv=None) -> int:
     ap.add_argument("--async", dest="async_", action="store_true",
                     help="async scheduling (AsyncScheduler, one-step-lagged updates)")
     ap.add_argument("--async-kv-consumer", action="store_true",
-                    help="async: the fake connector keeps its consumer role (vLLM then defers "
-                         "block frees, which Tandem does not reproduce)")
+                    help="async: the fake connector keeps its kv_both (consumer) role, so vLLM "
+                         "defers block frees (the default)")
+    ap.add_argument("--async-kv-producer", action="store_true",
+                    help="async: the fake connector is declared a producer (no deferred frees)")
+    ap.add_argument("--pp", type=int, default=1,
+                    help="async: pipeline_parallel_size (the batch queue holds "
+                         "max_concurrent_batches: pp + 1, or pp on 0.31-0.33's MRV1)")
     ap.add_argument("--tandem-config", default="{}",
                     help="JSON: library keys set over the adapter's translation")
     ns = ap.parse_args(argv)
     import json
     TANDEM_OVERRIDES.update(json.loads(ns.tandem_config))
-    global ASYNC_KV_CONSUMER
-    ASYNC_KV_CONSUMER = ns.async_kv_consumer
+    global ASYNC_KV_CONSUMER, PP
+    ASYNC_KV_CONSUMER = ns.async_kv_consumer or not ns.async_kv_producer
+    PP = ns.pp
+    if PP > 1 and not ns.async_:
+        ap.error("--pp needs --async (TandemScheduler runs PP with async scheduling only)")
     import vllm
     model = tiny_model_dir()
     causes = collections.defaultdict(list)
@@ -673,7 +689,8 @@ def main(argv=None) -> int:
         bad += bool(r["diff"])
         for cause, detail in r["diff"]:
             causes[cause].append((seed, detail, r["cfg"]))
-    print(f"vllm_diff vllm={vllm.__version__} {'async' if ns.async_ else 'sync'} "
+    print(f"vllm_diff vllm={vllm.__version__} {'async' if ns.async_ else 'sync'}"
+          f"{f' pp={PP}' if PP > 1 else ''} "
           f"seeds={ns.seeds} divergent={bad} overlapped_schedules={ov} "
           f"preemptions vllm={pv} tandem={pt} kv_load_seeds={nl}")
     for cause, items in sorted(causes.items(), key=lambda kv: -len(kv[1])):

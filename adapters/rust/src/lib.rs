@@ -126,6 +126,8 @@ pub enum Param {
     CacheAwareThresholdPpm = 29,
     MaxInflightKvLoads = 30,
     KvLoadQueues = 31,
+    DeferBlockFree = 32,
+    DecodeStagger = 33,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

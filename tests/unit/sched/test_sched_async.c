@@ -369,6 +369,52 @@ static void async__param_validated_and_fixed_while_requests_held(void **state)
     tsd_done(s);
 }
 
+/* decode_stagger N (vLLM's AsyncScheduler with N pipeline stages): a request sampled in step
+ * t is next scheduled from the running queue in step t + N; empty steps count. A prefill chunk
+ * that does not complete the prompt sets no gate. N = 1 schedules it every step. */
+static void async__decode_stagger_spaces_a_request_s_steps(void **state)
+{
+    (void)state;
+    for (int64_t stagger = 1; stagger <= 3; stagger++) {
+        tdm_sched *s = new_async(16, 1000);
+        assert_int_equal(tdm_sched_set_param(s, TDM_SCHED_DECODE_STAGGER, stagger), TDM_OK);
+        assert_int_equal(tdm_sched_set_param(s, TDM_SCHED_LONG_PREFILL_TOKEN_THRESHOLD, 16), TDM_OK);
+        add_req(s, 1, 40, 50, -1); /* chunks of 16: 16, 16, then 8 completing the prompt */
+        add_req(s, 2, 10, 50, -1); /* (two requests: the threshold applies) */
+        tdm_batch b;
+        uint64_t steps_with_1[8];
+        uint32_t n1 = 0;
+        for (int k = 0; k < 12; k++) {
+            tsd_step(s, 1.0 + 0.01 * k, &b);
+            if (tsd_find(&b, 1) >= 0 && n1 < 8) steps_with_1[n1++] = b.step;
+        } /* no update comes: the placeholders let every step schedule it, but for the gate */
+        /* the chunks run in steps 1, 2, 3 (no gate); the third samples: next at 3 + N, ... */
+        assert_true(n1 >= 4);
+        assert_int_equal(steps_with_1[0], 1);
+        assert_int_equal(steps_with_1[1], 2);
+        assert_int_equal(steps_with_1[2], 3);
+        for (uint32_t i = 3; i < n1; i++)
+            assert_int_equal(steps_with_1[i], steps_with_1[i - 1] + (uint64_t)stagger);
+        tsd_free(s);
+    }
+}
+
+static void async__decode_stagger_validated(void **state)
+{
+    (void)state;
+    tdm_sched *s = tsd_new("{\"decode_stagger\": 2}");
+    int64_t v = 0;
+    assert_int_equal(tdm_sched_get_param(s, TDM_SCHED_DECODE_STAGGER, &v), TDM_OK);
+    assert_int_equal(v, 2);
+    assert_int_equal(tdm_sched_set_param(s, TDM_SCHED_DECODE_STAGGER, 0), TDM_E_CONFIG);
+    tsd_assert_msg_has(s, "decode_stagger");
+    assert_int_equal(tdm_sched_set_param(s, TDM_SCHED_DECODE_STAGGER, 1025), TDM_E_CONFIG);
+    char *cfg = tsd_config(s);
+    if (!strstr(cfg, "\"decode_stagger\":2")) fail_msg("config dump lacks decode_stagger: %s", cfg);
+    free(cfg);
+    tsd_done(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +428,8 @@ int main(void)
         TSD_TEST(async__preempted_with_output_in_flight_waits_keeping_its_place),
         TSD_TEST(async__final_update_caches_the_block_its_kv_completed),
         TSD_TEST(async__param_validated_and_fixed_while_requests_held),
+        TSD_TEST(async__decode_stagger_spaces_a_request_s_steps),
+        TSD_TEST(async__decode_stagger_validated),
     };
     return cmocka_run_group_tests_name("sched_async", tests, NULL, NULL);
 }

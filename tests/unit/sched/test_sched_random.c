@@ -10,7 +10,9 @@
  * within max_tokens and max_model_len; replayed updates and tokens for a non-final prefill
  * chunk are refused with TDM_E_STATE and change nothing; and, in three configurations of four,
  * the KV events replayed into a model of the prefix-cache index give exactly the pool's
- * indexed set. TANDEM_SCHED_RANDOM_OPS sets the number of operations
+ * indexed set. About a third of the configurations defer block frees (defer_block_free), whose
+ * queued blocks tdm__sched_check counts as holders, and a quarter stagger async decodes
+ * (decode_stagger 2 or 3). TANDEM_SCHED_RANDOM_OPS sets the number of operations
  * (default 100000); TANDEM_SCHED_RANDOM_SEED the first seed.
  */
 #include <stdbool.h>
@@ -680,6 +682,15 @@ static void random_ops__invariants_hold_after_every_step(void **state)
         if (!w.r.s) w.r.s = 1;
         w.next_id = 1;
         random_config(&w);
+        /* vLLM 0.33+'s deferred block frees in about a third of the configurations, drawn from
+         * the round's seed, not the stream (the other draws stay as they were) */
+        if (((w.r.s * 0x2545F4914F6CDD1DULL) >> 32) % 3 == 0)
+            assert_int_equal(tdm_sched_set_param(w.s, TDM_SCHED_DEFER_BLOCK_FREE, 1), TDM_OK);
+        /* and, in a quarter, async's pipeline-parallel decode cadence of 2 or 3 stages */
+        if (((w.r.s * 0x2545F4914F6CDD1DULL) >> 40) % 4 == 0)
+            assert_int_equal(tdm_sched_set_param(w.s, TDM_SCHED_DECODE_STAGGER,
+                                                 2 + (int64_t)(((w.r.s * 0x9E3779B97F4A7C15ULL) >> 50) % 2)),
+                             TDM_OK);
         w.kv = rounds % 4 != 3; /* KV events in three configurations of four */
         if (w.kv) {
             assert_int_equal(tdm_sched_set_param(w.s, TDM_SCHED_ENABLE_KV_EVENTS, 1), TDM_OK);

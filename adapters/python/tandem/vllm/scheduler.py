@@ -28,8 +28,11 @@ schedule() for step N+1 before update_from_output() for step N. The library's as
 (async_scheduling) makes the decisions of vLLM's AsyncScheduler; this class keeps the vLLM
 Request fields that AsyncScheduler keeps (num_output_placeholders, num_in_flight_tokens,
 num_stale_output_tokens, is_prefill_chunk) and reports num_output_tokens with placeholders in
-CachedRequestData as it does. Refused at start-up, naming the flag: pipeline-parallel batch
-queues (pipeline_parallel_size > 1), async scheduling together with speculative decoding,
+CachedRequestData as it does. Pipeline parallelism runs with async scheduling (vLLM's
+default there): the library's decode_stagger spaces a request's decodes by the stage count, as
+AsyncScheduler's next_decode_eligible_step does. Refused at start-up, naming the flag:
+pipeline parallelism with --no-async-scheduling, async scheduling together with speculative
+decoding,
 hybrid KV cache groups, and the scheduler options the library does not reproduce
 (--prefill-schedule-interval, --long-prefill-token-threshold-adaptive; see
 _refuse_unmatched). --max-num-inflight-kv-loads (vLLM 0.34) is the library's
@@ -111,8 +114,16 @@ _HAS_ALL_TOKEN_IDS = "all_token_ids" in _CRD_FIELDS
 try:
     from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
     _HAS_KV_HOLDING = hasattr(_VllmScheduler, "_inflight_prefill_reserved_blocks")
+    # vLLM 0.33+: a KV consumer's blocks freed with batches in flight wait for their updates
+    _HAS_DEFER_BLOCK_FREE = hasattr(_VllmScheduler, "_drain_deferred_frees")
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsync
+    # AsyncScheduler's PP decode cadence (next_decode_eligible_step, decode_stagger); vLLM
+    # 0.31-0.33 apply it only with Model Runner V2 (0.34 has no other)
+    _HAS_DECODE_STAGGER = "decode_stagger" in _VllmAsync.__init__.__code__.co_names
+    _STAGGER_NEEDS_MRV2 = "use_v2_model_runner" in \
+        _VllmAsync._update_after_schedule.__code__.co_names
 except ImportError:   # pragma: no cover
-    _HAS_KV_HOLDING = False
+    _HAS_KV_HOLDING = _HAS_DEFER_BLOCK_FREE = _HAS_DECODE_STAGGER = _STAGGER_NEEDS_MRV2 = False
 _FROM_REQUEST = inspect.signature(NewRequestData.from_request).parameters
 _PREFILL_IDS_ARG = "prefill_token_ids" in _FROM_REQUEST
 _PREFILL_IDS_REQUIRED = (_PREFILL_IDS_ARG and _FROM_REQUEST["prefill_token_ids"].default
@@ -186,6 +197,19 @@ def tandem_config_from_vllm(vllm_config, kv_cache_config, block_size: int) -> di
     loads = getattr(sc, "max_num_inflight_kv_loads", None)
     if loads:
         cfg["max_inflight_kv_loads"] = int(loads)
+    # vLLM 0.33+'s defer_block_free: with overlapping batches (async scheduling or pipeline
+    # parallelism) and a consumer connector, the blocks of a request freed while a step of it
+    # is in flight go back to the pool only once every batch scheduled so far is updated
+    concurrent = int(getattr(vllm_config, "max_concurrent_batches", 1) or 1)
+    if (_HAS_DEFER_BLOCK_FREE and ktc is not None and concurrent > 1 and
+            bool(getattr(ktc, "is_kv_consumer", False))):
+        cfg["defer_block_free"] = True
+    # AsyncScheduler with pipeline parallelism: a request sampled in a step is next
+    # scheduled pipeline_parallel_size steps later (next_decode_eligible_step)
+    pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
+    if pp > 1 and cfg["async_scheduling"] and _HAS_DECODE_STAGGER and (
+            not _STAGGER_NEEDS_MRV2 or bool(getattr(vllm_config, "use_v2_model_runner", False))):
+        cfg["decode_stagger"] = pp
     if ktc is not None and getattr(ktc, "kv_load_failure_policy", None) is not None:
         cfg["remote_kv_failure"] = ("fail" if ktc.kv_load_failure_policy == "fail"
                                     else "recompute")
@@ -207,9 +231,13 @@ def _refuse_unmatched(vllm_config) -> None:
     reproduce (rather than silently schedule otherwise than vLLM would)."""
     sc = vllm_config.scheduler_config
     pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
-    if pp > 1:
-        raise ValueError(f"TandemScheduler does not fill pipeline-parallel batch queues "
-                         f"(pipeline_parallel_size={pp}): run with "
+    if pp > 1 and not bool(getattr(sc, "async_scheduling", False)):
+        # vLLM's synchronous PP sends each step's sampled tokens back in CachedRequestData,
+        # which the adapter does not; with async scheduling (vLLM's default with PP) the
+        # library staggers a request's decodes by the stage count, as AsyncScheduler does
+        raise ValueError(f"TandemScheduler fills pipeline-parallel batch queues only with "
+                         f"async scheduling (pipeline_parallel_size={pp}, "
+                         f"--no-async-scheduling): drop --no-async-scheduling, or run with "
                          f"--pipeline-parallel-size 1")
     if bool(getattr(sc, "async_scheduling", False)) and (
             getattr(vllm_config, "speculative_config", None) is not None or
@@ -286,15 +314,6 @@ class TandemScheduler(OutputsMixin, SchedulerInterface):
             self.connector = KVConnectorFactory.create_connector(
                 config=vllm_config, role=KVConnectorRole.SCHEDULER,
                 kv_cache_config=kv_cache_config)
-            if self._async and bool(getattr(vllm_config.kv_transfer_config, "is_kv_consumer",
-                                            False)) and _HAS_KV_HOLDING:
-                # vLLM 0.33+ (defer_block_free): with steps in flight, a KV consumer's freed
-                # blocks return to the pool only once every scheduled step is updated
-                _logger.warning("TandemScheduler: with async scheduling and a KV consumer "
-                                "connector, vLLM returns freed blocks to the pool a step or "
-                                "two later than Tandem does (defer_block_free is not "
-                                "reproduced); run with --no-async-scheduling for vLLM's exact "
-                                "block reuse")
         cfg = tandem_config_from_vllm(vllm_config, kv_cache_config, block_size)
         # --additional-config '{"tandem": ...}' (tandem_config.py); None: vLLM's behaviour
         cfg, tandem_opts = _tandem_cli.configure(vllm_config, cfg)
