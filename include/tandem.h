@@ -47,7 +47,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------ */
 
 #define TDM_VERSION_MAJOR 0
-#define TDM_VERSION_MINOR 4
+#define TDM_VERSION_MINOR 5
 #define TDM_VERSION_PATCH 0
 #define TDM_VERSION_NUMBER (TDM_VERSION_MAJOR * 10000 + TDM_VERSION_MINOR * 100 + TDM_VERSION_PATCH)
 /* The string is built from the three numbers above, so the two cannot disagree. */
