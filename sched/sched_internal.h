@@ -103,12 +103,17 @@ struct tdm__req {
     const tdm_token *prompt;   /* points into this allocation; `tokens` once admitted */
     const tdm_token *stop_ids;
     tdm_token *spec;           /* capacity = the scheduler's lookahead */
-    tdm__digest *hashes;       /* digests of the full blocks of tokens[0..num_tokens) */
-    uint32_t num_hashes;
+    /* The digests of the full blocks of tokens[0..num_tokens), num_hashes of them: the
+     * first num_host_hashes in host_hashes, the rest in hashes (read them through
+     * tdm__req_digest). */
+    tdm__digest *hashes;       /* digest num_host_hashes + i is hashes[i] (run arrays: room
+                                  for cap_blocks - num_host_hashes); NULL until admitted */
+    uint32_t num_hashes;       /* all digests known (>= num_host_hashes) */
     tdm__digest *host_hashes;  /* prompt digests known before admission (in this
-                                       allocation): the host's, or Tandem's own computed at
-                                       add; copied to `hashes` when admitted */
-    uint32_t num_host_hashes;  /* digests in host_hashes (capacity: full prompt blocks) */
+                                  allocation, where tdm_sched_add put them, never copied):
+                                  the host's, or Tandem's own computed at add */
+    uint32_t num_host_hashes;  /* digests in host_hashes (capacity: full prompt blocks);
+                                  fixed once admitted (later ones go to `hashes`) */
     uint32_t host_hash_size;   /* bytes per host digest; 0 = Tandem computes them */
     uint32_t num_cached;       /* prefix hit at the first admission */
     uint32_t hit_limit;        /* TDM_REQ_PREFIX_HIT_LIMIT: most tokens a prefix hit may cover */
@@ -141,6 +146,13 @@ struct tdm__req {
 _Static_assert(offsetof(tdm__req, sched_step) == 64 && offsetof(tdm__req, min_tokens) == 128 &&
                offsetof(tdm__req, max_gap) + sizeof(double) <= 192,
                "tdm__req: the hot fields' cache lines moved (see the struct's comment)");
+
+/* Digest i (< r->num_hashes) of r's blocks: a prompt digest stays where tdm_sched_add put it
+ * (copying them into the run arrays at admission cost a cold write per digest). */
+static inline tdm__digest *tdm__req_digest(const tdm__req *r, uint32_t i)
+{
+    return i < r->num_host_hashes ? &r->host_hashes[i] : &r->hashes[i - r->num_host_hashes];
+}
 
 typedef struct tdm__params {
     int64_t max_num_batched_tokens;
@@ -378,7 +390,6 @@ void tdm__req_destroy(tdm_sched *s, tdm__req *r);
 void tdm__run_cache_free(tdm_sched *s);
 int tdm__req_prepare_run(tdm_sched *s, tdm__req *r);
 void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r);
-void tdm__req_sync_host_hashes(tdm__req *r);
 void tdm__req_free_blocks(tdm_sched *s, tdm__req *r);
 void tdm__finish(tdm_sched *s, tdm__req *r, uint32_t reason, double now);
 void tdm__running_remove_at(tdm_sched *s, uint32_t idx);
