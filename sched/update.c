@@ -20,10 +20,9 @@
  *
  * A named report (tdm_sched_update_step) covers a whole batch: the requests of that batch it
  * leaves out are applied as reporting no tokens. Batches are named in step order. The latest
- * batch's requests are the step's entries; before the next step overwrites them, its ids
- * (the batch's req_ids array) join a ring of TDM__KEPT_BATCHES batches (tdm__batch_keep: the
- * ring's slot and the step swap buffers, nothing is copied), which named reports consume
- * oldest first.
+ * batch's requests are the step's entries; before the next step overwrites them, its ids are
+ * copied into a ring of TDM__KEPT_BATCHES batches (tdm__batch_keep), which named reports
+ * consume oldest first.
  */
 #include <math.h>
 #include <string.h>
@@ -365,8 +364,7 @@ int tdm__batch_reserve(tdm_sched *s)
 {
     if (!s->latest_awaited || !s->num_entries) return TDM_OK;
     uint32_t slot = (s->kept_head + s->kept_len) % TDM__KEPT_BATCHES; /* full: the oldest's */
-    /* the slot's buffer becomes the next step's out_ids: room for a whole batch */
-    return tdm__vec_reserve(&s->kept[slot].ids, s->cap_entries, sizeof(uint64_t));
+    return tdm__vec_reserve(&s->kept[slot].ids, s->num_entries, sizeof(uint64_t));
 }
 
 void tdm__batch_keep(tdm_sched *s)
@@ -379,12 +377,7 @@ void tdm__batch_keep(tdm_sched *s)
         s->kept_len--;
     }
     tdm__kept_batch *k = &s->kept[(s->kept_head + s->kept_len) % TDM__KEPT_BATCHES];
-    /* The batch's ids are kept where the step wrote them: the slot takes out_ids and gives
-     * its own buffer (room for cap_entries, tdm__batch_reserve) to the next step; no copy. */
-    uint64_t *ids = s->out_ids;
-    s->out_ids = k->ids.data;
-    k->ids.data = ids;
-    k->ids.cap = s->cap_entries;
+    memcpy(k->ids.data, s->out_ids, (size_t)s->num_entries * sizeof(uint64_t));
     k->ids.len = s->num_entries;
     k->step = s->step_no;
     s->kept_len++;
