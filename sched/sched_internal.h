@@ -50,7 +50,8 @@ struct tdm__req {
      * awaited steps: that pass runs over the whole report before anything is applied, so it
      * touches one line of each request) and the counters that every step and update read;
      * line 2 the rest of what a step reads, so that a step touches two lines of a request;
-     * line 3 what only the update (stop checks, timings) and rarer paths use. ---- */
+     * line 3 what only the update (stop checks, timings), SLO_ADAPTIVE's per-step target
+     * and rarer paths use. ---- */
     uint64_t id;
     uint64_t update_stamp;     /* duplicate detection within one update */
     /* Scheduled steps whose update has not come yet, oldest first (updates arrive in step
@@ -87,8 +88,6 @@ struct tdm__req {
     int32_t eos;
     uint32_t num_stop;
     uint32_t run_index;        /* position in the running array */
-    uint32_t kvl_cache_upto;   /* kv_load_queues: when its load ended, its blocks are cached up
-                                  to this token (0: freed) */
     bool ever_admitted;
     bool remote_done;          /* remote KV received (or given up) */
     bool reported;             /* its finish was reported in a batch (it may be destroyed) */
@@ -96,6 +95,8 @@ struct tdm__req {
     bool kvl_promote;          /* kv_load_queues: its load ended, not yet seen by a step */
     uint64_t batch_mark;       /* update stamp: in the batch a named update reports */
     double first_token, last_token, max_gap;
+    double tpot_slo;           /* next to first_token: SLO_ADAPTIVE's target pass reads both
+                                  for every running decode, every step */
 
     /* ---- cold ---- */
     uint32_t finish_reason;    /* tdm_finish_reason */
@@ -119,6 +120,8 @@ struct tdm__req {
     uint32_t hit_limit;        /* TDM_REQ_PREFIX_HIT_LIMIT: most tokens a prefix hit may cover */
     uint32_t num_remote;       /* REMOTE_PREFILL: tokens whose KV arrives from the peer */
     uint32_t num_preemptions;
+    uint32_t kvl_cache_upto;   /* kv_load_queues: when its load ended, its blocks are cached up
+                                  to this token (0: freed) */
     tdm__digest salt;          /* digest of the cache salt (the first block's extra key) */
     bool has_salt;
     uint8_t run_class;         /* size class of run_mem in the scheduler's buffer cache */
@@ -126,7 +129,7 @@ struct tdm__req {
     uint32_t tenant;
     uint32_t heap_index;       /* position in the waiting heap */
     double arrival;
-    double ttft_slo, tpot_slo;
+    double ttft_slo;
     uint64_t seq;              /* add order: the final tie-break */
     uint64_t admit_seq;        /* order of (re)admission to running */
     uint64_t load_seq;         /* order in which its remote-KV load started (kv_hold order) */
@@ -144,7 +147,7 @@ struct tdm__req {
 
 #define TDM__REQ_ALIGN 64u     /* the record's alignment: its hot part in three cache lines */
 _Static_assert(offsetof(tdm__req, sched_step) == 64 && offsetof(tdm__req, min_tokens) == 128 &&
-               offsetof(tdm__req, max_gap) + sizeof(double) <= 192,
+               offsetof(tdm__req, tpot_slo) + sizeof(double) <= 192,
                "tdm__req: the hot fields' cache lines moved (see the struct's comment)");
 
 /* Digest i (< r->num_hashes) of r's blocks: a prompt digest stays where tdm_sched_add put it
