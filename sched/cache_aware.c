@@ -28,13 +28,9 @@ static uint32_t cached_depth(const tdm_sched *s, const tdm__req *r)
         return 0;
     uint32_t bs = (uint32_t)s->prm.block_size;
     uint32_t max_blocks = (r->num_tokens - 1) / bs;
-    uint32_t run = r->hashes ? r->num_hashes : 0;           /* digests in the run arrays */
-    uint32_t known = TDM_MAX(run, r->num_host_hashes);      /* ... and those given at add */
     uint32_t h = 0;
-    for (; h < max_blocks && h < known; h++) {
-        const tdm__digest *d = h < run ? &r->hashes[h] : &r->host_hashes[h];
-        if (tdm__pool_lookup(&s->pool, *d) == TDM__NO_BLOCK) break;
-    }
+    for (; h < max_blocks && h < r->num_hashes; h++)
+        if (tdm__pool_lookup(&s->pool, *tdm__req_digest(r, h)) == TDM__NO_BLOCK) break;
     return h * bs;
 }
 

@@ -157,7 +157,7 @@ void tdm__kv_cache_blocks(tdm_sched *s, tdm__req *r, uint32_t from, uint32_t to)
     uint8_t size = (uint8_t)(r->host_hash_size ? r->host_hash_size : tdm__hash_len((int)s->prm.prefix_hash));
     if (b) b->open = false;
     for (uint32_t i = from; i < to; i++) {
-        if (!tdm__pool_cache(&s->pool, r->blocks[i], r->hashes[i])) {
+        if (!tdm__pool_cache(&s->pool, r->blocks[i], *tdm__req_digest(r, i))) {
             if (b) b->open = false; /* not indexed (an equal digest is cached): the run ends */
             continue;
         }
@@ -173,11 +173,11 @@ void tdm__kv_cache_blocks(tdm_sched *s, tdm__req *r, uint32_t from, uint32_t to)
             b->first_blocks[e] = i;
             if (i > 0) {
                 b->has_parent[e] = 1;
-                memcpy(b->parents + (size_t)e * STRIDE, &r->hashes[i - 1], size);
+                memcpy(b->parents + (size_t)e * STRIDE, tdm__req_digest(r, i - 1), size);
             }
             b->open = true;
         }
-        put_hash(b, &r->hashes[i], size);
+        put_hash(b, tdm__req_digest(r, i), size);
         memcpy(b->tokens + b->num_tokens, r->tokens + (size_t)i * bs, (size_t)bs * sizeof(tdm_token));
         b->num_tokens += bs;
         b->token_offsets[b->num_events] = b->num_tokens;

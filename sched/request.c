@@ -70,7 +70,8 @@ int tdm__req_prepare_run(tdm_sched *s, tdm__req *r)
     uint64_t look = (uint64_t)s->prm.num_lookahead_tokens;
     uint64_t cap_tokens = TDM_MIN((uint64_t)r->num_prompt + r->max_tokens, (uint64_t)s->prm.max_model_len);
     uint64_t cap_blocks = tdm__cdiv(TDM_MIN(cap_tokens + look, (uint64_t)s->prm.max_model_len + look), bs);
-    size_t sz_hash = (size_t)cap_blocks * sizeof(tdm__digest);
+    /* the prompt digests known now stay in the record's allocation (tdm__req_digest) */
+    size_t sz_hash = (size_t)(cap_blocks - TDM_MIN(cap_blocks, (uint64_t)r->num_host_hashes)) * sizeof(tdm__digest);
     size_t sz_tok = (size_t)cap_tokens * sizeof(tdm_token);
     size_t sz_blk = (size_t)cap_blocks * sizeof(uint32_t);
     size_t sz_spec = (size_t)look * sizeof(tdm_token);
@@ -91,30 +92,20 @@ int tdm__req_prepare_run(tdm_sched *s, tdm__req *r)
     return TDM_OK;
 }
 
-/* Move the host digests given before admission into the run arrays (once admitted). */
-void tdm__req_sync_host_hashes(tdm__req *r)
-{
-    if (!r->hashes || r->num_hashes >= r->num_host_hashes) return;
-    memcpy(r->hashes + r->num_hashes, r->host_hashes + r->num_hashes,
-           (size_t)(r->num_host_hashes - r->num_hashes) * sizeof(tdm__digest));
-    r->num_hashes = r->num_host_hashes;
-}
-
 /* Extend the request's block digests over every full block of its known tokens (host
  * digests: take those the host gave; a block without one stays unhashed). A failing
- * library call stops the extension: those blocks are simply not cached. */
+ * library call stops the extension: those blocks are simply not cached. Only once admitted
+ * (before, the prompt's digests are computed at add). */
 void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r)
 {
-    if (!s->prm.enable_prefix_caching) return;
-    tdm__req_sync_host_hashes(r);   /* the digests known before admission */
-    if (r->host_hash_size) return;
+    if (!s->prm.enable_prefix_caching || r->host_hash_size || !r->hashes) return;
     uint32_t bs = (uint32_t)s->prm.block_size;
     uint32_t full = r->num_tokens / bs;
     int algo = (int)s->prm.prefix_hash;
     while (r->num_hashes < full) {
         uint32_t i = r->num_hashes;
-        if (tdm__hash_block(&s->hasher, algo, i ? &r->hashes[i - 1] : NULL, r->tokens + (size_t)i * bs,
-                            bs, (i == 0 && r->has_salt) ? &r->salt : NULL, &r->hashes[i]))
+        if (tdm__hash_block(&s->hasher, algo, i ? tdm__req_digest(r, i - 1) : NULL, r->tokens + (size_t)i * bs,
+                            bs, (i == 0 && r->has_salt) ? &r->salt : NULL, &r->hashes[i - r->num_host_hashes]))
             return;
         r->num_hashes++;
     }

@@ -409,6 +409,7 @@ int tdm_sched_add(tdm_sched *s, const tdm_request_desc *desc)
             r->num_host_hashes++;
         }
     }
+    r->num_hashes = r->num_host_hashes; /* read in place from now on (tdm__req_digest) */
     if (d->flags & TDM_REQ_REMOTE_PREFILL)
         r->num_remote = d->num_remote_tokens ? d->num_remote_tokens : d->num_prompt_tokens;
     r->first_sched = r->first_token = r->last_token = r->finish_time = -1.0;
@@ -450,21 +451,20 @@ int tdm_sched_append_block_hashes(tdm_sched *s, uint64_t id, const void *hashes,
                          "the request's block_hash_size %u", uid, hash_size, r->host_hash_size);
     if (count && !hashes)
         return tdm__fail(&s->err, TDM_E_INVAL, "append_block_hashes %llu: hashes is NULL", uid);
-    /* Before admission the digests wait in the request record (room for every full prompt
-     * block, and no other block can fill yet); after it they go to the run arrays. */
-    tdm__req_sync_host_hashes(r);
-    uint32_t have = r->hashes ? r->num_hashes : r->num_host_hashes;
+    /* Before admission the digests go to the request record (room for every full prompt
+     * block, and no other block can fill yet); after it, to the run arrays. */
+    uint32_t have = r->num_hashes;
     uint32_t full = r->num_tokens / (uint32_t)s->prm.block_size;
     if (count > full - have)
         return tdm__fail(&s->err, TDM_E_RANGE, "append_block_hashes %llu: %u + %u block hashes for "
                          "%u full blocks", uid, have, count, full);
-    tdm__digest *dst = (r->hashes ? r->hashes : r->host_hashes) + have;
+    tdm__digest *dst = r->hashes ? r->hashes + (have - r->num_host_hashes) : r->host_hashes + have;
     for (uint32_t i = 0; i < count; i++) {
         memset(&dst[i], 0, sizeof(dst[i]));
         memcpy(&dst[i], (const unsigned char *)hashes + (size_t)i * hash_size, hash_size);
     }
-    if (r->hashes) r->num_hashes += count;
-    else r->num_host_hashes += count;
+    r->num_hashes += count;
+    if (!r->hashes) r->num_host_hashes += count;
     return TDM_OK;
 }
 

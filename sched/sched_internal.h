@@ -50,7 +50,8 @@ struct tdm__req {
      * awaited steps: that pass runs over the whole report before anything is applied, so it
      * touches one line of each request) and the counters that every step and update read;
      * line 2 the rest of what a step reads, so that a step touches two lines of a request;
-     * line 3 what only the update (stop checks, timings) and rarer paths use. ---- */
+     * line 3 what only the update (stop checks, timings), SLO_ADAPTIVE's per-step target
+     * and rarer paths use. ---- */
     uint64_t id;
     uint64_t update_stamp;     /* duplicate detection within one update */
     /* Scheduled steps whose update has not come yet, oldest first (updates arrive in step
@@ -87,8 +88,6 @@ struct tdm__req {
     int32_t eos;
     uint32_t num_stop;
     uint32_t run_index;        /* position in the running array */
-    uint32_t kvl_cache_upto;   /* kv_load_queues: when its load ended, its blocks are cached up
-                                  to this token (0: freed) */
     bool ever_admitted;
     bool remote_done;          /* remote KV received (or given up) */
     bool reported;             /* its finish was reported in a batch (it may be destroyed) */
@@ -96,6 +95,8 @@ struct tdm__req {
     bool kvl_promote;          /* kv_load_queues: its load ended, not yet seen by a step */
     uint64_t batch_mark;       /* update stamp: in the batch a named update reports */
     double first_token, last_token, max_gap;
+    double tpot_slo;           /* next to first_token: SLO_ADAPTIVE's target pass reads both
+                                  for every running decode, every step */
 
     /* ---- cold ---- */
     uint64_t decode_step;      /* async: the last step that scheduled it to sample (read by a
@@ -105,17 +106,24 @@ struct tdm__req {
     const tdm_token *prompt;   /* points into this allocation; `tokens` once admitted */
     const tdm_token *stop_ids;
     tdm_token *spec;           /* capacity = the scheduler's lookahead */
-    tdm__digest *hashes;       /* digests of the full blocks of tokens[0..num_tokens) */
-    uint32_t num_hashes;
+    /* The digests of the full blocks of tokens[0..num_tokens), num_hashes of them: the
+     * first num_host_hashes in host_hashes, the rest in hashes (read them through
+     * tdm__req_digest). */
+    tdm__digest *hashes;       /* digest num_host_hashes + i is hashes[i] (run arrays: room
+                                  for cap_blocks - num_host_hashes); NULL until admitted */
+    uint32_t num_hashes;       /* all digests known (>= num_host_hashes) */
     tdm__digest *host_hashes;  /* prompt digests known before admission (in this
-                                       allocation): the host's, or Tandem's own computed at
-                                       add; copied to `hashes` when admitted */
-    uint32_t num_host_hashes;  /* digests in host_hashes (capacity: full prompt blocks) */
+                                  allocation, where tdm_sched_add put them, never copied):
+                                  the host's, or Tandem's own computed at add */
+    uint32_t num_host_hashes;  /* digests in host_hashes (capacity: full prompt blocks);
+                                  fixed once admitted (later ones go to `hashes`) */
     uint32_t host_hash_size;   /* bytes per host digest; 0 = Tandem computes them */
     uint32_t num_cached;       /* prefix hit at the first admission */
     uint32_t hit_limit;        /* TDM_REQ_PREFIX_HIT_LIMIT: most tokens a prefix hit may cover */
     uint32_t num_remote;       /* REMOTE_PREFILL: tokens whose KV arrives from the peer */
     uint32_t num_preemptions;
+    uint32_t kvl_cache_upto;   /* kv_load_queues: when its load ended, its blocks are cached up
+                                  to this token (0: freed) */
     tdm__digest salt;          /* digest of the cache salt (the first block's extra key) */
     bool has_salt;
     uint8_t run_class;         /* size class of run_mem in the scheduler's buffer cache */
@@ -123,7 +131,7 @@ struct tdm__req {
     uint32_t tenant;
     uint32_t heap_index;       /* position in the waiting heap */
     double arrival;
-    double ttft_slo, tpot_slo;
+    double ttft_slo;
     uint64_t seq;              /* add order: the final tie-break */
     uint64_t admit_seq;        /* order of (re)admission to running */
     uint64_t load_seq;         /* order in which its remote-KV load started (kv_hold order) */
@@ -141,8 +149,15 @@ struct tdm__req {
 
 #define TDM__REQ_ALIGN 64u     /* the record's alignment: its hot part in three cache lines */
 _Static_assert(offsetof(tdm__req, sched_step) == 64 && offsetof(tdm__req, min_tokens) == 128 &&
-               offsetof(tdm__req, max_gap) + sizeof(double) <= 192,
+               offsetof(tdm__req, tpot_slo) + sizeof(double) <= 192,
                "tdm__req: the hot fields' cache lines moved (see the struct's comment)");
+
+/* Digest i (< r->num_hashes) of r's blocks: a prompt digest stays where tdm_sched_add put it
+ * (copying them into the run arrays at admission cost a cold write per digest). */
+static inline tdm__digest *tdm__req_digest(const tdm__req *r, uint32_t i)
+{
+    return i < r->num_host_hashes ? &r->host_hashes[i] : &r->hashes[i - r->num_host_hashes];
+}
 
 typedef struct tdm__params {
     int64_t max_num_batched_tokens;
@@ -414,7 +429,6 @@ void tdm__req_destroy(tdm_sched *s, tdm__req *r);
 void tdm__run_cache_free(tdm_sched *s);
 int tdm__req_prepare_run(tdm_sched *s, tdm__req *r);
 void tdm__req_hash_blocks(const tdm_sched *s, tdm__req *r);
-void tdm__req_sync_host_hashes(tdm__req *r);
 void tdm__req_free_blocks(tdm_sched *s, tdm__req *r);
 void tdm__finish(tdm_sched *s, tdm__req *r, uint32_t reason, double now);
 void tdm__running_remove_at(tdm_sched *s, uint32_t idx);

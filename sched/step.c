@@ -146,7 +146,7 @@ static uint32_t prefix_lookup(tdm_sched *s, tdm__req *r)
     uint32_t max_blocks = max_tokens / (uint32_t)s->prm.block_size;
     uint32_t h = 0;
     for (; h < max_blocks && h < r->num_hashes; h++) {
-        uint32_t b = tdm__pool_lookup(&s->pool, r->hashes[h]);
+        uint32_t b = tdm__pool_lookup(&s->pool, *tdm__req_digest(r, h));
         if (b == TDM__NO_BLOCK) break;
         r->blocks[h] = b;
     }

@@ -269,6 +269,36 @@ static void hash__tandem_digests_equal_the_documented_format(void **state)
     }
 }
 
+/* A block that fills during decode is hashed in the step, chained from the prompt digest
+ * computed at add (the prompt's digests stay in the request record, the later ones in the
+ * run arrays): a request whose prompt is the first one's tokens hits both blocks, salted
+ * alike too; with another salt, none. */
+static void hash__decode_block_chains_from_the_prompt_digests(void **state)
+{
+    (void)state;
+    const char *algos[] = {"sha256", "xxh3_128"};
+    for (size_t k = 0; k < 2; k++) {
+        for (int salted = 0; salted < 2; salted++) {
+            tdm_sched *s = sched_with_hash(algos[k]);
+            const char *salt = salted ? "tenant-b" : NULL;
+            tdm_token p[33];
+            tsd_prompt(21, 20, p);
+            for (int i = 20; i < 32; i++) p[i] = 7; /* the outputs tsd_update samples */
+            p[32] = 9;
+            double now = 1.0;
+            assert_int_equal(add_req(s, 1, p, 20, 16, salt, NULL, 0, 0), TDM_OK);
+            run_one(s, &now); /* 36 tokens: block 1 filled by decode */
+            assert_int_equal(add_req(s, 2, p, 33, 1, salt, NULL, 0, 0), TDM_OK);
+            assert_int_equal(first_hit(s, 2, &now), 32);
+            run_one(s, &now);
+            assert_int_equal(add_req(s, 3, p, 33, 1, salted ? NULL : "tenant-c", NULL, 0, 0), TDM_OK);
+            assert_int_equal(first_hit(s, 3, &now), 0);
+            run_one(s, &now);
+            tsd_done(s);
+        }
+    }
+}
+
 /* ---- digests agreeing on a prefix of their bits ---- */
 
 /* Host digests equal on their first 8 bytes (64 bits), or on all but one byte further on,
@@ -695,6 +725,7 @@ int main(void)
         TSD_TEST(hash__known_answers_for_each_algorithm),
         TSD_TEST(hash__memo_returns_the_digests_of_hashing),
         TSD_TEST(hash__tandem_digests_equal_the_documented_format),
+        TSD_TEST(hash__decode_block_chains_from_the_prompt_digests),
         TSD_TEST(hash__digests_differing_past_64_bits_never_share),
         TSD_TEST(pool__digests_equal_on_64_bits_are_distinct_entries),
         TSD_TEST(host_hashes__hit_across_requests),
