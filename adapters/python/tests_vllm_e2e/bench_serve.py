@@ -29,14 +29,16 @@ one; vLLM's CPU thread binding off) and the API servers and the client on the ot
 without the tokenizer, the HTTP streaming or the client in them; servers and client run at
 --nice (default -15 as root) so that other work on a shared machine yields to them. Only one
 arm is loaded at a time; the idle servers wait on their queues.
-With the arms, one more server takes its turn at every point: a calibration server
-(TandemScheduler in parity recording its own steps CSV and the serving path), so a second
-cost model is fitted on steps taken in the same minutes as the arms' (the engine's speed on
-a shared machine drifts by tens of percent between runs: `tandem fit --score` measures the
-recording run's fit on the calibration steps) and the simulator predicts every arm twice,
-on each fit (sim_vs_real, sim_vs_real_calib). The `noise` lines compare the servers that make
-the same decisions (vLLM's scheduler, parity, the calibration server) at each rate: the
-engine's own repeatability, the closest any prediction can be held to. The `fit  noise floor`
+In-run calibration (--calib): the parity arm also records its steps CSV and the serving path
+(or, with --calib server, a fifth server in parity takes its turn among the arms for it), so
+a second cost model is fitted on steps taken in the same minutes as the arms' (the engine's
+speed on a shared machine drifts by tens of percent between runs: `tandem fit --score`
+measures the recording run's fit on the calibration steps) and the simulator predicts every
+arm twice, on each fit (sim_vs_real, sim_vs_real_calib; with --calib parity, parity's own
+second prediction is fitted on its own steps, the other arms' are not). The `noise` lines
+compare the servers that make the same decisions (vLLM's scheduler, parity, tuned when the
+tuner kept the base, a calibration server) at each rate: the engine's own repeatability,
+the closest any prediction can be held to. The `fit  noise floor`
 line is the per-step error of predicting each held-out step by the mean of the steps of its
 exact shape, the least error a step-time model can have on that CSV.
 The client measures TTFT (send to first streamed token), TPOT ((last - first) / (tokens - 1))
@@ -626,10 +628,11 @@ def main():
     ap.add_argument("--frontend-queue", action="store_true",
                     help="hand the simulator the serving path as a queue whose service is the "
                          "API server's and client's CPU per request (--frontend-service-ms)")
-    ap.add_argument("--no-calib", action="store_true",
-                    help="no in-run calibration server (TandemScheduler in parity recording its "
-                         "steps among the arms, point by point; the simulator's second prediction "
-                         "is fitted on it)")
+    ap.add_argument("--calib", choices=("parity", "server", "none"), default="parity",
+                    help="where the in-run calibration steps come from (the simulator's second "
+                         "prediction is fitted on them): the parity arm records them (default; its "
+                         "own second prediction is then fitted on its own steps), a fifth server "
+                         "(TandemScheduler in parity) taking its turn among the arms, or none")
     ap.add_argument("--engine-cpus", default=None,
                     help="CPUs of the engine cores (e.g. 1 or 2-3; default the last CPU)")
     ap.add_argument("--nice", type=int, default=-15 if os.geteuid() == 0 else 0,
@@ -741,11 +744,16 @@ def main():
     steps_calib = os.path.abspath(os.path.join(a.out, "steps-calib.csv"))
     if os.path.exists(steps_calib):
         os.unlink(steps_calib)
-    if not a.no_calib:
+    calib_arm = {"server": "calib", "parity": "parity"}.get(a.calib)
+    if calib_arm == "parity" and "parity" not in arm_kw:
+        calib_arm = None
+    if calib_arm == "calib":
         arm_kw["calib"] = {"scheduler_cls": tandem_cls, "tandem": {"steps_csv": steps_calib}}
+    elif calib_arm == "parity":
+        arm_kw["parity"] = {"scheduler_cls": tandem_cls, "tandem": {"steps_csv": steps_calib}}
     res, failed = run_interleaved(a.model, a.out, arm_kw, reqs, scales, slo, a.deadline_s,
-                                  serving_path=("calib",), **pin)
-    calib = res.pop("calib", None)
+                                  serving_path=(calib_arm,) if calib_arm else (), **pin)
+    calib = res.pop("calib", None) if calib_arm == "calib" else res.get(calib_arm)
     failed.pop("calib", None)
     calib_fit, drift, frontend_ms_calib = None, None, None
     if calib and os.path.exists(steps_calib):
@@ -757,7 +765,8 @@ def main():
         print("\n".join(ln for ln in sc.stdout.splitlines() if ln.startswith("fit  scored")),
               flush=True)
         print("calib ", end="")
-        frontend_ms_calib, _ = serving_path_ms(calib, "the calibration server")
+        frontend_ms_calib, _ = serving_path_ms(
+            calib, "the calibration server" if calib_arm == "calib" else "the parity arm")
         calib_fit = os.path.join(a.out, "fit-calib")
         cf = subprocess.run([a.tool, "fit", steps_calib, "--model", mcfg, "--out", calib_fit],
                             capture_output=True, text=True)
@@ -801,7 +810,7 @@ def main():
                                       mcfg, scales, slo, a.out, "calib-" + arm, frontend_ms_calib)
                       for arm in res}
         calib_cmp = compare(pred_calib, res, g, base_rate, "sim_vs_real_calib")
-    noise_floor(res, calib, identical)
+    noise_floor(res, calib if calib_arm == "calib" else None, identical)
     json.dump({"real": res, "record": record, "frontend_ms": frontend_ms,
                "frontend_service_ms": frontend_svc_ms, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
                "calib": calib, "sim_calib": pred_calib, "frontend_ms_calib": frontend_ms_calib, "compare_calib": calib_cmp, "drift": drift,
