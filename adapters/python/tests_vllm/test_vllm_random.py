@@ -36,6 +36,12 @@ def test_random_workloads_match_vllm(tiny_model, first, count):
 @pytest.mark.parametrize("first,count", ASYNC_GROUPS,
                          ids=[f"seeds{f}-{f + n - 1}" for f, n in ASYNC_GROUPS])
 def test_random_workloads_match_vllm_async(tiny_model, first, count):
+    check_async_seeds(tiny_model, first, count, "vLLM's AsyncScheduler")
+
+
+def check_async_seeds(tiny_model, first, count, what):
+    """Seeds first.. through both async schedulers: no difference, and not vacuous (KV
+    positions checked, schedules made while a step was in flight)."""
     bad, checked, steps, overlapped = [], 0, 0, 0
     for seed in range(first, first + count):
         r = vllm_diff.run_seed(tiny_model, seed, async_=True)
@@ -44,8 +50,7 @@ def test_random_workloads_match_vllm_async(tiny_model, first, count):
         overlapped += min(r["overlapped"])
         for cause, detail in r["diff"]:
             bad.append(f"seed {seed} [{cause}] {r['cfg']}\n    {detail[:800]}")
-    assert not bad, f"{len(bad)} difference(s) from vLLM's AsyncScheduler:\n" + "\n".join(bad)
-    # not vacuous: KV positions checked, and schedules made while a step was in flight
+    assert not bad, f"{len(bad)} difference(s) from {what}:\n" + "\n".join(bad)
     assert steps > count and checked > 0 and overlapped > count
 
 
@@ -62,17 +67,7 @@ def test_random_workloads_match_vllm_async_pipeline_parallel(tiny_model, first, 
     AsyncScheduler spaces a request's decodes by pp steps (next_decode_eligible_step); the
     adapter sets the library's decode_stagger (VLLM_DIFF_PP_SEEDS seeds, default 60)."""
     monkeypatch.setattr(vllm_diff, "PP", pp)
-    bad, checked, steps, overlapped = [], 0, 0, 0
-    for seed in range(first, first + count):
-        r = vllm_diff.run_seed(tiny_model, seed, async_=True)
-        checked += sum(r["checked"])
-        steps += r["steps"][0]
-        overlapped += min(r["overlapped"])
-        for cause, detail in r["diff"]:
-            bad.append(f"seed {seed} [{cause}] {r['cfg']}\n    {detail[:800]}")
-    assert not bad, f"{len(bad)} difference(s) from vLLM's AsyncScheduler (pp={pp}):\n" + \
-        "\n".join(bad)
-    assert steps > count and checked > 0 and overlapped > count
+    check_async_seeds(tiny_model, first, count, f"vLLM's AsyncScheduler (pp={pp})")
 
 
 def test_kv_check_catches_a_wrong_prefix(tiny_model):
