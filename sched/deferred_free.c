@@ -27,7 +27,9 @@
 
 #include "sched_internal.h"
 
-static int grow(void **mem, uint32_t *cap, uint32_t head, uint32_t len, uint64_t need, size_t elem)
+/* Grow the ring at *mem (capacity *cap, len elements from *head) to hold need elements,
+ * unrolled so that it starts at 0. */
+static int grow(void **mem, uint32_t *cap, uint32_t *head, uint32_t len, uint64_t need, size_t elem)
 {
     if (need <= *cap) return TDM_OK;
     if (need > UINT32_MAX / 2) return TDM_E_NOMEM;
@@ -37,12 +39,13 @@ static int grow(void **mem, uint32_t *cap, uint32_t head, uint32_t len, uint64_t
     if (!n) return TDM_E_NOMEM;
     /* unroll the ring: its elements from head on, then those that wrapped */
     char *o = *mem;
-    uint32_t first = TDM_MIN(len, *cap - head);
-    if (first) memcpy(n, o + (size_t)head * elem, (size_t)first * elem);
+    uint32_t first = TDM_MIN(len, *cap - *head);
+    if (first) memcpy(n, o + (size_t)*head * elem, (size_t)first * elem);
     if (len > first) memcpy(n + (size_t)first * elem, o, (size_t)(len - first) * elem);
     tdm__free(o);
     *mem = n;
     *cap = ncap;
+    *head = 0;
     return TDM_OK;
 }
 
@@ -53,20 +56,12 @@ int tdm__dfr_reserve(tdm_sched *s)
     /* Every deferred block holds one of the pool's references: num_refs bounds the ring. The
      * runs have distinct fences in (reported, batches] after merging, plus the new one. */
     void *b = d->blocks, *r = d->runs;
-    uint32_t bhead = d->head, rhead = d->rhead;
-    int rc = grow(&b, &d->cap, bhead, d->len, s->pool.num_refs, sizeof(uint32_t));
-    if (rc) return rc;
-    if (b != d->blocks) {
-        d->blocks = b;
-        d->head = 0;
-    }
-    rc = grow(&r, &d->rcap, rhead, d->rlen, (d->batches - d->reported) + 1, sizeof(tdm__dfr_run));
-    if (rc) return rc;
-    if (r != d->runs) {
-        d->runs = r;
-        d->rhead = 0;
-    }
-    return TDM_OK;
+    int rc = grow(&b, &d->cap, &d->head, d->len, s->pool.num_refs, sizeof(uint32_t));
+    d->blocks = b;
+    if (!rc) rc = grow(&r, &d->rcap, &d->rhead, d->rlen, (d->batches - d->reported) + 1,
+                       sizeof(tdm__dfr_run));
+    d->runs = r;
+    return rc;
 }
 
 /* Free the rings (the counters stay). */

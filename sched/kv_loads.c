@@ -25,13 +25,19 @@
 
 uint32_t tdm__kvl_waiting(const tdm_sched *s) { return s->kv_hold.len + s->kv_async.len; }
 
+/* a before b under a policy other than FCFS: the policy's order, then the order added */
+static bool policy_before(const tdm_sched *s, const tdm__req *a, const tdm__req *b)
+{
+    int c = tdm__policy_compare(s, a, b);
+    return c < 0 || (c == 0 && a->seq < b->seq);
+}
+
 /* a before b in queue q */
 static bool goes_before(const tdm_sched *s, const tdm__req *a, const tdm__req *b, int q)
 {
     if (s->prm.policy == TDM_POLICY_FCFS)
         return q == TDM__Q_HOLD ? a->load_seq < b->load_seq : a->seq < b->seq;
-    int c = tdm__policy_compare(s, a, b);
-    return c < 0 || (c == 0 && a->seq < b->seq);
+    return policy_before(s, a, b);
 }
 
 void tdm__kvl_push(tdm_sched *s, tdm__req *r, int q)
@@ -70,8 +76,7 @@ int tdm__kvl_next_queue(const tdm_sched *s, bool loads_only, bool take_async)
     if (!wait) return TDM__Q_ASYNC;
     const tdm__req *a = s->kv_async.head, *w = tdm__waiting_peek(s);
     if (s->prm.policy == TDM_POLICY_FCFS) return a->arrival < w->arrival ? TDM__Q_ASYNC : TDM__Q_WAIT;
-    int c = tdm__policy_compare(s, a, w);
-    return (c < 0 || (c == 0 && a->seq < w->seq)) ? TDM__Q_ASYNC : TDM__Q_WAIT;
+    return policy_before(s, a, w) ? TDM__Q_ASYNC : TDM__Q_WAIT;
 }
 
 tdm__req *tdm__kvl_peek(const tdm_sched *s, int q)

@@ -378,8 +378,7 @@ static void run_waiting(step_ctx *c)
             continue;
         }
         if (ext) { /* reserve the blocks, then wait for the KV to arrive */
-            uint64_t reserve = kvl ? tdm__kvl_reserved_blocks(s) : 0;
-            if (!allocate(s, r, 0, nhit, ext, 0, true, true, reserve)) break;
+            if (!allocate(s, r, 0, nhit, ext, 0, true, true, tdm__kvl_reserved_blocks(s))) break;
             tdm__kvl_pop(s, q);
             s->prefix_queries += r->num_tokens;
             s->prefix_hits += hit_tokens;

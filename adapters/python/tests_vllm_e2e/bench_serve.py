@@ -510,6 +510,11 @@ def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, nam
     return pts
 
 
+def point_at(points, scale):
+    """The point of a ladder at rate scale, None if it has none."""
+    return next((p for p in points if abs(p["scale"] - scale) < 1e-9), None)
+
+
 def rel(s, r):
     return s / r - 1 if r else float("nan")
 
@@ -523,7 +528,7 @@ def compare(pred, res, g, base_rate, tag):
         real_pts = res[arm]
         ok = [p for p in real_pts if p["attainment"] >= GOODPUT_TARGET] or real_pts
         rp = ok[-1]
-        sp = next(p for p in pred[arm] if abs(p["scale"] - rp["scale"]) < 1e-9)
+        sp = point_at(pred[arm], rp["scale"])
         cut = []
         for p in pred[arm]:
             cut.append(p)
@@ -532,7 +537,7 @@ def compare(pred, res, g, base_rate, tag):
         sg = goodput(cut, base_rate)[0]
         per_point = []
         for q in ok:
-            sq = next(p for p in pred[arm] if abs(p["scale"] - q["scale"]) < 1e-9)
+            sq = point_at(pred[arm], q["scale"])
             per_point.append({"scale": q["scale"], "ttft_p50": rel(sq["ttft_p50"], q["ttft_p50"]),
                               "tpot_p50": rel(sq["tpot_p50"], q["tpot_p50"])})
         rows.append({"arm": arm, "scale": rp["scale"], "real": rp, "sim": sp,
@@ -585,7 +590,7 @@ def noise_floor(res, calib, identical):
     spreads = {"ttft_p50": [], "tpot_p50": []}
     scales = sorted({p["scale"] for pts in runs.values() for p in pts})
     for sc in scales:
-        at = {n: next((p for p in pts if abs(p["scale"] - sc) < 1e-9), None) for n, pts in runs.items()}
+        at = {n: point_at(pts, sc) for n, pts in runs.items()}
         at = {n: p for n, p in at.items() if p is not None}
         if len(at) < 2:
             continue

@@ -374,14 +374,7 @@ static void fit_command__writes_tables_and_prints_held_out_error(void **state)
     assert_non_null(mkdtemp(dir));
     snprintf(out, sizeof out, "%s/out.txt", dir);
     assert_int_equal(SH("%s fit %s --model llama-3-8b --out %s/t > %s", g_tool, csv, dir, out), 0);
-    char line[1024] = "";
-    FILE *o = fopen(out, "r");
-    assert_non_null(o);
-    double mape = -1;
-    while (fgets(line, sizeof line, o))
-        if (!strncmp(line, "fit rows=500 held_out=100 held_out_mape=", 40))
-            mape = strtod(line + 40, NULL);
-    fclose(o);
+    double mape = line_value(out, "fit rows=500 held_out=100 held_out_mape=", "held_out_mape=");
     assert_true(mape >= 0 && mape < 0.02);   /* 2% uniform noise: ~1% mean */
     json_error_t je;
     char p[700];
