@@ -101,15 +101,29 @@ static double roofline_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_s
     return total;
 }
 
+/* hw.time_scale applied to a step's time and to each of its terms */
+static double scaled(const tdm_sim_cost *c, double r, tdm_sim_cost_terms *t)
+{
+    double k = c->hw.time_scale;
+    if (k <= 0 || k == 1) return r;
+    if (t) {
+        double *f[] = {&t->total_s, &t->linear_s, &t->linear_compute_s, &t->linear_memory_s,
+                       &t->attn_prefill_s, &t->attn_decode_s, &t->attn_compute_s,
+                       &t->attn_memory_s, &t->allreduce_s, &t->overhead_s};
+        for (size_t i = 0; i < sizeof f / sizeof *f; i++) *f[i] *= k;
+    }
+    return r * k;
+}
+
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t)
 {
-    if (!c->tables) return roofline_step(c, s, t);
+    if (!c->tables) return scaled(c, roofline_step(c, s, t), t);
     tdm_sim_cost *mc = (tdm_sim_cost *)c; /* the counters; see sim.h */
     uint64_t ex = c->extrapolated_lookups;
     double r = tdm_sim_cost_table_step(c, s, t);
     mc->steps++;
     if (c->extrapolated_lookups != ex) mc->extrapolated_steps++;
-    return r;
+    return scaled(c, r, t);
 }
 
 double tdm_sim_cost_estimate_cb(void *ctx, const tdm_step_shape *sh)

@@ -4,8 +4,10 @@
  * A100-80G, H100-SXM, H200) and their JSON forms. The hardware JSON is the format
  * `tandem profile` writes: {"name", "peak_tflops", "hbm_gbps", "eff_compute", "eff_memory",
  * "step_overhead_us", "interconnect_gbps", optional "mem_gib", optional "measured"}, plus
- * optional "peak_fp8_tflops" and the table model's "cost_model": "table" with "tables":
- * {"gemm": path, "attn_context": path, ...} (paths relative to the JSON file).
+ * optional "peak_fp8_tflops", optional "time_scale" (every step's time multiplied by it: an
+ * engine measured running faster or slower than its fit) and the table model's "cost_model":
+ * "table" with "tables": {"gemm": path, "attn_context": path, ...} (paths relative to the JSON
+ * file).
  */
 #include <jansson.h>
 #include <math.h>
@@ -37,9 +39,9 @@ static const model_row MODELS[] = {
  * is fitted to DistServe's A100 decode intercepts and Splitwise's H100 tables
  * (docs/cost_model.md). */
 static const tdm_sim_hw HWS[] = {
-    {"a100-80g", 312.0, 2039.0, 0.70, 0.75, 2500.0, 300.0, 80.0, 0.0, 0, NULL},
-    {"h100-sxm", 989.0, 3350.0, 0.74, 0.78, 1000.0, 450.0, 80.0, 1979.0, 0, NULL},
-    {"h200", 989.0, 4800.0, 0.74, 0.78, 1000.0, 450.0, 141.0, 1979.0, 0, NULL},
+    {"a100-80g", 312.0, 2039.0, 0.70, 0.75, 2500.0, 300.0, 80.0, 0.0, 0, NULL, 1.0},
+    {"h100-sxm", 989.0, 3350.0, 0.74, 0.78, 1000.0, 450.0, 80.0, 1979.0, 0, NULL, 1.0},
+    {"h200", 989.0, 4800.0, 0.74, 0.78, 1000.0, 450.0, 141.0, 1979.0, 0, NULL, 1.0},
 };
 
 const char *tdm_sim_model_names(void)
@@ -295,7 +297,8 @@ static int hw_parse(const char *text, const char *dir, tdm_sim_hw *out, char *er
     json_object_foreach(o, key, val) {
         int ok = !strcmp(key, "name") || !strcmp(key, "measured") ||
                  !strcmp(key, "cost_model") || !strcmp(key, "tables") ||
-                 !strcmp(key, "peak_fp8_tflops") || !strcmp(key, "source");
+                 !strcmp(key, "peak_fp8_tflops") || !strcmp(key, "source") ||
+                 !strcmp(key, "time_scale");
         for (size_t i = 0; i < 7; i++) ok |= !strcmp(key, KEYS[i]);
         if (!ok) {
             snprintf(err, errlen, "hardware JSON: unknown key \"%s\"", key);
@@ -342,6 +345,14 @@ static int hw_parse(const char *text, const char *dir, tdm_sim_hw *out, char *er
         goto done;
     }
     h.peak_fp8_tflops = f8;
+    double ts = 0;
+    int has_ts = json_num(o, "time_scale", &ts, 0, "hardware JSON", err, errlen);
+    if (has_ts < 0) goto done;
+    if (has_ts == 0 && !(ts > 0 && ts <= 1000)) {
+        snprintf(err, errlen, "hardware JSON: \"time_scale\" must be in (0, 1000] (%g)", ts);
+        goto done;
+    }
+    h.time_scale = ts;
     if (hw_tables(o, dir, &h, err, errlen) != 0) goto done;
     *out = h;
     rc = 0;

@@ -167,6 +167,10 @@ typedef struct tdm_sim_hw {
     double peak_fp8_tflops;    /* dense fp8 TFLOP/s; 0 = no fp8 tensor cores (bf16 rate) */
     int cost_model;            /* TDM_SIM_COST_ROOFLINE or TDM_SIM_COST_TABLE */
     const struct tdm_sim_tableset *tables; /* table model: owned by the process-wide cache */
+    /* every step's time (each term) multiplied by this: an engine measured running faster or
+     * slower than the model it was fitted to (`tandem fit --score`'s measured_over_predicted);
+     * 1 for the presets, 0 (also 1) in a hardware JSON without "time_scale" */
+    double time_scale;
 } tdm_sim_hw;
 
 enum { TDM_SIM_COST_ROOFLINE = 0, TDM_SIM_COST_TABLE = 1 };

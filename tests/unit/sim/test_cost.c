@@ -115,7 +115,7 @@ static void toy(tdm_sim_cost *c, uint32_t tp)
     m.gated = 1;
     m.tp = tp;
     m.bytes_per_param = m.bytes_per_kv = 2;
-    tdm_sim_hw h = {"toy", 100, 1000, 0.5, 0.5, 1000, 100, 0, 0, TDM_SIM_COST_ROOFLINE, NULL};
+    tdm_sim_hw h = {"toy", 100, 1000, 0.5, 0.5, 1000, 100, 0, 0, TDM_SIM_COST_ROOFLINE, NULL, 1.0};
     tdm_sim_cost_init(c, &m, &h);
 }
 
@@ -142,6 +142,45 @@ static tdm_sim_shape prefill_shape(uint64_t tokens, double attn, uint64_t kv_rea
     s.prefill_attn = attn;
     s.prefill_kv_read = kv_read;
     return s;
+}
+
+/* "time_scale" multiplies every step's time and each of its terms; out-of-range values and
+ * non-numbers are refused naming the key; without it a step costs what it did. */
+static void hw_from_json__time_scale_multiplies_every_step(void **state)
+{
+    (void)state;
+    char err[TDM_SIM_ERRLEN];
+    const char *base = "{\"peak_tflops\": 100, \"hbm_gbps\": 1000, \"eff_compute\": 0.5,"
+                       " \"eff_memory\": 0.5, \"step_overhead_us\": 1000, \"interconnect_gbps\": 100";
+    char text[512];
+    tdm_sim_hw h1, h2;
+    snprintf(text, sizeof text, "%s}", base);
+    assert_int_equal(tdm_sim_hw_from_json(text, &h1, err, sizeof err), 0);
+    snprintf(text, sizeof text, "%s, \"time_scale\": 1.25}", base);
+    assert_int_equal(tdm_sim_hw_from_json(text, &h2, err, sizeof err), 0);
+    assert_float_equal(h2.time_scale, 1.25, 0);
+    tdm_sim_model m;
+    assert_int_equal(tdm_sim_model_preset("llama-3-8b", &m), 0);
+    tdm_sim_cost c1, c2;
+    tdm_sim_cost_init(&c1, &m, &h1);
+    tdm_sim_cost_init(&c2, &m, &h2);
+    tdm_sim_shape shapes[2] = {decode_shape(16, 16 * 900), prefill_shape(512, 512 * 256.0, 512)};
+    for (int i = 0; i < 2; i++) {
+        tdm_sim_cost_terms t1, t2;
+        double a = tdm_sim_cost_step(&c1, &shapes[i], &t1), b = tdm_sim_cost_step(&c2, &shapes[i], &t2);
+        assert_true(a > 0);
+        assert_float_equal(b, 1.25 * a, 1e-15);
+        assert_float_equal(t2.total_s, 1.25 * t1.total_s, 1e-15);
+        assert_float_equal(t2.linear_s, 1.25 * t1.linear_s, 1e-15);
+        assert_float_equal(t2.attn_prefill_s, 1.25 * t1.attn_prefill_s, 1e-15);
+        assert_float_equal(t2.overhead_s, 1.25 * t1.overhead_s, 1e-15);
+    }
+    const char *bad[] = {"0", "-1", "1001", "\"fast\""};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(text, sizeof text, "%s, \"time_scale\": %s}", base, bad[i]);
+        assert_int_equal(tdm_sim_hw_from_json(text, &h2, err, sizeof err), -1);
+        assert_non_null(strstr(err, "time_scale"));
+    }
 }
 
 /* The step time of shape s on the toy at tensor-parallel degree tp, its terms in *t. */
@@ -325,6 +364,7 @@ int main(void)
         cmocka_unit_test(model_preset__params_and_kv_bytes),
         cmocka_unit_test(model_from_json__ours_and_hf_names),
         cmocka_unit_test(hw_from_json__profile_format),
+        cmocka_unit_test(hw_from_json__time_scale_multiplies_every_step),
         cmocka_unit_test(cost_step__decode_hand_computed),
         cmocka_unit_test(cost_step__prefill_hand_computed),
         cmocka_unit_test(cost_step__tensor_parallel_divides_and_adds_allreduce),
