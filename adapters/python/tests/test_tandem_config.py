@@ -251,6 +251,9 @@ def test_recorder__rows_durations_and_shutdown(tmp_path):
         ("2", "53", "2", "0.2500")
     assert abs(float(r2["start_s"]) - 0.022) < 1e-9
     assert rec.us_per_step >= 0.0
+    # the time inside the scheduler's own calls: 3 schedules of 1 ms and 3 updates of 10 ms
+    cost = json.loads((tmp_path / "steps.csv.recorder.json").read_text())
+    assert cost["rows"] == 2 and abs(cost["scheduler_s"] - 0.033) < 1e-9
 
 
 def test_recorder__async_pairs_updates_in_order(tmp_path):

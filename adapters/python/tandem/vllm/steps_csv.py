@@ -1,7 +1,9 @@
 """Per-step records of a real vLLM engine, in the CSV `tandem sim --steps-csv` writes.
 
 TandemScheduler installs a StepRecorder when the Tandem configuration names a file
-(`--additional-config '{"tandem": {"steps_csv": "steps.csv"}}'`, tandem_config.py). One row
+(`--additional-config '{"tandem": {"steps_csv": "steps.csv"}}'`, tandem_config.py), and so does
+RecordingScheduler (recording.py: vLLM's own scheduler, unchanged, recording the same rows, so a
+deployment is calibrated before it runs Tandem). One row
 per step that computed tokens, with the columns of the simulator's CSV (docs/simulator.md):
 
     instance,role,step,start_s,duration_s,prefill_tokens,prefill_reqs,decode_reqs,
@@ -20,9 +22,9 @@ model to such a file.
 The recorder wraps the scheduler instance's schedule / update_from_output / shutdown (nothing
 is wrapped when no file is configured, so the default path costs nothing); rows go through a
 1 MiB write buffer, flushed every flush_rows rows, every second, when the engine has no
-request left, and at shutdown. Its own time per step is
-measured, logged at shutdown and written to PATH.recorder.json whenever the engine goes idle
-({"rows", "recorder_us_per_step"}).
+request left, and at shutdown. Its own time per step is measured, logged at shutdown and
+written to PATH.recorder.json whenever the engine goes idle ({"rows", "recorder_us_per_step",
+"scheduler_s": the time so far inside the wrapped scheduler's schedule and update calls}).
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def step_shape(num_scheduled: dict, requests: dict) -> tuple:
 class StepRecorder:
     """Writes one CSV row per step of the scheduler it is installed on (see the module doc)."""
 
-    def __init__(self, path: str, flush_rows: int = 4096, clock=time.perf_counter):
+    def __init__(self, path: str, flush_rows: int = 4096, clock=time.perf_counter, stats=None):
         self.path = path
         try:
             self._f = open(path, "w", encoding="ascii", buffering=1 << 20)
@@ -85,12 +87,16 @@ class StepRecorder:
         self._since_flush = 0
         self._last_flush = clock()
         self._own_s = 0.0                 # the recorder's own time (measured, logged)
+        self._sched_s = 0.0               # time inside the scheduler's schedule + update calls
         self._st = None                   # (StatsC, tdm_sched_get_stats, its byref)
+        if stats is not None:             # the counts of another scheduler (vLLM's own)
+            self._stats = stats
         self._steps = 0
 
     def _stats(self, sched):
-        """The library's counts (tdm_sched_get_stats into one reused struct: the Python
-        Stats object costs a dataclass per step)."""
+        """A TandemScheduler's counts (num_running, num_waiting, kv_usage) from the library
+        (tdm_sched_get_stats into one reused struct: the Python Stats object costs a
+        dataclass per step)."""
         if self._st is None:
             from ctypes import byref, c_void_p
             from tandem import _lib
@@ -116,11 +122,14 @@ class StepRecorder:
         def rec_schedule(*args, **kwargs):
             t = clock()
             so = schedule(*args, **kwargs)
+            self._sched_s += clock() - t
             self.scheduled(sched, so, t)
             return so
 
         def rec_update(scheduler_output, model_runner_output):
+            t = clock()
             out = update(scheduler_output, model_runner_output)
+            self._sched_s += clock() - t
             self.updated(not sched.requests)
             return out
 
@@ -185,12 +194,15 @@ class StepRecorder:
         return self._own_s / self._rows * 1e6 if self._rows else 0.0
 
     def _write_cost(self) -> None:
-        """PATH.recorder.json: the rows so far and the recorder's own time per step (written
-        when the engine goes idle and at close: vLLM may kill the engine process before its
+        """PATH.recorder.json: the rows so far, the recorder's own time per step and the time
+        spent inside the scheduler's schedule and update_from_output calls so far (part of
+        every step's duration_s: how much of a step is the scheduler's own CPU), written when
+        the engine goes idle and at close (vLLM may kill the engine process before its
         shutdown reaches the scheduler)."""
         try:
             with open(self.path + ".recorder.json", "w") as f:
-                f.write(f'{{"rows": {self._rows}, "recorder_us_per_step": {self.us_per_step:.3f}}}\n')
+                f.write(f'{{"rows": {self._rows}, "recorder_us_per_step": {self.us_per_step:.3f}, '
+                        f'"scheduler_s": {self._sched_s:.6f}}}\n')
         except OSError:
             pass
 

@@ -172,6 +172,24 @@ def configure(vllm_config, base: dict) -> Tuple[dict, Optional[dict]]:
     return resolve(base, options)
 
 
+def recording_options(vllm_config) -> Optional[str]:
+    """RecordingScheduler's hook: the steps_csv path of the "tandem" entry (None: none). vLLM's
+    own scheduler decides, so every other key is refused, naming it."""
+    options = options_from_vllm(vllm_config)
+    if options is None:
+        return None
+    for k in options:
+        if k != "steps_csv":
+            raise TandemConfigError(
+                f"tandem.{k}: tandem.vllm.RecordingScheduler runs vLLM's own scheduler and only "
+                f"records its steps (the one key it takes is steps_csv); Tandem's scheduler "
+                f"settings need --scheduler-cls tandem.vllm.TandemScheduler")
+    path = options.get("steps_csv")
+    if not isinstance(path, str) or not path:
+        raise TandemConfigError("tandem.steps_csv: expected the path of the CSV to write")
+    return path
+
+
 def create_scheduler(cfg: dict, adapter: Optional[dict]):
     """tandem.Scheduler(cfg); with a Tandem configuration from the command line (adapter not
     None), a refusal by the library becomes a start-up error naming the key (the library's
