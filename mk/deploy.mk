@@ -3,12 +3,14 @@
 # through vLLM's OpenAI server, replays the first BENCH_SERVE_REQUESTS requests of an Azure
 # trace open-loop at a ladder of rates against four arms (vLLM's scheduler, TandemScheduler in
 # parity, slo_adaptive, `tandem tune`'s pick on the cost model `tandem fit` fitted from a
-# recording run's steps CSV), all four servers up at once and the ladder interleaved point by
+# recording run's steps CSV, recorded from vLLM's own scheduler by RecordingScheduler), all four servers up at once and the ladder interleaved point by
 # point, each engine core pinned to a CPU of its own (BENCH_SERVE_ARGS="--engine-cpus 1
 # --client-cpus 0" to choose); prints a serve_ab line per arm and the simulator's prediction of
 # each (sim_vs_real lines), again on a cost model fitted from a calibration server's steps
-# recorded among the arms (sim_vs_real_calib), and the servers deciding alike against each
-# other (noise lines). adapters/python/tests_vllm_e2e/bench_serve.py; docs/simulator.md.
+# recorded among the arms (sim_vs_real_calib), a third time with each point's engine speed
+# measured from the steps every arm's server records (speed, sim_vs_real_speed lines), and the
+# servers deciding alike against each other (noise lines).
+# adapters/python/tests_vllm_e2e/bench_serve.py; docs/simulator.md.
 BENCH_SERVE_TRACE    ?= $(abspath ../shared)/traces/azure2023_conv.csv
 BENCH_SERVE_REQUESTS ?= 600
 # 600 requests from 4x the trace's rate: long enough that the sustained rate, not one burst,
@@ -27,5 +29,5 @@ bench-vllm-serve: lib tool $(VLLM_E2E_VENV)/.tandem-installed
 	  $(abspath $(BUILD))/vllm-e2e/model $(BENCH_SERVE_OUT) --tool $(abspath $(TOOL)) \
 	  --trace $(BENCH_SERVE_TRACE) --requests $(BENCH_SERVE_REQUESTS) --scales $(BENCH_SERVE_SCALES) $(BENCH_SERVE_SLO) \
 	  $(BENCH_SERVE_ARGS) 2>&1 | tee $(BENCH_SERVE_OUT)/run.log | \
-	  grep -E '^(bench|fit|tune|calib|noise|serve_ab|sim_vs_real)'; \
+	  grep -E '^(bench|fit|tune|calib|noise|serve_ab|sim_vs_real|speed)'; \
 	  echo "bench-vllm-serve: full log $(BENCH_SERVE_OUT)/run.log, servers' logs and results.json there"

