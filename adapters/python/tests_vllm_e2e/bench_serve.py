@@ -254,7 +254,8 @@ class Server:
         if tandem is not None:
             cmd += ["--additional-config", json.dumps({"tandem": tandem})]
         self.cmd = cmd
-        self.steps_csv = (tandem or {}).get("steps_csv") if isinstance(tandem, dict) else None
+        self.steps_csv = tandem.get("steps_csv") if isinstance(tandem, dict) else None
+        self.paused = False
         self.log_path = os.path.join(out_dir, f"serve-{name}.log")
         self.log = open(self.log_path, "w")
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
@@ -299,7 +300,7 @@ class Server:
         self.paused = True
 
     def resume(self):
-        if getattr(self, "paused", False):
+        if self.paused:
             self.signal_group(signal.SIGCONT)
             self.paused = False
             wait_idle(self.url)   # answering again
@@ -383,12 +384,13 @@ def serving_cpu_s(srv):
     return proc_cpu_s(srv.proc.pid) + ru.ru_utime + ru.ru_stime
 
 
-def measure(srv, name, reqs, sc, slo, deadline, serving_path=False):
-    """One point: the workload replayed at scale sc; the server idle again afterwards. With
-    serving_path, also the mean client TTFT and the mean engine part of it (vLLM's metrics),
-    and the CPU time the API server and the client spent per request."""
-    before = engine_ttft_sums(srv.url) if serving_path else None
-    cpu0 = serving_cpu_s(srv) if serving_path else 0.0
+def measure(srv, name, reqs, sc, slo, deadline):
+    """One point: the workload replayed at scale sc; the server idle again afterwards. Also
+    the mean client TTFT and the mean engine part of it (vLLM's metrics), the CPU time the
+    API server and the client spent per request, and, for a server recording its steps, the
+    point's rows of its steps CSV and the time per step inside the scheduler's calls."""
+    before = engine_ttft_sums(srv.url)
+    cpu0 = serving_cpu_s(srv)
     row0, sched0 = steps_rows(srv.steps_csv), scheduler_s(srv.steps_csv)
     t0 = time.monotonic()
     res = asyncio.run(replay(srv.url, reqs, sc, deadline))
@@ -402,21 +404,20 @@ def measure(srv, name, reqs, sc, slo, deadline, serving_path=False):
     wait_idle(srv.url)
     if srv.steps_csv:
         s["steps_rows"] = [row0, steps_rows(srv.steps_csv)]
-        n = s["steps_rows"][1] - row0
-        if n > 0 and sched0 is not None and scheduler_s(srv.steps_csv) is not None:
-            s["sched_ms_per_step"] = 1e3 * (scheduler_s(srv.steps_csv) - sched0) / n
-    if serving_path:
-        s["serving_cpu_per_req"] = (serving_cpu_s(srv) - cpu0) / len(reqs)
-        after = engine_ttft_sums(srv.url)
-        n = after[ENGINE_TTFT_METRICS[0]][1] - before[ENGINE_TTFT_METRICS[0]][1]
-        ok = [r["ttft"] for r in res if r["ok"]]
-        if n > 0 and ok:
-            eng = sum(after[m][0] - before[m][0] for m in ENGINE_TTFT_METRICS) / n
-            s["client_ttft_mean"], s["engine_ttft_mean"] = sum(ok) / len(ok), eng
-            print(f"bench  {name} scale {sc:.3g}: TTFT mean {1e3 * s['client_ttft_mean']:.1f} ms at "
-                  f"the client, {1e3 * eng:.1f} ms of it in the engine (queued to first token, "
-                  f"vLLM's metrics); serving path CPU {1e3 * s['serving_cpu_per_req']:.1f} ms "
-                  f"per request", flush=True)
+        rows, sched1 = s["steps_rows"][1] - row0, scheduler_s(srv.steps_csv)
+        if rows > 0 and sched0 is not None and sched1 is not None:
+            s["sched_ms_per_step"] = 1e3 * (sched1 - sched0) / rows
+    s["serving_cpu_per_req"] = (serving_cpu_s(srv) - cpu0) / len(reqs)
+    after = engine_ttft_sums(srv.url)
+    n = after[ENGINE_TTFT_METRICS[0]][1] - before[ENGINE_TTFT_METRICS[0]][1]
+    ok = [r["ttft"] for r in res if r["ok"]]
+    if n > 0 and ok:
+        eng = sum(after[m][0] - before[m][0] for m in ENGINE_TTFT_METRICS) / n
+        s["client_ttft_mean"], s["engine_ttft_mean"] = sum(ok) / len(ok), eng
+        print(f"bench  {name} scale {sc:.3g}: TTFT mean {1e3 * s['client_ttft_mean']:.1f} ms at "
+              f"the client, {1e3 * eng:.1f} ms of it in the engine (queued to first token, "
+              f"vLLM's metrics); serving path CPU {1e3 * s['serving_cpu_per_req']:.1f} ms "
+              f"per request", flush=True)
     return s
 
 
@@ -427,7 +428,7 @@ def run_arm(model, name, out_dir, reqs, scales, slo, deadline, **server_kw):
     try:
         start_up(srv, name, reqs, deadline)
         for sc in scales:
-            points.append(measure(srv, name, reqs, sc, slo, deadline, serving_path=True))
+            points.append(measure(srv, name, reqs, sc, slo, deadline))
             if points[-1]["attainment"] < GOODPUT_TARGET:
                 break
     finally:
@@ -466,8 +467,7 @@ def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, pause=Tru
             for name in live[r:] + live[:r]:
                 if pause:
                     servers[name].resume()
-                points[name].append(measure(servers[name], name, reqs, sc, slo, deadline,
-                                            serving_path=True))
+                points[name].append(measure(servers[name], name, reqs, sc, slo, deadline))
                 if pause:
                     servers[name].pause()
             live = [n for n in live if points[n][-1]["attainment"] >= GOODPUT_TARGET]
