@@ -258,8 +258,11 @@ static inline __attribute__((always_inline)) void schedule_running(step_ctx *c, 
         return;
     }
     /* Async scheduling with pipeline parallelism: a request sampled in step t waits until step
-     * t + decode_stagger (vLLM's next_decode_eligible_step); 1 = the next step, no gate. */
-    if (r->decode_step && s->step_no < r->decode_step + (uint64_t)s->prm.decode_stagger) {
+     * t + decode_stagger (vLLM's next_decode_eligible_step); 1 = the next step, no gate, and
+     * then the request's cold decode_step is not read (a step runs after the one that set it,
+     * so step_no < decode_step + 1 never holds). */
+    if (s->prm.decode_stagger > 1 && r->decode_step &&
+        s->step_no < r->decode_step + (uint64_t)s->prm.decode_stagger) {
         (*i)++;
         return;
     }
