@@ -5,14 +5,14 @@
  * simulator knows (Llama-3.1-8B/70B) on a GPU it has tables for (H100 SXM, H200 SXM) is a
  * closed-loop benchmark run at a fixed ISL/OSL and concurrency with fp8 weights; the row is
  * replayed as aiperf runs it (`tandem sim --hw <tables>.json --precision fp8 --tp N
- * --isl I --osl O --concurrency C --warmup 2C --warmup-drain --desync --client-jitter-ms J
- * --frontend-ms F`: 2 C warm-up requests, all finished before the measured phase starts
- * with C sends at once; vLLM's default scheduler keys, bf16 KV as vLLM keeps it without
+ * --isl I --osl O --concurrency C --warmup 2C --warmup-drain --desync-round R
+ * --client-jitter-ms J --frontend-ms F`: 2 C warm-up requests, all finished before the
+ * measured phase starts with C sends at once, kept in phase for R waves; vLLM's default scheduler keys, bf16 KV as vLLM keeps it without
  * --kv-cache-dtype), and the predicted TTFT and TPOT means are compared with the measured
  * ones (the rows' silicon_ttft_ms and silicon_tpot_ms are aiperf's means: aiconfigurator's
  * tools fill them from mean_ttft and mean_tpot, and its TTFT correction for concurrency is the
  * mean over N rounds whose first queues as a burst). The rows split in two halves by a hash of
- * their id: the serving path (J, F) was chosen on the fitting half only, and make calibrate
+ * their id: the serving path (J, F, R) was chosen on the fitting half only, and make calibrate
  * scores the other; every other constant of the model comes from the sources cited in
  * docs/cost_model.md. The figure is the median over the rows of |predicted - measured| /
  * measured, as the issue that asked for it measures it.
@@ -66,7 +66,7 @@ static const char *hw_of(const char *system)
 /* Replay one row; 0 with the predicted TTFT/TPOT medians (seconds), -1 with err. */
 static int replay(const char *model, const char *hwjson, unsigned tp, unsigned isl,
                   unsigned osl, unsigned conc, double frontend_s, double jitter_s,
-                  double *ttft, double *tpot,
+                  int desync, double *ttft, double *tpot,
                   char *err, size_t errlen)
 {
     tdm_sim_model m;
@@ -95,7 +95,7 @@ static int replay(const char *model, const char *hwjson, unsigned tp, unsigned i
     o.concurrency = conc;
     o.frontend_s = frontend_s;
     o.client_jitter_s = jitter_s;
-    o.desync = 1;
+    o.desync = desync;
     o.warmup = (int64_t)conc * BENCH_WARMUP_ROUNDS;
     o.warmup_drain = 1;
     o.keep_requests = 0;
@@ -120,7 +120,8 @@ static int fit_row(const char *id)
 }
 
 int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double frontend_s,
-                              double jitter_s, int rows, FILE *f, tdm_sim_calib_table *out)
+                              double jitter_s, int desync, int rows, FILE *f,
+                              tdm_sim_calib_table *out)
 {
     out->silicon_ttft_mape = out->silicon_tpot_mape = -1;
     out->silicon_n = 0;
@@ -166,8 +167,8 @@ int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double fr
         char hwjson[1024], err[TDM_SIM_ERRLEN];
         snprintf(hwjson, sizeof hwjson, "%s/%s.json", tables_dir, hw);
         double pt, pp;
-        if (replay(model, hwjson, tp, isl, osl, conc, frontend_s, jitter_s, &pt, &pp, err,
-                   sizeof err) != 0) {
+        if (replay(model, hwjson, tp, isl, osl, conc, frontend_s, jitter_s, desync, &pt, &pp,
+                   err, sizeof err) != 0) {
             if (f) fprintf(f, "  %s %s tp%u: %s\n", model, hw, tp, err);
             continue;
         }
@@ -193,10 +194,11 @@ int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double fr
     out->silicon_tpot_mape = median(ep, n);
     if (f && n)
         fprintf(f, "silicon: %zu %s rows, frontend %.1f ms, client jitter %.0f ms, drained warm-up, "
-                   "desynchronized refill, median |error| mean TTFT %.1f%% (predicted low on %.0f%%), "
-                   "mean TPOT %.1f%%\n", n,
+                   "in phase for %d wave%s then desynchronized, median |error| mean TTFT %.1f%% "
+                   "(predicted low on %.0f%%), mean TPOT %.1f%%\n", n,
                 rows == TDM_SIM_SILICON_FIT ? "fitting" : rows == TDM_SIM_SILICON_CHECK ? "held-out" : "(all)",
-                1e3 * frontend_s, 1e3 * jitter_s, 100 * out->silicon_ttft_mape,
+                1e3 * frontend_s, 1e3 * jitter_s, desync, desync == 1 ? "" : "s",
+                100 * out->silicon_ttft_mape,
                 100 * out->silicon_ttft_low, 100 * out->silicon_tpot_mape);
 done:
     free(et);

@@ -50,6 +50,9 @@ const char tdm_sim_cli_common_usage[] =
     "                        freeing and the next send, not counted in TTFT (default 0)\n"
     "  --desync              closed loop: the first wave's slots are refilled at random\n"
     "                        times over its lifetime (an out-of-phase start)\n"
+    "  --desync-round R      closed loop: the loop runs in phase for R waves, and the R-th\n"
+    "                        wave's slots are refilled at random times over one lifetime\n"
+    "                        (--desync is R = 1; make calibrate's silicon check uses 2)\n"
     "  --warmup-drain        closed loop: the measured phase starts once every warm-up\n"
     "                        request has finished, with N sends at once (aiperf's phases)\n"
     "  --mem-util F          fraction of GPU memory for weights + KV (default 0.9)\n"
@@ -192,6 +195,14 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
             } else if (!strcmp(a, "--dataset-entries")) {
                 if (num(a, s, 1, 1e7, &v)) return -1;
                 c->topts.dataset_entries = (uint32_t)v;
+            } else if (!strcmp(a, "--desync-round")) {
+                if (num(a, s, 1, 1000, &v)) return -1;
+                if (v != floor(v)) {
+                    fprintf(stderr, "tandem: --desync-round: bad value '%s' (a whole number of "
+                                    "waves)\n", s);
+                    return -1;
+                }
+                c->ropts.desync = (int)v;
             } else if (!strcmp(a, "--concurrency")) {
                 if (num(a, s, 1, 1e7, &v)) return -1;
                 c->ropts.concurrency = (uint32_t)v;
@@ -298,9 +309,9 @@ int tdm_sim_cli_parse(tdm_sim_cli *c, int argc, char **argv, const char *usage)
                         "closed loop (--concurrency)\n", argv[0]);
         return -1;
     }
-    if (c->ropts.warmup_drain && !c->ropts.concurrency) {
-        fprintf(stderr, "tandem %s: --warmup-drain is an option of the closed loop "
-                        "(--concurrency)\n", argv[0]);
+    if ((c->ropts.warmup_drain || c->ropts.desync) && !c->ropts.concurrency) {
+        fprintf(stderr, "tandem %s: --%s is an option of the closed loop (--concurrency)\n",
+                argv[0], c->ropts.warmup_drain ? "warmup-drain" : "desync");
         return -1;
     }
     /* closed loop on a synthetic workload: send as fast as slots free (vllm bench serve's

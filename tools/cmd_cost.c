@@ -18,10 +18,12 @@ static const char USAGE[] =
     "       tandem cost --model M --hw H [--tp N] [--precision bf16|fp8] --batch SPEC|JSON|@FILE [--json]\n"
     "       tandem cost --calibrate [--shared DIR] [--tables DIR] [--silicon CSV]\n"
     "                   [--silicon-rows check|fit|all] [--frontend-ms X] [--client-jitter-ms Z]\n"
+    "                   [--desync-round R]\n"
     "  --silicon: aiconfigurator's silicon_sample.csv (make calibrate extracts it), replayed\n"
     "     closed loop on the tables' hardware as aiperf runs it (docs/cost_model.md: drained\n"
-    "     warm-up, measured burst refilled out of phase, means compared), with this serving\n"
-    "     path (defaults: frontend 6.6 ms as bench-vllm-serve measured it, no jitter).\n"
+    "     warm-up, the measured burst kept in phase for R waves then refilled out of phase,\n"
+    "     means compared), with this serving path (defaults: frontend 6.6 ms as\n"
+    "     bench-vllm-serve measured it, no jitter, R = 2 as chosen on the fitting rows).\n"
     "  SPEC: comma-separated [K*]prefill:N[@C] (a chunk of N tokens on C cached tokens that ends\n"
     "     its prompt), [K*]chunk:N[@C] (a chunk mid-prompt), decode:B[@C] (B decodes at\n"
     "     context C), e.g. prefill:512@2048,decode:64@1024; JSON: [{\"kind\", \"tokens\",\n"
@@ -126,7 +128,7 @@ int tdm_cmd_cost(int argc, char **argv)
 {
     const char *model = "llama-3-8b", *hw = "h100-sxm", *shared = NULL, *batch_spec = NULL;
     const char *precision = NULL, *tables = NULL, *silicon = NULL;
-    int silicon_rows = TDM_SIM_SILICON_CHECK;
+    int silicon_rows = TDM_SIM_SILICON_CHECK, desync = TDM_SIM_DESYNC_ROUND;
     double frontend_ms = TDM_SIM_FRONTEND_S * 1e3, jitter_ms = TDM_SIM_CLIENT_JITTER_S * 1e3;
     long tp = 1, prefill = 2048, batch = 64, context = 2048;
     int json = 0, calibrate = 0;
@@ -167,6 +169,13 @@ int tdm_cmd_cost(int argc, char **argv)
                 fprintf(stderr, "tandem cost: --client-jitter-ms: bad value '%s'\n", v);
                 return 2;
             }
+        } else if (!strcmp(a, "--desync-round")) {
+            if (!isnum || n < 1 || n > 1000) {
+                fprintf(stderr, "tandem cost: --desync-round: bad value '%s' (a whole number of "
+                                "waves, 1 to 1000)\n", v);
+                return 2;
+            }
+            desync = (int)n;
         } else if (!strcmp(a, "--frontend-ms")) {
             char *e2;
             frontend_ms = strtod(v, &e2);
@@ -199,8 +208,8 @@ int tdm_cmd_cost(int argc, char **argv)
         }
         tdm_sim_calib_table ct;
         tdm_sim_calibrate_table(shared, tables, stdout, &ct);
-        tdm_sim_calibrate_silicon(silicon, tables, frontend_ms / 1e3, jitter_ms / 1e3, silicon_rows,
-                                  stdout, &ct);
+        tdm_sim_calibrate_silicon(silicon, tables, frontend_ms / 1e3, jitter_ms / 1e3, desync,
+                                  silicon_rows, stdout, &ct);
         tdm_sim_calib_table_line(stdout, &ct);
         return 0;
     }

@@ -243,6 +243,57 @@ static void desync__breaks_the_lockstep_of_equal_requests(void **state)
     tdm_sim_trace_free(&t);
 }
 
+/* desync = R keeps the loop in phase for R waves: the sends that refill waves 1..R-1 leave
+ * the instant a slot frees (their prompts share steps as the burst's did), and only the R-th
+ * wave's refills are spread, each within one request lifetime (the time so far over R) of
+ * its slot freeing. R = 1 is the out-of-phase start above; a larger R ends out of phase too. */
+static void desync_round__keeps_the_loop_in_phase_for_r_waves(void **state)
+{
+    (void)state;
+    tdm_sim_trace t;
+    fixed(&t, 240, 1024, 256, 0, INFINITY);
+    tdm_sim_config c;
+    config("{\"max_num_batched_tokens\": 8192}", &c);
+    tdm_sim_run_opts o;
+    tdm_sim_run_opts_init(&o);
+    o.concurrency = 8;
+    o.warmup = 16;
+    o.desync = 3;
+    tdm_sim_result r;
+    run(&t, &c, &o, &r);
+    assert_int_equal(r.sum.completed, t.n - 16);
+    double *f = sorted_finishes(&r, t.n);
+    for (size_t k = 8; k < 24; k++) /* waves 2 and 3: sent as their slots free */
+        assert_true(r.reqs[k].arrival == f[k - 8]);
+    size_t spread = 0;
+    for (size_t k = 24; k < 32; k++) { /* the third wave's refills: within a lifetime */
+        double g = r.reqs[k].arrival - f[k - 8];
+        assert_true(g >= 0 && g <= f[k - 8] / 3 + 1e-12);
+        spread += g > 0;
+    }
+    assert_true(spread >= 6);
+    /* in phase: the second and third waves' prompts share their first tokens' steps */
+    for (size_t i = 8; i < 24; i++) {
+        int shared = 0;
+        for (size_t j = 8; j < 24 && !shared; j++)
+            shared = j != i && r.reqs[j].first_token == r.reqs[i].first_token;
+        assert_true(shared);
+    }
+    /* out of phase after: the measured requests past the fourth wave mostly come alone */
+    size_t alone = 0;
+    for (size_t i = 32; i < t.n; i++) {
+        int shared = 0;
+        for (size_t j = 32; j < t.n && !shared; j++)
+            shared = j != i && r.reqs[j].first_token == r.reqs[i].first_token;
+        alone += !shared;
+    }
+    assert_true(alone >= 3 * (t.n - 32) / 4);
+    free(f);
+    tdm_sim_result_free(&r);
+    tdm_sim_config_free(&c);
+    tdm_sim_trace_free(&t);
+}
+
 /* aiperf's phases (warmup_drain): the first measured request is sent only when the last
  * warm-up request finishes, the measured phase starts with `concurrency` sends at that
  * instant (a burst on an idle engine: its prompts queue for the token budget, and that
@@ -743,6 +794,7 @@ int main(void)
         cmocka_unit_test(frontend_service__queues_requests_past_its_rate),
         cmocka_unit_test(client_jitter__delays_sends_not_ttft),
         cmocka_unit_test(desync__breaks_the_lockstep_of_equal_requests),
+        cmocka_unit_test(desync_round__keeps_the_loop_in_phase_for_r_waves),
         cmocka_unit_test(warmup_drain__measured_phase_starts_with_a_burst),
         cmocka_unit_test(dataset_entries__repeat_prompts_per_pass),
         cmocka_unit_test(closed_loop__at_most_concurrency_in_flight),

@@ -593,8 +593,9 @@ static void calibrate_table__stacks_held_out_within_targets(void **state)
  * measured row (aiconfigurator 0.12's silicon_sample.csv: Llama-3.1-70B fp8 on an H200, TP8,
  * ISL 1024, OSL 1024, concurrency 4: mean TTFT 73.0 ms, mean TPOT 7.93 ms) is predicted within
  * 25% (in lockstep its four prompts shared every step: 140 ms, +92%); at concurrency 64 (mean
- * TTFT 194.9 ms) within 40%, which takes the measured phase's burst (the steady state alone,
- * about one prompt's step, gave 78 ms, -60%). */
+ * TTFT 194.9 ms) within 25%, which takes the measured phase's burst and its waves kept in
+ * phase (the steady state alone, about one prompt's step, gave 78 ms, -60%; the burst
+ * desynchronized from its first refill 133 ms, -32%). */
 static void calibrate_silicon__replays_a_row_out_of_phase(void **state)
 {
     (void)state;
@@ -611,7 +612,8 @@ static void calibrate_silicon__replays_a_row_out_of_phase(void **state)
     tdm_sim_calib_table cal;
     memset(&cal, 0, sizeof cal);
     assert_int_equal(tdm_sim_calibrate_silicon(path, td, TDM_SIM_FRONTEND_S,
-                                               TDM_SIM_CLIENT_JITTER_S, TDM_SIM_SILICON_ALL,
+                                               TDM_SIM_CLIENT_JITTER_S, TDM_SIM_DESYNC_ROUND,
+                                               TDM_SIM_SILICON_ALL,
                                                stdout, &cal), 1); /* vLLM rows only */
     remove(path);
     if (!(cal.silicon_ttft_mape >= 0 && cal.silicon_ttft_mape < 0.25))
@@ -623,10 +625,11 @@ static void calibrate_silicon__replays_a_row_out_of_phase(void **state)
               "row3,vllm,meta-llama/Llama-3.1-70B,h200_sxm,fp8,agg,1024,1024,64,8,194.9,12.73\n");
     memset(&cal, 0, sizeof cal);
     assert_int_equal(tdm_sim_calibrate_silicon(path, td, TDM_SIM_FRONTEND_S,
-                                               TDM_SIM_CLIENT_JITTER_S, TDM_SIM_SILICON_ALL,
+                                               TDM_SIM_CLIENT_JITTER_S, TDM_SIM_DESYNC_ROUND,
+                                               TDM_SIM_SILICON_ALL,
                                                stdout, &cal), 1);
     remove(path);
-    if (!(cal.silicon_ttft_mape >= 0 && cal.silicon_ttft_mape < 0.40))
+    if (!(cal.silicon_ttft_mape >= 0 && cal.silicon_ttft_mape < 0.25))
         fail_msg("TTFT error at concurrency 64 %.1f%% (without the burst: -60%%)",
                  100 * cal.silicon_ttft_mape);
     assert_true(cal.silicon_tpot_mape >= 0 && cal.silicon_tpot_mape < 0.15);

@@ -143,8 +143,9 @@ static void sim_command__malformed_trace_names_line_and_column(void **state)
     unlink(out);
 }
 
-/* The closed loop's aiperf options: --warmup-drain needs --concurrency and
- * --dataset-entries needs --isl (argument errors exit 2); together they run. */
+/* The closed loop's aiperf options: --warmup-drain and --desync[-round] need --concurrency,
+ * --dataset-entries needs --isl, --desync-round a whole number of waves >= 1 (argument
+ * errors exit 2); together they run, in tandem sim and in the silicon check's options. */
 static void sim_command__aiperf_options(void **state)
 {
     (void)state;
@@ -153,6 +154,16 @@ static void sim_command__aiperf_options(void **state)
     assert_int_equal(SH("%s sim --dataset-entries 10 --quiet >/dev/null 2>&1", g_tool), 2);
     assert_int_equal(SH("%s sim --isl 512 --osl 8 --dataset-entries 5 --concurrency 4 --max-requests 40 "
                         "--warmup-drain --desync --quiet >/dev/null 2>&1", g_tool), 0);
+    assert_int_equal(SH("%s sim --desync --quiet >/dev/null 2>&1", g_tool), 2);
+    assert_int_equal(SH("%s sim --desync-round 2 --quiet >/dev/null 2>&1", g_tool), 2);
+    const char *bad[] = {"0", "1.5", "x", "-2", "1001"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_int_equal(SH("%s sim --isl 64 --concurrency 4 --desync-round %s --quiet "
+                            ">/dev/null 2>&1", g_tool, bad[i]), 2);
+    assert_int_equal(SH("%s sim --isl 512 --osl 8 --concurrency 4 --max-requests 40 --warmup 8 "
+                        "--warmup-drain --desync-round 3 --quiet >/dev/null 2>&1", g_tool), 0);
+    assert_int_equal(SH("%s cost --calibrate --desync-round 0 >/dev/null 2>&1", g_tool), 2);
+    assert_int_equal(SH("%s cost --calibrate --desync-round 2.5 >/dev/null 2>&1", g_tool), 2);
 }
 
 int main(void)
