@@ -189,6 +189,8 @@ test:
 	@$(MAKE) --no-print-directory -j$(JOBS) all tests
 	@$(MAKE) --no-print-directory tables >/dev/null 2>&1 || \
 	  echo "test: no converted cost tables (make tables failed: no PyPI?); the table calibration test skips"
+	@$(MAKE) --no-print-directory $(SILICON_CSV) >/dev/null 2>&1 || \
+	  echo "test: no silicon rows (the aiconfigurator-core wheel is missing); the silicon target test skips"
 	@rm -rf $(RESULTS); mkdir -p $(RESULTS)
 	@rc=0; $(MAKE) --no-print-directory -k $(TEST_SUITES) || rc=$$?; \
 	  scripts/test-summary $(RESULTS) $(TEST_SUITES) || rc=1; exit $$rc
