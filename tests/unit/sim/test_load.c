@@ -199,6 +199,30 @@ static void client_jitter__delays_sends_not_ttft(void **state)
     tdm_sim_trace_free(&t);
 }
 
+/* The requests in [lo, hi) of r whose first token no other request in [lo, hi) shares. */
+static size_t alone_in(const tdm_sim_result *r, size_t lo, size_t hi)
+{
+    size_t alone = 0;
+    for (size_t i = lo; i < hi; i++) {
+        int shared = 0;
+        for (size_t j = lo; j < hi && !shared; j++)
+            shared = j != i && r->reqs[j].first_token == r->reqs[i].first_token;
+        alone += !shared;
+    }
+    return alone;
+}
+
+/* 240 equal requests (1024 prompt, 256 output tokens) in a closed loop of 8 under an
+ * 8192-token budget, the first 16 left out: a wave's prompts fit one step. */
+static void equal_loop(tdm_sim_trace *t, tdm_sim_config *c, tdm_sim_run_opts *o)
+{
+    fixed(t, 240, 1024, 256, 0, INFINITY);
+    config("{\"max_num_batched_tokens\": 8192}", c);
+    tdm_sim_run_opts_init(o);
+    o->concurrency = 8;
+    o->warmup = 16;
+}
+
 /* A closed loop of equal requests moves in lockstep: the first wave's prompts share a step,
  * its requests finish in one step and the next wave's prompts share a step again. With
  * desync, the first wave's slots are refilled at uniformly random times over the time so far
@@ -208,13 +232,9 @@ static void desync__breaks_the_lockstep_of_equal_requests(void **state)
 {
     (void)state;
     tdm_sim_trace t;
-    fixed(&t, 240, 1024, 256, 0, INFINITY);
     tdm_sim_config c;
-    config("{\"max_num_batched_tokens\": 8192}", &c);
     tdm_sim_run_opts o;
-    tdm_sim_run_opts_init(&o);
-    o.concurrency = 8;
-    o.warmup = 16;
+    equal_loop(&t, &c, &o);
     tdm_sim_result a, b;
     run(&t, &c, &o, &a);
     o.desync = 1;
@@ -224,17 +244,8 @@ static void desync__breaks_the_lockstep_of_equal_requests(void **state)
         double g = b.reqs[k].arrival - f[k - 8];
         assert_true(g >= 0 && g <= f[k - 8] + 1e-12);
     }
-    size_t distinct[2] = {0, 0};
-    const tdm_sim_result *r[2] = {&a, &b};
-    for (int v = 0; v < 2; v++)
-        for (size_t i = 16; i < t.n; i++) {
-            int shared = 0;
-            for (size_t j = 16; j < t.n && !shared; j++)
-                shared = j != i && r[v]->reqs[j].first_token == r[v]->reqs[i].first_token;
-            distinct[v] += !shared;
-        }
-    assert_int_equal(distinct[0], 0);               /* lockstep: every first token shared */
-    assert_true(distinct[1] >= 3 * (t.n - 16) / 4); /* out of phase: most are alone */
+    assert_int_equal(alone_in(&a, 16, t.n), 0);                /* lockstep: all shared */
+    assert_true(alone_in(&b, 16, t.n) >= 3 * (t.n - 16) / 4); /* out of phase: most alone */
     assert_true(b.sum.ttft.p50 < 0.5 * a.sum.ttft.p50);
     free(f);
     tdm_sim_result_free(&a);
@@ -251,13 +262,9 @@ static void desync_round__keeps_the_loop_in_phase_for_r_waves(void **state)
 {
     (void)state;
     tdm_sim_trace t;
-    fixed(&t, 240, 1024, 256, 0, INFINITY);
     tdm_sim_config c;
-    config("{\"max_num_batched_tokens\": 8192}", &c);
     tdm_sim_run_opts o;
-    tdm_sim_run_opts_init(&o);
-    o.concurrency = 8;
-    o.warmup = 16;
+    equal_loop(&t, &c, &o);
     o.desync = 3;
     tdm_sim_result r;
     run(&t, &c, &o, &r);
@@ -272,22 +279,10 @@ static void desync_round__keeps_the_loop_in_phase_for_r_waves(void **state)
         spread += g > 0;
     }
     assert_true(spread >= 6);
-    /* in phase: the second and third waves' prompts share their first tokens' steps */
-    for (size_t i = 8; i < 24; i++) {
-        int shared = 0;
-        for (size_t j = 8; j < 24 && !shared; j++)
-            shared = j != i && r.reqs[j].first_token == r.reqs[i].first_token;
-        assert_true(shared);
-    }
-    /* out of phase after: the measured requests past the fourth wave mostly come alone */
-    size_t alone = 0;
-    for (size_t i = 32; i < t.n; i++) {
-        int shared = 0;
-        for (size_t j = 32; j < t.n && !shared; j++)
-            shared = j != i && r.reqs[j].first_token == r.reqs[i].first_token;
-        alone += !shared;
-    }
-    assert_true(alone >= 3 * (t.n - 32) / 4);
+    /* in phase: the second and third waves' prompts share their first tokens' steps; out of
+     * phase after: the requests past the fourth wave mostly come alone */
+    assert_int_equal(alone_in(&r, 8, 24), 0);
+    assert_true(alone_in(&r, 32, t.n) >= 3 * (t.n - 32) / 4);
     free(f);
     tdm_sim_result_free(&r);
     tdm_sim_config_free(&c);
