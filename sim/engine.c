@@ -324,7 +324,9 @@ static double client_delay_s(const eng *e, uint64_t id, double now)
     if (k < conc || (b && k >= b && k < b + conc)) return 0;
     double u = (double)(tdm_sim_mix64(id * 0xbf58476d1ce4e5b9ull + 29) >> 11) / 9007199254740992.0;
     size_t R = e->o->desync > 0 ? (size_t)e->o->desync : 0;
-    if (R && k >= R * conc && k < (R + 1) * conc) return u * now / (double)R;
+    /* the run's own R-th wave (before a drained measured phase: only among the warm-ups),
+     * then the measured phase's, counted from its burst */
+    if (R && (!b || k < b) && k >= R * conc && k < (R + 1) * conc) return u * now / (double)R;
     if (R && b && k >= b + R * conc && k < b + (R + 1) * conc)
         return u * (now - e->burst_t) / (double)R;
     return e->o->client_jitter_s > 0 ? -e->o->client_jitter_s * log1p(-u) : 0;

