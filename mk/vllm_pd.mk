@@ -27,8 +27,7 @@ $(VLLM_E2E_VENV)/.nixl-ok: $(VLLM_E2E_VENV)/.deps-ok
 .PHONY: test-vllm-pd
 test-vllm-pd: lib $(VLLM_E2E_VENV)/.tandem-installed $(VLLM_E2E_VENV)/.nixl-ok
 	@mkdir -p $(BUILD)/vllm-pd
-	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_E2E_VENV)/bin/python $(VLLM_E2E_DIR)/gen_model.py \
-	  $(BUILD)/vllm-pd/model
+	@$(VLLM_E2E_GEN_MODEL) $(BUILD)/vllm-pd/model
 	@$(VLLM_E2E_VENV)/bin/python -c 'import pytest' 2>/dev/null || \
 	  $(VLLM_E2E_VENV)/bin/pip install -q --disable-pip-version-check pytest
 	@cd $(VLLM_PD_DIR) && $(PY_ENV) HF_HUB_OFFLINE=1 $(abspath $(VLLM_E2E_VENV))/bin/python -m pytest \

@@ -7,8 +7,9 @@
  * replayed as aiperf runs it (`tandem sim --hw <tables>.json --precision fp8 --tp N
  * --isl I --osl O --concurrency C --warmup 2C --warmup-drain --desync-round R
  * --client-jitter-ms J --frontend-ms F`: 2 C warm-up requests, all finished before the
- * measured phase starts with C sends at once, kept in phase for R waves; vLLM's default scheduler keys, bf16 KV as vLLM keeps it without
- * --kv-cache-dtype), and the predicted TTFT and TPOT means are compared with the measured
+ * measured phase starts with C sends at once, kept in phase for R waves; vLLM's default
+ * scheduler keys, bf16 KV as vLLM keeps it without --kv-cache-dtype), and the predicted TTFT
+ * and TPOT means are compared with the measured
  * ones (the rows' silicon_ttft_ms and silicon_tpot_ms are aiperf's means: aiconfigurator's
  * tools fill them from mean_ttft and mean_tpot, and its TTFT correction for concurrency is the
  * mean over N rounds whose first queues as a burst). The rows split in two halves by a hash of

@@ -310,25 +310,24 @@ static double frontend_s(const eng *e, uint64_t id)
 }
 
 /* Closed loop: the client's delay before sending request id when a slot frees at `now`
- * (not counted in its TTFT). The first wave (the first `concurrency` sends) leaves at once;
- * with desync = R, the R-th wave's slots are refilled (sends R*C to (R+1)*C - 1) at a
- * uniformly random fraction of one request lifetime (the time since the start over R), so
- * the loop runs in phase for R waves and out of phase after; every other send waits an
- * exponential delay of mean client_jitter_s. With warmup_drain the measured phase starts the
- * same way: its first wave leaves at once (at burst_t), and its R-th wave's refills leave at
- * a random fraction of one lifetime since. */
+ * (not counted in its TTFT). Sends count in phases: the run's, and with warmup_drain the
+ * measured phase's from its burst (send `warmup`, at burst_t). A phase's first wave (its first
+ * `concurrency` sends) leaves at once; with desync = R, the sends that refill its R-th wave's
+ * slots (sends R*C to (R+1)*C - 1 of the phase) leave at a uniformly random fraction of one
+ * request lifetime (the time since the phase began over R), so the loop runs in phase for R
+ * waves and out of phase after; every other send waits an exponential delay of mean
+ * client_jitter_s. */
 static double client_delay_s(const eng *e, uint64_t id, double now)
 {
     size_t k = e->sent - 1, conc = e->o->concurrency; /* k: this request's send index */
     size_t b = e->o->warmup_drain ? e->warmup : 0;    /* the measured phase's first send */
-    if (k < conc || (b && k >= b && k < b + conc)) return 0;
+    size_t p0 = b && k >= b ? b : 0;                  /* the first send of k's phase */
+    size_t j = k - p0;                                /* k's index within its phase */
+    if (j < conc) return 0;
     double u = (double)(tdm_sim_mix64(id * 0xbf58476d1ce4e5b9ull + 29) >> 11) / 9007199254740992.0;
     size_t R = e->o->desync > 0 ? (size_t)e->o->desync : 0;
-    /* the run's own R-th wave (before a drained measured phase: only among the warm-ups),
-     * then the measured phase's, counted from its burst */
-    if (R && (!b || k < b) && k >= R * conc && k < (R + 1) * conc) return u * now / (double)R;
-    if (R && b && k >= b + R * conc && k < b + (R + 1) * conc)
-        return u * (now - e->burst_t) / (double)R;
+    if (R && j >= R * conc && j < (R + 1) * conc)
+        return u * (now - (p0 ? e->burst_t : 0)) / (double)R;
     return e->o->client_jitter_s > 0 ? -e->o->client_jitter_s * log1p(-u) : 0;
 }
 

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -44,13 +43,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     mcfg = os.path.join(a.model, "config.json")
     reqs = b.load_trace(a.trace, a.requests, json.load(open(mcfg))["vocab_size"])
-    engine_cpus, client_cpus = b.default_cpus()
-    nice = -15 if os.geteuid() == 0 else 0
-    if nice:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    if client_cpus:
-        os.sched_setaffinity(0, client_cpus)
-    pin = {"engine_cpus": engine_cpus, "client_cpus": client_cpus, "nice": nice}
+    pin = b.pin_client(nice=-15 if os.geteuid() == 0 else 0)
     slo = (2.0, 0.05)
     names = [f"S{i}" for i in range(a.servers)]
     steps = {n: os.path.abspath(os.path.join(a.out, f"steps-{n}.csv")) for n in names}
@@ -81,18 +74,11 @@ def main():
     for n in names:
         lines = open(steps[n]).read().splitlines()
         for j, p in enumerate(pts[n]):
-            lo, hi = p["steps_rows"]
             sp = os.path.join(a.out, f"point-{n}-{j}.csv")
-            with open(sp, "w") as f:
-                f.write("\n".join([lines[0]] + lines[1 + lo:1 + hi]) + "\n")
-            r = subprocess.run([a.tool, "fit", a.fit_steps, "--model", mcfg, "--out",
-                                os.path.join(a.out, "fit"), "--score", sp],
-                               capture_output=True, text=True)
-            sc = b.fit_score(r.stdout)
-            if not sc or sc.get("measured_over_predicted", 0) <= 0:
-                raise SystemExit(f"bench_noise: tandem fit --score {sp} failed: {r.stderr[-500:]}")
-            p["speed"] = sc["measured_over_predicted"]
-            p["step_ms"] = 1e3 * sum(float(x.split(",")[4]) for x in lines[1 + lo:1 + hi]) / max(1, hi - lo)
+            p["speed"], p["step_ms"] = b.score_point(a.tool, a.fit_steps, mcfg, lines,
+                                                     p["steps_rows"], sp, os.path.join(a.out, "fit"))
+            if p["speed"] is None:
+                raise SystemExit(f"bench_noise: tandem fit --score {sp} failed")
             rows.append((p["t"], n, p))
     rows.sort(key=lambda x: x[0])
     t0 = rows[0][0]

@@ -225,6 +225,24 @@ def default_cpus():
     return {cpus[-1]}, set(cpus[:-1])
 
 
+def pin_client(engine_spec=None, client_spec=None, nice=0):
+    """The servers' pinning ({engine_cpus, client_cpus, nice}: Server's keywords): the CPUs
+    given (default_cpus() when neither is), and this client moved to the client CPUs at that
+    nice (the client too: its clock reads are the measurement; nice 0 without root)."""
+    engine_cpus, client_cpus = default_cpus()
+    if engine_spec is not None or client_spec is not None:
+        engine_cpus, client_cpus = parse_cpus(engine_spec), parse_cpus(client_spec)
+    if nice < 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except PermissionError:
+            print(f"bench  --nice {nice} needs root (CAP_SYS_NICE): running at nice 0", flush=True)
+            nice = 0
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    return {"engine_cpus": engine_cpus, "client_cpus": client_cpus, "nice": nice}
+
+
 def set_affinity_all_threads(pid, cpus):
     """sched_setaffinity applies to one thread: move every thread of pid."""
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -317,15 +335,14 @@ class Server:
     def stop(self):
         """SIGTERM to the server's process group (the API server and the EngineCore it
         spawned), SIGKILL to what is left after 60 s."""
-        signal_group = self.signal_group
-        signal_group(signal.SIGCONT)   # a paused server handles SIGTERM only once continued
-        signal_group(signal.SIGTERM)
+        self.signal_group(signal.SIGCONT)   # a paused server handles SIGTERM only once continued
+        self.signal_group(signal.SIGTERM)
         try:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
             pass
         time.sleep(1)
-        signal_group(signal.SIGKILL)   # the EngineCore too, if it outlived its parent
+        self.signal_group(signal.SIGKILL)   # the EngineCore too, if it outlived its parent
         self.proc.wait()
         self.log.close()
 
@@ -604,6 +621,21 @@ def sim_points(tool, sched_json, trace, hw, model_cfg, scales, slo, out_dir, nam
     return pts
 
 
+def score_point(tool, steps, mcfg, lines, rows, path, score_dir):
+    """A point's engine speed: rows (lo, hi) of a server's steps CSV (lines: its header and
+    data lines) written to path and scored by the fit of the recording CSV steps (`tandem fit
+    --score`). (measured over predicted, None when the score failed; the mean step in ms)."""
+    lo, hi = rows
+    with open(path, "w") as f:
+        f.write("\n".join([lines[0]] + lines[1 + lo:1 + hi]) + "\n")
+    r = subprocess.run([tool, "fit", steps, "--model", mcfg, "--out", score_dir, "--score", path],
+                       capture_output=True, text=True)
+    sc = fit_score(r.stdout)
+    speed = sc["measured_over_predicted"] if sc and sc.get("measured_over_predicted", 0) > 0 else None
+    step_ms = 1e3 * sum(float(ln.split(",")[4]) for ln in lines[1 + lo:1 + hi]) / max(1, hi - lo)
+    return speed, step_ms
+
+
 def point_speeds(tool, steps, mcfg, res, steps_of, out_dir):
     """Each point's engine speed: the steps the arm's server recorded during that point (its
     rows of the arm's steps CSV, written to OUT/points/ARM-SCALE.csv) scored by the recording
@@ -626,15 +658,11 @@ def point_speeds(tool, steps, mcfg, res, steps_of, out_dir):
             a, b = p.get("steps_rows", (0, 0))
             if b <= a or b > len(lines) - 1:
                 continue
-            sp = os.path.join(pts_dir, f"{arm}-{p['scale']:.4g}.csv")
-            with open(sp, "w") as f:
-                f.write("\n".join([lines[0]] + lines[1 + a:1 + b]) + "\n")
-            r = subprocess.run([tool, "fit", steps, "--model", mcfg, "--out", score_dir,
-                                "--score", sp], capture_output=True, text=True)
-            sc = fit_score(r.stdout)
-            if sc and sc.get("measured_over_predicted", 0) > 0:
-                p["speed"] = sc["measured_over_predicted"]
-            p["step_ms_mean"] = 1e3 * sum(float(ln.split(",")[4]) for ln in lines[1 + a:1 + b]) / (b - a)
+            speed, p["step_ms_mean"] = score_point(
+                tool, steps, mcfg, lines, (a, b), os.path.join(pts_dir, f"{arm}-{p['scale']:.4g}.csv"),
+                score_dir)
+            if speed is not None:
+                p["speed"] = speed
         got = [p for p in pts if "speed" in p]
         if got:
             at = ",".join(f"{p['scale']:.3g}" for p in got)
@@ -843,19 +871,8 @@ def main():
     unknown = [x for x in arms if x not in ("vllm", "parity", "slo_adaptive", "tuned")]
     if unknown:
         raise SystemExit(f"bench: unknown arm(s) {unknown}: vllm, parity, slo_adaptive, tuned")
-    engine_cpus, client_cpus = default_cpus()
-    if a.engine_cpus is not None or a.client_cpus is not None:
-        engine_cpus, client_cpus = parse_cpus(a.engine_cpus), parse_cpus(a.client_cpus)
-    nice = a.nice
-    if nice < 0:
-        try:   # the client too: its clock reads are the measurement
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
-        except PermissionError:
-            print(f"bench  --nice {nice} needs root (CAP_SYS_NICE): running at nice 0", flush=True)
-            nice = 0
-    pin = {"engine_cpus": engine_cpus, "client_cpus": client_cpus, "nice": nice}
-    if client_cpus:
-        os.sched_setaffinity(0, client_cpus)
+    pin = pin_client(a.engine_cpus, a.client_cpus, a.nice)
+    engine_cpus, client_cpus, nice = pin["engine_cpus"], pin["client_cpus"], pin["nice"]
     print(f"bench  CPUs: engine cores {sorted(engine_cpus) if engine_cpus else 'any'}, API servers "
           f"and client {sorted(client_cpus) if client_cpus else 'any'}; servers and client at "
           f"nice {nice}", flush=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from typing import Optional
 
 HEADER = ("instance,role,step,start_s,duration_s,prefill_tokens,prefill_reqs,decode_reqs,"
           "decode_context_tokens,batch_tokens,running,waiting,kv_usage,preemptions,emit_seqs,"
@@ -98,7 +99,7 @@ class StepRecorder:
         (tdm_sched_get_stats into one reused struct: the Python Stats object costs a
         dataclass per step)."""
         if self._st is None:
-            from ctypes import byref, c_void_p
+            from ctypes import byref
             from tandem import _lib
             st = _lib.StatsC()
             _lib.fn("tdm_sched_stats_init")(byref(st))
@@ -122,15 +123,17 @@ class StepRecorder:
         def rec_schedule(*args, **kwargs):
             t = clock()
             so = schedule(*args, **kwargs)
-            self._sched_s += clock() - t
-            self.scheduled(sched, so, t)
+            t1 = clock()   # the scheduler's time ends and the recorder's begins: one read
+            self._sched_s += t1 - t
+            self.scheduled(sched, so, t, t1)
             return so
 
         def rec_update(scheduler_output, model_runner_output):
             t = clock()
             out = update(scheduler_output, model_runner_output)
-            self._sched_s += clock() - t
-            self.updated(not sched.requests)
+            t1 = clock()
+            self._sched_s += t1 - t
+            self.updated(not sched.requests, t1)
             return out
 
         def rec_shutdown():
@@ -143,8 +146,9 @@ class StepRecorder:
         sched.update_from_output = rec_update
         sched.shutdown = rec_shutdown
 
-    def scheduled(self, sched, so, t: float) -> None:
-        a = self._clock()
+    def scheduled(self, sched, so, t: float, now: Optional[float] = None) -> None:
+        """Step scheduled at t (its output so); now: the clock already read after it."""
+        a = self._clock() if now is None else now
         total = so.total_num_scheduled_tokens
         if not total:
             self._pending.append((t, None))
@@ -161,13 +165,14 @@ class StepRecorder:
         self._pending.append((t, row))
         self._own_s += self._clock() - a
 
-    def updated(self, idle: bool = False) -> None:
-        """The oldest scheduled step was updated: its row is written; the buffer is flushed
-        every flush_rows rows, every second, and when the engine has no request left (vLLM
-        may kill the engine process at shutdown without calling shutdown())."""
+    def updated(self, idle: bool = False, now: Optional[float] = None) -> None:
+        """The oldest scheduled step was updated (now: the clock already read after it): its
+        row is written; the buffer is flushed every flush_rows rows, every second, and when the
+        engine has no request left (vLLM may kill the engine process at shutdown without
+        calling shutdown())."""
         if not self._pending:
             return
-        t1 = self._clock()
+        t1 = self._clock() if now is None else now
         t, row = self._pending.popleft()
         if row is None:
             return

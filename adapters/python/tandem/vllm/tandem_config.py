@@ -147,6 +147,13 @@ def reconcile(base: dict, keys: dict) -> dict:
     return cfg
 
 
+def _steps_csv(v) -> str:
+    """The steps_csv option: the path of the CSV to write."""
+    if not isinstance(v, str) or not v:
+        raise TandemConfigError("tandem.steps_csv: expected the path of the CSV to write")
+    return v
+
+
 def resolve(base: dict, options: Optional[dict]) -> Tuple[dict, dict]:
     """(the library configuration, the adapter's options) for a vLLM engine whose own
     configuration is base, given the "tandem" options (None: base unchanged, no options)."""
@@ -157,9 +164,8 @@ def resolve(base: dict, options: Optional[dict]) -> Tuple[dict, dict]:
         keys.update(read_config_file(options["config"]))
     keys.update({k: v for k, v in options.items() if k not in ADAPTER_KEYS})
     adapter = {k: options[k] for k in ADAPTER_KEYS if k in options and k != "config"}
-    if "steps_csv" in adapter and (not isinstance(adapter["steps_csv"], str) or
-                                   not adapter["steps_csv"]):
-        raise TandemConfigError("tandem.steps_csv: expected the path of the CSV to write")
+    if "steps_csv" in adapter:
+        _steps_csv(adapter["steps_csv"])
     return reconcile(base, keys), adapter
 
 
@@ -184,10 +190,7 @@ def recording_options(vllm_config) -> Optional[str]:
                 f"tandem.{k}: tandem.vllm.RecordingScheduler runs vLLM's own scheduler and only "
                 f"records its steps (the one key it takes is steps_csv); Tandem's scheduler "
                 f"settings need --scheduler-cls tandem.vllm.TandemScheduler")
-    path = options.get("steps_csv")
-    if not isinstance(path, str) or not path:
-        raise TandemConfigError("tandem.steps_csv: expected the path of the CSV to write")
-    return path
+    return _steps_csv(options.get("steps_csv"))
 
 
 def create_scheduler(cfg: dict, adapter: Optional[dict]):
